@@ -1,1 +1,72 @@
-"""placeholder"""
+"""FlyDSL: tile-level GPU kernels in Python.
+
+Kernels are Python functions decorated with ``@kernel``. Calling one traces
+it into FlyIR, runs the pass pipeline and executes it on a backend: the CPU
+reference backend, or GPU code generated through Triton. The layout
+algebra (``flydsl_core.layout``) is CuTe's.
+
+    import flydsl_core as fly
+
+This module is the flat public API; importing it loads neither torch nor
+Triton.
+"""
+
+from . import dtypes
+from .dtypes import (
+    DType,
+    bf16,
+    bool_,
+    fp8e4m3,
+    fp8e5m2,
+    fp16,
+    fp32,
+    fp64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+)
+from .exc import FlyDSLError
+from .language import *  # noqa: F403 - the language is the public surface
+from .language import __all__ as _lang_all
+from .runtime.kernel import CompiledKernel, Kernel, Tensor, cdiv, constexpr, kernel
+from .runtime.spec import TensorSpec
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The layout algebra is re-exported lazily to keep `import flydsl_core` light.
+    if name in ("Layout", "Swizzle", "ComposedLayout", "layout"):
+        from . import layout as _layout
+
+        return _layout if name == "layout" else getattr(_layout, name)
+    raise AttributeError(f"module 'flydsl_core' has no attribute {name!r}")
+
+
+__all__ = [
+    *_lang_all,
+    "CompiledKernel",
+    "DType",
+    "FlyDSLError",
+    "Kernel",
+    "Tensor",
+    "TensorSpec",
+    "bf16",
+    "bool_",
+    "cdiv",
+    "constexpr",
+    "dtypes",
+    "fp8e4m3",
+    "fp8e5m2",
+    "fp16",
+    "fp32",
+    "fp64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "kernel",
+    "uint8",
+]

@@ -1,0 +1,1 @@
+"""Compilation of FlyDSL kernels: lowering to Triton, compiling, and reporting resources."""

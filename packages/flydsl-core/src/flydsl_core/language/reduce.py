@@ -1,0 +1,120 @@
+"""Reductions, scans, sorting and top-k over one axis of a tile.
+
+Sums of 16-bit floats accumulate in fp32 and sums of small ints in int32,
+unless ``dtype`` says otherwise: the result is in the accumulation dtype, as
+in Triton. Ties in argmax/argmin, sort and topk go to the lowest index.
+NaN is ordered as torch orders it: above every number.
+"""
+
+from __future__ import annotations
+
+
+from .. import dtypes as dt
+from ..exc import TypeCheckError
+from ..trace.context import current, user_location
+from .tile import Tile, as_tile, cast, reshape
+
+
+def _axis(x: Tile, axis) -> int:
+    if axis is None:
+        raise TypeCheckError("give the reduction an axis (tiles reduce along one axis)", loc=user_location())
+    a = axis + x.ndim if axis < 0 else axis
+    if not 0 <= a < x.ndim:
+        raise TypeCheckError(f"axis {axis} is out of range for {x.type}", loc=user_location())
+    return a
+
+
+def _acc_dtype(x: Tile, kind: str, dtype) -> dt.DType:
+    if dtype is not None:
+        return dt.dtype(dtype)
+    if kind in ("sum", "prod", "cumsum", "cumprod"):
+        if x.dtype.is_float and x.dtype.bits < 32:
+            return dt.fp32
+        if (x.dtype.is_int or x.dtype.is_bool) and x.dtype.bits < 32:
+            return dt.int32
+    if x.dtype.storage_only:
+        return dt.fp32
+    return x.dtype
+
+
+def _keep(x: Tile, r: Tile, axis: int, keepdims: bool) -> Tile:
+    if not keepdims:
+        return r
+    shape = list(x.shape)
+    shape[axis] = 1
+    return reshape(r, tuple(shape))
+
+
+def _reduce(kind: str):
+    def fn(x, axis=None, *, keepdims: bool = False, dtype=None) -> Tile:
+        x = as_tile(x)
+        a = _axis(x, axis)
+        src = cast(x, _acc_dtype(x, kind, dtype))
+        r = Tile(current().emit("reduce", [src._v], {"kind": kind, "axis": a}).result)
+        return _keep(x, r, a, keepdims)
+
+    fn.__name__ = kind
+    return fn
+
+
+sum = _reduce("sum")  # noqa: A001 - mirrors the NumPy name
+prod = _reduce("prod")
+max = _reduce("max")  # noqa: A001
+min = _reduce("min")  # noqa: A001
+xor_sum = _reduce("xor_sum")
+
+
+def _arg(kind: str):
+    def fn(x, axis=None, *, keepdims: bool = False) -> Tile:
+        x = as_tile(x)
+        a = _axis(x, axis)
+        src = cast(x, _acc_dtype(x, "max", None))
+        _, idx = current().emit("argreduce", [src._v], {"kind": kind, "axis": a}).results
+        return _keep(x, Tile(idx), a, keepdims)
+
+    fn.__name__ = kind
+    return fn
+
+
+argmax = _arg("argmax")
+argmin = _arg("argmin")
+
+
+def _scan(kind: str):
+    def fn(x, axis=None, *, reverse: bool = False, dtype=None) -> Tile:
+        x = as_tile(x)
+        a = _axis(x, axis)
+        src = cast(x, _acc_dtype(x, kind, dtype))
+        return Tile(current().emit("scan", [src._v], {"kind": kind, "axis": a, "reverse": bool(reverse)}).result)
+
+    fn.__name__ = kind
+    return fn
+
+
+cumsum = _scan("cumsum")
+cumprod = _scan("cumprod")
+cummax = _scan("cummax")
+cummin = _scan("cummin")
+
+
+def sort(x, axis: int = -1, *, descending: bool = False, return_indices: bool = False):
+    """Stable sort along ``axis``; indices (int32) give each value's source position."""
+    x = as_tile(x)
+    a = _axis(x, axis)
+    vals, idx = current().emit("sort", [x._v], {"axis": a, "descending": bool(descending)}).results
+    return (Tile(vals), Tile(idx)) if return_indices else Tile(vals)
+
+
+def topk(x, k: int, axis: int = -1, *, largest: bool = True):
+    """The ``k`` largest (or smallest) values along ``axis``, sorted, and their int32 indices.
+
+    Ties are ordered by index ascending, so the result is deterministic.
+    """
+    x = as_tile(x)
+    a = _axis(x, axis)
+    if not isinstance(k, int):
+        raise TypeCheckError("topk's k must be a compile-time int", loc=user_location())
+    vals, idx = current().emit("topk", [x._v], {"axis": a, "k": k, "largest": bool(largest)}).results
+    return Tile(vals), Tile(idx)
+
+

@@ -1,0 +1,368 @@
+"""Tensors, views and tiles of memory.
+
+A kernel's tensor argument arrives as a ``TensorRef``: a dtype, a rank, and
+run-time sizes and strides (scalar tiles, specialized by the compiler where
+the call allows). Indexing and tiling produce ``View``s; a view with a
+static shape can be loaded and stored. Bounds masks come from the view
+itself: every element outside the tensor is masked, and the mask elimination
+pass removes what the divisibility facts prove in bounds.
+
+Tiling follows CuTe's by-mode ``zipped_divide``: ``x.tile((BM, BN), (i, j))``
+is the (i, j)-th block of a (BM, BN) tiling. A mode's tiler may also be a
+static ``Layout`` that permutes the block (size == cosize), e.g. a swizzle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .. import dtypes as dt
+from ..exc import TypeCheckError
+from ..trace.context import current, user_location
+from .creation import arange
+from .tile import Tile, as_tile, broadcast_to, cast, emit1, is_number, reshape, unify
+
+
+@dataclass(frozen=True)
+class ds:
+    """A dynamic slice: ``size`` elements from ``start`` (a number or scalar tile)."""
+
+    start: object
+    size: int
+    step: int = 1
+
+
+@dataclass(frozen=True)
+class _Mode:
+    dim: int  # the tensor dimension this axis of the view walks
+    size: int | None  # static extent of the view along it; None = the whole dimension
+    start: object = 0  # coordinate of the view's first element in that dimension
+    step: int = 1  # coordinate step between consecutive view elements
+    pattern: object = None  # None (contiguous), a static Layout, or an index Tile (gather)
+
+
+def _scalar(x) -> Tile | int:
+    if isinstance(x, Tile):
+        if x.shape != ():
+            raise TypeCheckError(f"an index here must be a scalar, got {x.type}", loc=user_location())
+        if not (x.dtype.is_int or x.dtype.is_bool):
+            raise TypeCheckError(f"an index must be an integer, got {x.type}", loc=user_location())
+        return x
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeCheckError(f"an index must be an int or a scalar tile, got {x!r}", loc=user_location())
+    return x
+
+
+def _add(a, b):
+    if is_number(a) and is_number(b):
+        return a + b
+    if is_number(a) and a == 0:
+        return b
+    if is_number(b) and b == 0:
+        return a
+    return a + b
+
+
+def _mul(a, b):
+    if is_number(a) and is_number(b):
+        return a * b
+    if is_number(b) and b == 1:
+        return a
+    if is_number(a) and a == 1:
+        return b
+    return a * b
+
+
+class View:
+    """A statically or partly shaped window of a tensor."""
+
+    def __init__(self, tensor: TensorRef, modes: tuple[_Mode, ...], fixed: tuple[tuple[int, object], ...]):
+        self.tensor = tensor
+        self.modes = modes
+        self.fixed = fixed
+
+    # -- shape --------------------------------------------------------------------
+    @property
+    def dtype(self) -> dt.DType:
+        return self.tensor.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.modes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._static_shape()
+
+    def _static_shape(self) -> tuple[int, ...]:
+        open_ = [i for i, m in enumerate(self.modes) if m.size is None]
+        if open_:
+            raise TypeCheckError(
+                f"view axes {open_} still span whole run-time dimensions; tile them first, "
+                "e.g. row.tile((BLOCK,), j) or x.tile((BM, BN), (i, j))",
+                loc=user_location(),
+            )
+        return tuple(m.size for m in self.modes)
+
+    def __repr__(self) -> str:
+        sizes = ",".join("?" if m.size is None else str(m.size) for m in self.modes)
+        return f"View({self.tensor.name}[{sizes}], {self.dtype})"
+
+    # -- slicing and tiling ---------------------------------------------------------
+    def __getitem__(self, idx) -> View:
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        if len(idx) > len(self.modes):
+            raise TypeCheckError(f"too many indices ({len(idx)}) for a {len(self.modes)}-d view", loc=user_location())
+        idx = idx + (slice(None),) * (len(self.modes) - len(idx))
+        modes, fixed = [], list(self.fixed)
+        for m, i in zip(self.modes, idx):
+            if isinstance(i, slice):
+                if i == slice(None):
+                    modes.append(m)
+                    continue
+                start, stop, step = i.start or 0, i.stop, i.step or 1
+                if stop is None or not all(isinstance(v, int) for v in (start, stop, step)) or stop <= start:
+                    raise TypeCheckError(
+                        "a slice of a view needs static int bounds (a:b); use fly.ds(start, size) "
+                        "for a run-time start",
+                        loc=user_location(),
+                    )
+                i = ds(start, (stop - start + step - 1) // step, step)
+            if isinstance(i, ds):
+                if m.pattern is not None:
+                    raise TypeCheckError("cannot slice a permuted or gathered axis", loc=user_location())
+                modes.append(replace(m, size=i.size, start=_add(m.start, _mul(_scalar(i.start), m.step)), step=m.step * i.step))
+            elif isinstance(i, Tile) and i.ndim == 1:
+                if m.pattern is not None or m.step != 1:
+                    raise TypeCheckError("cannot gather from a permuted or strided axis", loc=user_location())
+                if not i.dtype.is_int:
+                    raise TypeCheckError(f"gather indices must be integers, got {i.type}", loc=user_location())
+                modes.append(replace(m, size=i.shape[0], pattern=_add(i, m.start)))
+            elif isinstance(i, Tile) and i.ndim > 1:
+                raise TypeCheckError("gather with a 1-D index tile per axis", loc=user_location())
+            else:
+                i = _scalar(i)
+                if m.pattern is not None:
+                    raise TypeCheckError("cannot index a permuted or gathered axis with a scalar", loc=user_location())
+                fixed.append((m.dim, _add(m.start, _mul(i, m.step))))
+        return View(self.tensor, tuple(modes), tuple(fixed))
+
+    def tile(self, tiler, coord) -> View:
+        """The block at ``coord`` of the tiling of this view by ``tiler`` (one entry per axis).
+
+        An entry is an int (a contiguous block), a static ``Layout`` whose
+        image is the block ``[0, size)`` in some order, or ``None`` to keep
+        the axis whole (its coordinate must then be 0).
+        """
+        from ..layout import Layout, cosize, size
+
+        if not isinstance(tiler, tuple):
+            tiler = (tiler,)
+        if not isinstance(coord, tuple):
+            coord = (coord,)
+        if len(tiler) != len(self.modes) or len(coord) != len(self.modes):
+            raise TypeCheckError(
+                f"tile needs one tiler and one coordinate per view axis ({len(self.modes)}), "
+                f"got {len(tiler)} and {len(coord)}",
+                loc=user_location(),
+            )
+        modes = []
+        for m, t, c in zip(self.modes, tiler, coord):
+            if t is None:
+                modes.append(m)
+                continue
+            if m.pattern is not None:
+                raise TypeCheckError("cannot tile a permuted or gathered axis again", loc=user_location())
+            c = _scalar(c)
+            if isinstance(t, int):
+                if t < 1:
+                    raise TypeCheckError(f"tile sizes must be positive, got {t}", loc=user_location())
+                block, pattern = t, None
+            elif isinstance(t, Layout):
+                block = size(t)
+                if cosize(t) != block:
+                    raise TypeCheckError(
+                        f"a layout tiler must permute its block (size == cosize); {t} has size "
+                        f"{block} and cosize {cosize(t)}",
+                        loc=user_location(),
+                    )
+                pattern = t
+            else:
+                raise TypeCheckError(f"a tiler entry is an int, a Layout or None, got {t!r}", loc=user_location())
+            start = _add(m.start, _mul(_mul(c, block), m.step))
+            modes.append(replace(m, size=block, start=start, pattern=pattern))
+        return View(self.tensor, tuple(modes), self.fixed)
+
+    # -- addressing -------------------------------------------------------------------
+    def offsets(self, *, bounds_check: bool = True) -> tuple[Tile, Tile | None]:
+        """Element offsets of this view from the tensor's first element, and its bounds mask."""
+        shape = self._static_shape()
+        t = self.tensor
+        idx = t.index_dtype
+        masks: list[Tile] = []
+        base: Tile | int = 0
+        for dim, c in self.fixed:
+            base = _add(base, _mul(_index(c, idx), t.stride[dim]))
+            if bounds_check:
+                masks.append(_range_mask(_index(c, idx), t.shape[dim], None, 1, shape, idx))
+        total: Tile | int = base
+        for axis, m in enumerate(self.modes):
+            ext, stride = t.shape[m.dim], t.stride[m.dim]
+            start = _index(m.start, idx)
+            if m.pattern is None:
+                local = cast(arange(0, m.size), idx)
+                coordv = _add(_mul(local, m.step), start)
+                if bounds_check:
+                    if m.step == 1:
+                        masks.append(_range_mask(start, ext, axis, m.size, shape, idx))
+                    else:
+                        masks.append(_axis_mask(coordv < ext, axis, shape))
+            elif isinstance(m.pattern, Tile):
+                coordv = cast(m.pattern, idx)
+                if bounds_check:
+                    masks.append(_axis_mask((coordv >= 0) & (coordv < ext), axis, shape))
+            else:
+                local = cast(m.pattern(arange(0, m.size)), idx)
+                coordv = _add(_mul(local, m.step), start)
+                if bounds_check:
+                    masks.append(_axis_mask(coordv < ext, axis, shape))
+            off = _mul(coordv, stride)
+            total = _add(total, _along(off, axis, len(shape)))
+        offs = broadcast_to(as_tile(total, idx) if not isinstance(total, Tile) else total, shape)
+        mask = None
+        for mk in masks:
+            mask = mk if mask is None else mask & mk
+        return offs, mask
+
+    def _access(self, mask, bounds_check):
+        offs, bmask = self.offsets(bounds_check=bounds_check)
+        if mask is not None:
+            user = broadcast_to(as_tile(mask), offs.shape)
+            if not user.dtype.is_bool:
+                raise TypeCheckError(f"a mask must be a bool tile, got {user.type}", loc=user_location())
+            bmask = user if bmask is None else bmask & user
+        return offs, bmask
+
+    def load(self, mask=None, other=None, *, bounds_check: bool = True, cache: str | None = None, eviction: str | None = None) -> Tile:
+        """Load the view as a tile; masked-off elements read ``other`` (0 by default)."""
+        offs, m = self._access(mask, bounds_check)
+        attrs = {"masked": m is not None, "has_other": m is not None}
+        if cache:
+            attrs["cache"] = cache
+        if eviction:
+            attrs["eviction"] = eviction
+        operands = [self.tensor._v, offs._v]
+        if m is not None:
+            o = broadcast_to(cast(as_tile(0 if other is None else other, self.dtype), self.dtype), offs.shape)
+            operands += [m._v, o._v]
+        return Tile(current().emit("load", operands, attrs).result)
+
+    def store(self, value, mask=None, *, bounds_check: bool = True) -> None:
+        """Store ``value`` (cast to the tensor's dtype and broadcast to the view)."""
+        offs, m = self._access(mask, bounds_check)
+        val = broadcast_to(cast(as_tile(value, self.dtype), self.dtype), offs.shape)
+        operands = [self.tensor._v, offs._v, val._v] + ([m._v] if m is not None else [])
+        current().emit("store", operands, {"masked": m is not None})
+
+    def _atomic(self, kind, value, mask, sem):
+        offs, m = self._access(mask, True)
+        val = broadcast_to(cast(as_tile(value, self.dtype), self.dtype), offs.shape)
+        operands = [self.tensor._v, offs._v, val._v] + ([m._v] if m is not None else [])
+        attrs = {"kind": kind, "masked": m is not None, "sem": sem}
+        return Tile(current().emit("atomic_rmw", operands, attrs).result)
+
+    def atomic_add(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        """Atomically add; returns the old values. Masked-off lanes do nothing."""
+        return self._atomic("add", value, mask, sem)
+
+    def atomic_max(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        return self._atomic("max", value, mask, sem)
+
+    def atomic_min(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        return self._atomic("min", value, mask, sem)
+
+    def atomic_xchg(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        return self._atomic("xchg", value, mask, sem)
+
+    def atomic_and(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        return self._atomic("and", value, mask, sem)
+
+    def atomic_or(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        return self._atomic("or", value, mask, sem)
+
+    def atomic_xor(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:
+        return self._atomic("xor", value, mask, sem)
+
+    def atomic_cas(self, compare, value) -> Tile:
+        """Compare-and-swap every element (in bounds); returns the old values."""
+        offs, m = self._access(None, False)
+        cmp = broadcast_to(cast(as_tile(compare, self.dtype), self.dtype), offs.shape)
+        val = broadcast_to(cast(as_tile(value, self.dtype), self.dtype), offs.shape)
+        return Tile(current().emit("atomic_cas", [self.tensor._v, offs._v, cmp._v, val._v], {}).result)
+
+
+def _index(x, idx: dt.DType):
+    if isinstance(x, Tile):
+        return cast(x, idx) if x.dtype != idx else x
+    return x
+
+
+def _range_mask(start, extent, axis, length, shape, idx):
+    start = as_tile(start, idx) if not isinstance(start, Tile) else start
+    extent = as_tile(extent, idx) if not isinstance(extent, Tile) else extent
+    start, extent = unify(start, extent)
+    attrs = {"axis": axis, "length": length, "shape": tuple(shape)}
+    if axis is None:
+        attrs["axis"] = -1
+    return emit1("range_mask", [start, extent], attrs)
+
+
+def _along(x, axis: int, rank: int):
+    """Reshape a 1-D tile to lie along ``axis`` of a rank-``rank`` tile."""
+    if not isinstance(x, Tile) or x.ndim == 0:
+        return x
+    shape = [1] * rank
+    shape[axis] = x.shape[0]
+    return reshape(x, tuple(shape))
+
+
+def _axis_mask(m: Tile, axis: int, shape) -> Tile:
+    return broadcast_to(_along(m, axis, len(shape)), shape)
+
+
+class TensorRef(View):
+    """A kernel's tensor argument as seen while tracing."""
+
+    def __init__(self, name: str, value, dtype: dt.DType, shape: tuple, stride: tuple, index_dtype: dt.DType):
+        self.name = name
+        self._v = value
+        self._dtype = dtype
+        self._shape = tuple(shape)  # scalar tiles or ints
+        self.stride = tuple(stride)
+        self.index_dtype = index_dtype
+        super().__init__(self, tuple(_Mode(d, None) for d in range(len(shape))), ())
+
+    @property
+    def dtype(self) -> dt.DType:
+        return self._dtype
+
+    @property
+    def shape(self) -> tuple:  # run-time sizes, unlike View.shape
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def size(self, dim: int):
+        return self._shape[dim]
+
+    def numel(self):
+        n = 1
+        for s in self._shape:
+            n = _mul(n, s)
+        return n
+
+    def __repr__(self) -> str:
+        return f"TensorRef({self.name}: {self._dtype}, rank={self.ndim})"

@@ -1,0 +1,248 @@
+"""``@kernel``: a Python function that traces into FlyIR, compiles and launches.
+
+    @fly.kernel
+    def add(x: fly.Tensor, y: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
+        i = fly.program_id(0)
+        out.tile((BLOCK,), i).store(x.tile((BLOCK,), i).load() + y.tile((BLOCK,), i).load())
+
+    add[(fly.cdiv(n, 1024),)](x, y, out, BLOCK=1024)
+
+A call binds its arguments, specializes them (runtime/spec.py), and looks
+the specialization up in the kernel's in-process cache; on a miss it traces
+the function, runs the pass pipeline and hands the IR to the target's
+backend. Parameters annotated ``fly.constexpr`` (and bool or None
+arguments) are compile-time values: Python code sees them as plain values.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import dtypes as dt
+from ..exc import ArgumentError, ControlFlowError, TraceError
+from ..ir.core import Block, Function, Param, Value
+from ..ir.types import TensorType, TileType
+from ..ir.verifier import verify
+from ..language.tile import Tile
+from ..language.views import TensorRef
+from ..trace.context import TraceContext, tracing
+from .spec import ArgSpec, spec_of
+
+
+class constexpr:  # noqa: N801 - used as an annotation, like Triton's tl.constexpr
+    """Annotation: this parameter is a compile-time value."""
+
+
+class Tensor:
+    """Annotation: this parameter is a tensor."""
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+#: kwargs of a launch that configure it rather than feed a parameter
+LAUNCH_OPTIONS = ("target", "num_warps", "num_stages", "options")
+
+
+@dataclass
+class Specialization:
+    key: tuple
+    specs: dict[str, ArgSpec]
+    constexprs: dict[str, Any]
+    runtime: list[str]  # names of run-time parameters, in order
+
+
+@dataclass
+class CompiledKernel:
+    """One specialization compiled for one target."""
+
+    name: str
+    target: str
+    ir: Function
+    executable: Any
+    spec: Specialization
+    stages: dict[str, Any] = field(default_factory=dict)
+
+
+class Kernel:
+    def __init__(self, fn, *, name: str | None = None, static_dims: dict | None = None, pipeline=None):
+        self.fn = fn
+        self.__flydsl_fn__ = fn
+        self.name = name or fn.__name__
+        self.signature = inspect.signature(fn)
+        self.static_dims = {k: tuple(v) for k, v in (static_dims or {}).items()}
+        self.pipeline = pipeline
+        hints = getattr(fn, "__annotations__", {})
+        self.constexpr_params = {
+            n for n, a in hints.items() if a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
+        }
+        self._cache: dict[tuple, CompiledKernel] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<flydsl kernel {self.name}>"
+
+    # -- binding ----------------------------------------------------------------------
+    def bind(self, args, kwargs) -> dict[str, Any]:
+        try:
+            b = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"{self.name}: {e}") from None
+        b.apply_defaults()
+        return dict(b.arguments)
+
+    def specialize(self, bound: dict[str, Any]) -> Specialization:
+        specs, consts, runtime = {}, {}, []
+        for name, value in bound.items():
+            if name in self.constexpr_params:
+                consts[name] = value
+                continue
+            s = spec_of(value, static_dims=self.static_dims.get(name, ()), name=f"{self.name}({name}=...)")
+            if s.kind == "constexpr":
+                consts[name] = s.value
+            else:
+                specs[name] = s
+                runtime.append(name)
+        key = (tuple(specs.items()), tuple(sorted(consts.items(), key=lambda kv: kv[0])))
+        try:
+            hash(key)
+        except TypeError:
+            bad = [n for n, v in consts.items() if not _hashable(v)]
+            raise ArgumentError(f"{self.name}: constexpr arguments must be hashable: {bad}") from None
+        return Specialization(key, specs, consts, runtime)
+
+    # -- tracing ----------------------------------------------------------------------
+    def trace(self, spec: Specialization) -> Function:
+        ctx = TraceContext(self.name)
+        body = Block()
+        ctx.push(body)
+        params: list[Param] = []
+        call: dict[str, Any] = {}
+        for name in self.signature.parameters:
+            if name in spec.constexprs:
+                call[name] = spec.constexprs[name]
+                params.append(Param(name, "constexpr", None, facts={"value": spec.constexprs[name]}))
+                continue
+            s = spec.specs[name]
+            if s.kind == "tensor":
+                call[name] = _tensor_param(name, s, params)
+            else:
+                v = Value(TileType(s.dtype), name=name)
+                params.append(Param(name, "scalar", v, facts=dict(s.facts)))
+                call[name] = Tile(v)
+        from ..trace.context import user_location
+
+        with tracing(ctx):
+            ret = self.fn(**call)
+        if len(ctx.blocks) != 1:
+            raise ControlFlowError(
+                "a fly.range / fly.while_ loop or fly.if_ block was left early (break, continue or "
+                "return inside it is not supported); use a condition with fly.where or fly.if_",
+                loc=user_location(False),
+            )
+        if ret is not None:
+            raise TraceError(f"kernel {self.name} returned {ret!r}; kernels write their results through stores")
+        fn = Function(self.name, params, body, dict(spec.constexprs))
+        return verify(fn)
+
+    def ir(self, *args, **kwargs) -> Function:
+        """The FlyIR of this kernel for these arguments, after the pass pipeline."""
+        from ..passes import run_pipeline
+
+        spec = self.specialize(self.bind(args, kwargs))
+        return run_pipeline(self.trace(spec), self.pipeline)
+
+    # -- compile and launch ---------------------------------------------------------------
+    def compile(self, *args, target=None, options=None, **kwargs) -> CompiledKernel:
+        """Compile for ``target`` with tensors, ``TensorSpec``s or numbers as arguments."""
+        spec = self.specialize(self.bind(args, kwargs))
+        return self._compiled(spec, target, options or {})
+
+    def _compiled(self, spec: Specialization, target, options: dict) -> CompiledKernel:
+        from ..backends import get_backend, target_name
+
+        tname = target_name(target)
+        ckey = (spec.key, tname, tuple(sorted(options.items())))
+        hit = self._cache.get(ckey)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._cache.get(ckey)
+            if hit is not None:
+                return hit
+            from ..passes import run_pipeline
+
+            ir = run_pipeline(self.trace(spec), self.pipeline)
+            backend = get_backend(tname)
+            exe = backend.compile(ir, spec, options)
+            ck = CompiledKernel(self.name, tname, ir, exe, spec)
+            self._cache[ckey] = ck
+            return ck
+
+    def __getitem__(self, grid):
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid, *args, **kwargs):
+        opts = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs and k not in self.signature.parameters}
+        target = opts.pop("target", None)
+        options = dict(opts.pop("options", None) or {})
+        options.update(opts)
+        bound = self.bind(args, kwargs)
+        spec = self.specialize(bound)
+        ck = self._compiled(spec, target, options)
+        if callable(grid):
+            grid = grid({**bound})
+        grid = _grid(grid)
+        ck.executable.launch(grid, [bound[n] for n in spec.runtime])
+        return ck
+
+
+def _grid(grid) -> tuple[int, int, int]:
+    if isinstance(grid, int):
+        grid = (grid,)
+    grid = tuple(int(g) for g in grid)
+    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
+        raise ArgumentError(f"a grid is 1 to 3 non-negative ints, got {grid}")
+    return grid + (1,) * (3 - len(grid))
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _tensor_param(name: str, s: ArgSpec, params: list[Param]) -> TensorRef:
+    tv = Value(TensorType(s.dtype, s.rank), name=name)
+    params.append(Param(name, "tensor", tv, facts={"aligned": s.aligned, "index_bits": s.index_bits}))
+    idx = dt.int32 if s.index_bits == 32 else dt.int64
+    sizes, strides = [], []
+    for d in range(s.rank):
+        v = Value(TileType(idx), name=f"{name}_size{d}")
+        params.append(Param(f"{name}.size{d}", "shape", v, of=name, dim=d, facts=dict(s.size_facts[d])))
+        sizes.append(Tile(v))
+    for d in range(s.rank):
+        v = Value(TileType(idx), name=f"{name}_stride{d}")
+        params.append(Param(f"{name}.stride{d}", "stride", v, of=name, dim=d, facts=dict(s.stride_facts[d])))
+        strides.append(Tile(v))
+    return TensorRef(name, tv, s.dtype, tuple(sizes), tuple(strides), idx)
+
+
+def kernel(fn=None, *, name: str | None = None, static_dims: dict | None = None, pipeline=None):
+    """Make a FlyDSL kernel of a Python function (see the module docstring).
+
+    ``static_dims={"x": (1,)}`` makes the listed sizes of tensor ``x`` part of
+    the specialization key, so they become compile-time constants.
+    ``pipeline`` replaces the default list of pass names.
+    """
+    if fn is None:
+        return functools.partial(kernel, name=name, static_dims=static_dims, pipeline=pipeline)
+    return Kernel(fn, name=name, static_dims=static_dims, pipeline=pipeline)
