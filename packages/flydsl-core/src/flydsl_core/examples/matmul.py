@@ -9,7 +9,14 @@ TOLERANCE = {"fp32": (1e-5, 1e-4), "bf16": (1e-2, 1e-2), "fp16": (1e-2, 1e-2)}
 
 
 @fly.kernel
-def matmul(a: fly.Tensor, b: fly.Tensor, c: fly.Tensor, BM: fly.constexpr, BN: fly.constexpr, BK: fly.constexpr):
+def matmul(
+    a: fly.Tensor,
+    b: fly.Tensor,
+    c: fly.Tensor,
+    BM: fly.constexpr,
+    BN: fly.constexpr,
+    BK: fly.constexpr,
+):
     pm, pn = fly.program_id(0), fly.program_id(1)
     acc = fly.zeros((BM, BN), fly.fp32)
     # acc is updated in place, which makes it the loop's carried value.
@@ -28,7 +35,10 @@ def make_inputs(shape=DEFAULT_SHAPE, dtype=None, generator=None):
 
     m, k, n = shape
     dtype = dtype or torch.float32
-    return (torch.randn(m, k, generator=generator).to(dtype), torch.randn(k, n, generator=generator).to(dtype))
+    return (
+        torch.randn(m, k, generator=generator).to(dtype),
+        torch.randn(k, n, generator=generator).to(dtype),
+    )
 
 
 def run(a, b, *, bm: int = 32, bn: int = 32, bk: int = 32, target=None):

@@ -22,7 +22,10 @@ def make_inputs(shape=DEFAULT_SHAPE, dtype=None, generator=None):
     import torch
 
     dtype = dtype or torch.float32
-    return (torch.randn(shape, generator=generator).to(dtype), torch.randn(shape, generator=generator).to(dtype))
+    return (
+        torch.randn(shape, generator=generator).to(dtype),
+        torch.randn(shape, generator=generator).to(dtype),
+    )
 
 
 def run(x, y, *, block: int = 1024, target=None):
@@ -30,7 +33,9 @@ def run(x, y, *, block: int = 1024, target=None):
 
     out = torch.empty_like(x)
     n = x.numel()
-    vector_add[(fly.cdiv(n, block),)](x.reshape(-1), y.reshape(-1), out.view(-1), BLOCK=block, target=target)
+    vector_add[(fly.cdiv(n, block),)](
+        x.reshape(-1), y.reshape(-1), out.view(-1), BLOCK=block, target=target
+    )
     return out
 
 

@@ -257,7 +257,9 @@ def _concat(types, attrs):
     a, b = (_tile(t) for t in types)
     _same(a.with_shape(()), b.with_shape(()), "concat")
     axis = attrs["axis"]
-    if a.rank != b.rank or any(x != y for i, (x, y) in enumerate(zip(a.shape, b.shape)) if i != axis):
+    if a.rank != b.rank or any(
+        x != y for i, (x, y) in enumerate(zip(a.shape, b.shape)) if i != axis
+    ):
         raise TypeCheckError(f"concat along {axis} needs matching shapes, got {a} and {b}")
     shape = list(a.shape)
     shape[axis] += b.shape[axis]
@@ -420,7 +422,9 @@ def _load(types, attrs):
     if attrs.get("has_other"):
         other = _tile(rest.pop(0), "other")
         if other != TileType(ten.dtype, off.shape):
-            raise TypeCheckError(f"load's other must be {TileType(ten.dtype, off.shape)}, got {other}")
+            raise TypeCheckError(
+                f"load's other must be {TileType(ten.dtype, off.shape)}, got {other}"
+            )
     return [TileType(ten.dtype, off.shape)]
 
 

@@ -7,8 +7,9 @@ as part of a cache key.
 
 from __future__ import annotations
 
+import os
+
 from .core import Block, Function, Op, Value
-from .types import TileType
 
 
 class _Namer:
@@ -42,7 +43,7 @@ def _print_op(op: Op, name: _Namer, out: list[str], indent: int, locs: bool):
     types = f" : {types}" if types else ""
     line = f"{pad}{lhs}{op.name} {operands}".rstrip() + f"{attrs}{types}"
     if locs and op.loc:
-        line += f"  # {op.loc}"
+        line += f"  # {os.path.basename(op.loc.file)}:{op.loc.line}"
     if op.regions:
         line += " {"
     out.append(line)
@@ -79,6 +80,3 @@ def print_function(fn: Function, *, locs: bool = False) -> str:
     out.append("}")
     return "\n".join(out)
 
-
-def type_str(t) -> str:
-    return str(t) if isinstance(t, TileType) else str(t)

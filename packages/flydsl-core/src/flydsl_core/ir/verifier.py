@@ -43,7 +43,9 @@ def _verify_block(block: Block, visible: set[int], fn: Function, top=False):
         except Exception as e:  # the type rule's own message is the useful part
             _fail(op, f"type rule failed: {e}")
         if [r.type for r in op.results] != list(types):
-            _fail(op, f"result types {[str(r.type) for r in op.results]} != {list(map(str, types))}")
+            _fail(
+                op, f"result types {[str(r.type) for r in op.results]} != {list(map(str, types))}"
+            )
         if len(op.regions) != d.num_regions:
             _fail(op, f"has {len(op.regions)} regions, expects {d.num_regions}")
         if d.terminator and i != len(block.ops) - 1:
@@ -52,7 +54,10 @@ def _verify_block(block: Block, visible: set[int], fn: Function, top=False):
         scope.update(r.id for r in op.results)
     term = block.terminator
     if not top and (term is None or not O.OPS[term.name].terminator):
-        raise VerifyError("a region block must end with yield or condition", loc=block.parent.loc if block.parent else None)
+        raise VerifyError(
+            "a region block must end with yield or condition",
+            loc=block.parent.loc if block.parent else None,
+        )
 
 
 def _expect_yield(op: Op, block: Block, types):

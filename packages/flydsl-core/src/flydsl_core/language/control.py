@@ -42,7 +42,9 @@ def static_range(start, stop=None, step=1):
 def _scalar_int(x, what) -> Tile:
     t = as_tile(x)
     if t.shape != () or not t.dtype.is_int:
-        raise TypeCheckError(f"loop {what} must be a scalar integer, got {t.type}", loc=user_location())
+        raise TypeCheckError(
+            f"loop {what} must be a scalar integer, got {t.type}", loc=user_location()
+        )
     return t
 
 
@@ -51,7 +53,7 @@ def _restore(writes):
         h._v = old
 
 
-class range:  # noqa: N801 - mirrors builtins.range
+class range:
     """A run-time loop ``for i in fly.range(start, stop, step)``.
 
     ``stages`` is a software-pipelining hint for backends that pipeline
@@ -59,11 +61,15 @@ class range:  # noqa: N801 - mirrors builtins.range
     asks the backend to unroll by that factor.
     """
 
-    def __init__(self, start, stop=None, step=1, *, stages: int | None = None, unroll: int | None = None):
+    def __init__(
+        self, start, stop=None, step=1, *, stages: int | None = None, unroll: int | None = None
+    ):
         if stop is None:
             start, stop = 0, start
         if isinstance(step, int) and step <= 0:
-            raise ControlFlowError(f"fly.range step must be positive, got {step}", loc=user_location())
+            raise ControlFlowError(
+                f"fly.range step must be positive, got {step}", loc=user_location()
+            )
         self.bounds = (start, stop, step)
         self.attrs = {}
         if stages is not None:
@@ -100,7 +106,9 @@ class range:  # noqa: N801 - mirrors builtins.range
         _check_same(rec2, carried, "loop")
         ctx.emit("yield", [h._v for h, _ in carried])
         ctx.pop()
-        op = ctx.emit("for", [lo._v, hi._v, st._v] + [old for _, old in carried], self.attrs, regions=[body])
+        op = ctx.emit(
+            "for", [lo._v, hi._v, st._v] + [old for _, old in carried], self.attrs, regions=[body]
+        )
         for (h, old), r in zip(carried, op.results):
             h._v = old
             h._rebind(r)
@@ -133,7 +141,7 @@ def _cond(c) -> Tile:
     return t if t.dtype.is_bool else t != 0
 
 
-class if_:  # noqa: N801
+class if_:
     """A data-dependent branch: ``with fly.if_(cond): ...``, optionally followed by ``fly.else_()``.
 
     Tiles updated in place inside the branch keep their new values after it
@@ -166,7 +174,9 @@ class if_:  # noqa: N801
         other = ctx.push(Block())
         ctx.emit("yield", [old for _, old in carried])
         ctx.pop()
-        op = ctx.emit("if", [self.cond._v] + [old for _, old in carried], regions=[self.block, other])
+        op = ctx.emit(
+            "if", [self.cond._v] + [old for _, old in carried], regions=[self.block, other]
+        )
         for (h, old), r in zip(carried, op.results):
             h._v = old
             h._rebind(r)
@@ -174,14 +184,16 @@ class if_:  # noqa: N801
         return False
 
 
-class else_:  # noqa: N801
+class else_:
     """The else branch of the ``fly.if_`` block directly before it."""
 
     def __enter__(self):
         ctx = current()
         last = getattr(ctx, "last_if", None)
         if last is None or not ctx.block.ops or ctx.block.ops[-1] is not last[0]:
-            raise ControlFlowError("fly.else_() must directly follow a `with fly.if_(...)` block", loc=user_location())
+            raise ControlFlowError(
+                "fly.else_() must directly follow a `with fly.if_(...)` block", loc=user_location()
+            )
         self.op, self.then_carried, self.then_vals = last
         ctx.last_if = None
         _restore(self.then_carried)
@@ -208,14 +220,18 @@ class else_:  # noqa: N801
         ctx.emit("yield", else_vals)
         ctx.pop()
         ctx.block.ops.pop()  # replace the if op, which had no else branch yet
-        op = ctx.emit("if", [self.op.operands[0]] + [old for _, old in union], regions=[then_block, self.block])
+        op = ctx.emit(
+            "if",
+            [self.op.operands[0]] + [old for _, old in union],
+            regions=[then_block, self.block],
+        )
         for (h, old), r in zip(union, op.results):
             h._v = old
             h._rebind(r)
         return False
 
 
-class while_:  # noqa: N801
+class while_:
     """A run-time while loop: ``for _ in fly.while_(lambda: i < n): ...``.
 
     ``cond`` is a function of no arguments, re-evaluated before every
@@ -224,7 +240,10 @@ class while_:  # noqa: N801
 
     def __init__(self, cond):
         if not callable(cond):
-            raise ControlFlowError("fly.while_ takes a function returning the condition, e.g. lambda: i < n", loc=user_location())
+            raise ControlFlowError(
+                "fly.while_ takes a function returning the condition, e.g. lambda: i < n",
+                loc=user_location(),
+            )
         self.cond = cond
 
     def __iter__(self):

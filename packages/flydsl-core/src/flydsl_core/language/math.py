@@ -36,7 +36,7 @@ floor = _float_unary("floor")
 ceil = _float_unary("ceil")
 
 
-def abs(x) -> Tile:  # noqa: A001 - mirrors the NumPy name
+def abs(x) -> Tile:
     return emit1("abs", [as_tile(x)])
 
 
@@ -62,7 +62,9 @@ def where(cond, a, b) -> Tile:
         cond = cond != 0
     a, b = unify(a, b)
     shape = broadcast_shapes(cond.shape, a.shape)
-    return emit1("where", [broadcast_to(cond, shape), broadcast_to(a, shape), broadcast_to(b, shape)])
+    return emit1(
+        "where", [broadcast_to(cond, shape), broadcast_to(a, shape), broadcast_to(b, shape)]
+    )
 
 
 def isnan(x) -> Tile:

@@ -10,7 +10,9 @@ from .creation import zeros
 from .tile import Tile, as_tile, cast
 
 
-def dot(a: Tile, b: Tile, acc: Tile | None = None, *, out_dtype=None, input_precision: str = "ieee") -> Tile:
+def dot(
+    a: Tile, b: Tile, acc: Tile | None = None, *, out_dtype=None, input_precision: str = "ieee"
+) -> Tile:
     """``acc + a @ b`` with an fp32 (int32 for int8) accumulator.
 
     ``a`` is [M, K] and ``b`` is [K, N] (or batched [B, M, K] x [B, K, N]).
@@ -31,7 +33,9 @@ def dot(a: Tile, b: Tile, acc: Tile | None = None, *, out_dtype=None, input_prec
         acc = cast(as_tile(acc), acc_dtype)
     if input_precision not in ("ieee", "tf32"):
         raise TypeCheckError("input_precision is 'ieee' or 'tf32'", loc=user_location())
-    r = Tile(current().emit("dot", [a._v, b._v, acc._v], {"input_precision": input_precision}).result)
+    r = Tile(
+        current().emit("dot", [a._v, b._v, acc._v], {"input_precision": input_precision}).result
+    )
     return cast(r, out_dtype) if out_dtype is not None else r
 
 
@@ -56,7 +60,9 @@ def dot_scaled(
     a, b, a_scale, b_scale = (as_tile(t) for t in (a, b, a_scale, b_scale))
     for f in (a_format, b_format):
         if f not in MX_FORMATS:
-            raise TypeCheckError(f"unknown MX format {f!r}; use one of {sorted(MX_FORMATS)}", loc=user_location())
+            raise TypeCheckError(
+                f"unknown MX format {f!r}; use one of {sorted(MX_FORMATS)}", loc=user_location()
+            )
     _check_elem(a, a_format, "a")
     _check_elem(b, b_format, "b")
     m, n = a.shape[0], b.shape[1]

@@ -8,7 +8,6 @@ NaN is ordered as torch orders it: above every number.
 
 from __future__ import annotations
 
-
 from .. import dtypes as dt
 from ..exc import TypeCheckError
 from ..trace.context import current, user_location
@@ -17,7 +16,9 @@ from .tile import Tile, as_tile, cast, reshape
 
 def _axis(x: Tile, axis) -> int:
     if axis is None:
-        raise TypeCheckError("give the reduction an axis (tiles reduce along one axis)", loc=user_location())
+        raise TypeCheckError(
+            "give the reduction an axis (tiles reduce along one axis)", loc=user_location()
+        )
     a = axis + x.ndim if axis < 0 else axis
     if not 0 <= a < x.ndim:
         raise TypeCheckError(f"axis {axis} is out of range for {x.type}", loc=user_location())
@@ -57,10 +58,10 @@ def _reduce(kind: str):
     return fn
 
 
-sum = _reduce("sum")  # noqa: A001 - mirrors the NumPy name
+sum = _reduce("sum")
 prod = _reduce("prod")
-max = _reduce("max")  # noqa: A001
-min = _reduce("min")  # noqa: A001
+max = _reduce("max")
+min = _reduce("min")
 xor_sum = _reduce("xor_sum")
 
 
@@ -85,7 +86,11 @@ def _scan(kind: str):
         x = as_tile(x)
         a = _axis(x, axis)
         src = cast(x, _acc_dtype(x, kind, dtype))
-        return Tile(current().emit("scan", [src._v], {"kind": kind, "axis": a, "reverse": bool(reverse)}).result)
+        return Tile(
+            current()
+            .emit("scan", [src._v], {"kind": kind, "axis": a, "reverse": bool(reverse)})
+            .result
+        )
 
     fn.__name__ = kind
     return fn
@@ -114,7 +119,7 @@ def topk(x, k: int, axis: int = -1, *, largest: bool = True):
     a = _axis(x, axis)
     if not isinstance(k, int):
         raise TypeCheckError("topk's k must be a compile-time int", loc=user_location())
-    vals, idx = current().emit("topk", [x._v], {"axis": a, "k": k, "largest": bool(largest)}).results
+    vals, idx = (
+        current().emit("topk", [x._v], {"axis": a, "k": k, "largest": bool(largest)}).results
+    )
     return Tile(vals), Tile(idx)
-
-

@@ -44,12 +44,16 @@ class _Mode:
 def _scalar(x) -> Tile | int:
     if isinstance(x, Tile):
         if x.shape != ():
-            raise TypeCheckError(f"an index here must be a scalar, got {x.type}", loc=user_location())
+            raise TypeCheckError(
+                f"an index here must be a scalar, got {x.type}", loc=user_location()
+            )
         if not (x.dtype.is_int or x.dtype.is_bool):
             raise TypeCheckError(f"an index must be an integer, got {x.type}", loc=user_location())
         return x
     if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeCheckError(f"an index must be an int or a scalar tile, got {x!r}", loc=user_location())
+        raise TypeCheckError(
+            f"an index must be an int or a scalar tile, got {x!r}", loc=user_location()
+        )
     return x
 
 
@@ -76,7 +80,9 @@ def _mul(a, b):
 class View:
     """A statically or partly shaped window of a tensor."""
 
-    def __init__(self, tensor: TensorRef, modes: tuple[_Mode, ...], fixed: tuple[tuple[int, object], ...]):
+    def __init__(
+        self, tensor: TensorRef, modes: tuple[_Mode, ...], fixed: tuple[tuple[int, object], ...]
+    ):
         self.tensor = tensor
         self.modes = modes
         self.fixed = fixed
@@ -113,7 +119,9 @@ class View:
         if not isinstance(idx, tuple):
             idx = (idx,)
         if len(idx) > len(self.modes):
-            raise TypeCheckError(f"too many indices ({len(idx)}) for a {len(self.modes)}-d view", loc=user_location())
+            raise TypeCheckError(
+                f"too many indices ({len(idx)}) for a {len(self.modes)}-d view", loc=user_location()
+            )
         idx = idx + (slice(None),) * (len(self.modes) - len(idx))
         modes, fixed = [], list(self.fixed)
         for m, i in zip(self.modes, idx):
@@ -122,7 +130,11 @@ class View:
                     modes.append(m)
                     continue
                 start, stop, step = i.start or 0, i.stop, i.step or 1
-                if stop is None or not all(isinstance(v, int) for v in (start, stop, step)) or stop <= start:
+                if (
+                    stop is None
+                    or not all(isinstance(v, int) for v in (start, stop, step))
+                    or stop <= start
+                ):
                     raise TypeCheckError(
                         "a slice of a view needs static int bounds (a:b); use fly.ds(start, size) "
                         "for a run-time start",
@@ -131,20 +143,36 @@ class View:
                 i = ds(start, (stop - start + step - 1) // step, step)
             if isinstance(i, ds):
                 if m.pattern is not None:
-                    raise TypeCheckError("cannot slice a permuted or gathered axis", loc=user_location())
-                modes.append(replace(m, size=i.size, start=_add(m.start, _mul(_scalar(i.start), m.step)), step=m.step * i.step))
+                    raise TypeCheckError(
+                        "cannot slice a permuted or gathered axis", loc=user_location()
+                    )
+                modes.append(
+                    replace(
+                        m,
+                        size=i.size,
+                        start=_add(m.start, _mul(_scalar(i.start), m.step)),
+                        step=m.step * i.step,
+                    )
+                )
             elif isinstance(i, Tile) and i.ndim == 1:
                 if m.pattern is not None or m.step != 1:
-                    raise TypeCheckError("cannot gather from a permuted or strided axis", loc=user_location())
+                    raise TypeCheckError(
+                        "cannot gather from a permuted or strided axis", loc=user_location()
+                    )
                 if not i.dtype.is_int:
-                    raise TypeCheckError(f"gather indices must be integers, got {i.type}", loc=user_location())
+                    raise TypeCheckError(
+                        f"gather indices must be integers, got {i.type}", loc=user_location()
+                    )
                 modes.append(replace(m, size=i.shape[0], pattern=_add(i, m.start)))
             elif isinstance(i, Tile) and i.ndim > 1:
                 raise TypeCheckError("gather with a 1-D index tile per axis", loc=user_location())
             else:
                 i = _scalar(i)
                 if m.pattern is not None:
-                    raise TypeCheckError("cannot index a permuted or gathered axis with a scalar", loc=user_location())
+                    raise TypeCheckError(
+                        "cannot index a permuted or gathered axis with a scalar",
+                        loc=user_location(),
+                    )
                 fixed.append((m.dim, _add(m.start, _mul(i, m.step))))
         return View(self.tensor, tuple(modes), tuple(fixed))
 
@@ -173,11 +201,15 @@ class View:
                 modes.append(m)
                 continue
             if m.pattern is not None:
-                raise TypeCheckError("cannot tile a permuted or gathered axis again", loc=user_location())
+                raise TypeCheckError(
+                    "cannot tile a permuted or gathered axis again", loc=user_location()
+                )
             c = _scalar(c)
             if isinstance(t, int):
                 if t < 1:
-                    raise TypeCheckError(f"tile sizes must be positive, got {t}", loc=user_location())
+                    raise TypeCheckError(
+                        f"tile sizes must be positive, got {t}", loc=user_location()
+                    )
                 block, pattern = t, None
             elif isinstance(t, Layout):
                 block = size(t)
@@ -189,7 +221,9 @@ class View:
                     )
                 pattern = t
             else:
-                raise TypeCheckError(f"a tiler entry is an int, a Layout or None, got {t!r}", loc=user_location())
+                raise TypeCheckError(
+                    f"a tiler entry is an int, a Layout or None, got {t!r}", loc=user_location()
+                )
             start = _add(m.start, _mul(_mul(c, block), m.step))
             modes.append(replace(m, size=block, start=start, pattern=pattern))
         return View(self.tensor, tuple(modes), self.fixed)
@@ -240,11 +274,21 @@ class View:
         if mask is not None:
             user = broadcast_to(as_tile(mask), offs.shape)
             if not user.dtype.is_bool:
-                raise TypeCheckError(f"a mask must be a bool tile, got {user.type}", loc=user_location())
+                raise TypeCheckError(
+                    f"a mask must be a bool tile, got {user.type}", loc=user_location()
+                )
             bmask = user if bmask is None else bmask & user
         return offs, bmask
 
-    def load(self, mask=None, other=None, *, bounds_check: bool = True, cache: str | None = None, eviction: str | None = None) -> Tile:
+    def load(
+        self,
+        mask=None,
+        other=None,
+        *,
+        bounds_check: bool = True,
+        cache: str | None = None,
+        eviction: str | None = None,
+    ) -> Tile:
         """Load the view as a tile; masked-off elements read ``other`` (0 by default)."""
         offs, m = self._access(mask, bounds_check)
         attrs = {"masked": m is not None, "has_other": m is not None}
@@ -254,7 +298,9 @@ class View:
             attrs["eviction"] = eviction
         operands = [self.tensor._v, offs._v]
         if m is not None:
-            o = broadcast_to(cast(as_tile(0 if other is None else other, self.dtype), self.dtype), offs.shape)
+            o = broadcast_to(
+                cast(as_tile(0 if other is None else other, self.dtype), self.dtype), offs.shape
+            )
             operands += [m._v, o._v]
         return Tile(current().emit("load", operands, attrs).result)
 
@@ -296,10 +342,12 @@ class View:
 
     def atomic_cas(self, compare, value) -> Tile:
         """Compare-and-swap every element (in bounds); returns the old values."""
-        offs, m = self._access(None, False)
+        offs, _ = self._access(None, False)
         cmp = broadcast_to(cast(as_tile(compare, self.dtype), self.dtype), offs.shape)
         val = broadcast_to(cast(as_tile(value, self.dtype), self.dtype), offs.shape)
-        return Tile(current().emit("atomic_cas", [self.tensor._v, offs._v, cmp._v, val._v], {}).result)
+        return Tile(
+            current().emit("atomic_cas", [self.tensor._v, offs._v, cmp._v, val._v], {}).result
+        )
 
 
 def _index(x, idx: dt.DType):
@@ -334,7 +382,9 @@ def _axis_mask(m: Tile, axis: int, shape) -> Tile:
 class TensorRef(View):
     """A kernel's tensor argument as seen while tracing."""
 
-    def __init__(self, name: str, value, dtype: dt.DType, shape: tuple, stride: tuple, index_dtype: dt.DType):
+    def __init__(
+        self, name: str, value, dtype: dt.DType, shape: tuple, stride: tuple, index_dtype: dt.DType
+    ):
         self.name = name
         self._v = value
         self._dtype = dtype

@@ -358,7 +358,7 @@ def make_layout(*layouts) -> Layout:
     ``make_layout()`` is the rank-0 layout ``():()``. A single iterable of
     layouts is accepted as well.
     """
-    if len(layouts) == 1 and isinstance(layouts[0], (tuple, list)) or (
+    if (len(layouts) == 1 and isinstance(layouts[0], (tuple, list))) or (
         len(layouts) == 1 and isinstance(layouts[0], Iterator)
     ):
         layouts = tuple(layouts[0])  # a single sequence of layouts
@@ -455,7 +455,9 @@ def _bw_coalesce(shapes, strides, new_shape, new_stride) -> Layout:
             acc_shape.append(s)
             acc_stride.append(d)
     if len(acc_shape) == 1:
-        return Layout._make(1, 0) if acc_shape[0] == 1 else Layout._make(acc_shape[0], acc_stride[0])
+        return (
+            Layout._make(1, 0) if acc_shape[0] == 1 else Layout._make(acc_shape[0], acc_stride[0])
+        )
     return Layout._make(tuple(reversed(acc_shape)), tuple(reversed(acc_stride)))
 
 
@@ -710,7 +712,9 @@ def logical_divide(layout: Layout, tiler) -> Layout:
     if is_tuple(tiler):
         return _by_mode(logical_divide, layout, tiler, "logical_divide")
     if not isinstance(tiler, Layout):
-        raise LayoutError(f"logical_divide: the tiler must be a Layout, int, None or tuple; got {tiler!r}")
+        raise LayoutError(
+            f"logical_divide: the tiler must be a Layout, int, None or tuple; got {tiler!r}"
+        )
     return composition(layout, make_layout(tiler, complement(tiler, layout.shape)))
 
 
@@ -762,7 +766,9 @@ def logical_product(block: Layout, tiler) -> Layout:
     if is_tuple(tiler):
         return _by_mode(logical_product, block, tiler, "logical_product")
     if not isinstance(tiler, Layout):
-        raise LayoutError(f"logical_product: the tiler must be a Layout, int, None or tuple; got {tiler!r}")
+        raise LayoutError(
+            f"logical_product: the tiler must be a Layout, int, None or tuple; got {tiler!r}"
+        )
     rest = complement(block, block.size() * tiler.cosize())
     return make_layout(block, composition(rest, tiler))
 
@@ -817,4 +823,3 @@ def raked_product(block: Layout, tiler: Layout) -> Layout:
     """Like :func:`blocked_product` but interleaved: mode ``i`` is
     ``(tiler_i, block_i)``, so copies of the block are raked across each mode."""
     return _rank_sensitive_product(block, tiler, "raked_product", block_first=False)
-

@@ -43,9 +43,7 @@ class Swizzle:
             if not is_int(v):
                 raise LayoutError(f"Swizzle {name} must be an int; got {v!r}")
         if bits < 0 or base < 0:
-            raise LayoutError(
-                f"Swizzle<{bits},{base},{shift}>: bits and base must be >= 0"
-            )
+            raise LayoutError(f"Swizzle<{bits},{base},{shift}>: bits and base must be >= 0")
         if abs(shift) < bits:
             raise LayoutError(
                 f"Swizzle<{bits},{base},{shift}>: |shift| must be >= bits so the YYY and ZZZ "

@@ -116,7 +116,11 @@ def _fold_value(op: Op):
             if to.is_int and (d.is_int or d.is_bool):
                 return _wrap(int(x), to)
             if to.is_int and d in (dt.fp32, dt.fp64) and math.isfinite(x):
-                return _wrap(int(x), to) if -(2 ** (to.bits - 1)) <= int(x) < 2 ** (to.bits - 1) else None
+                return (
+                    _wrap(int(x), to)
+                    if -(2 ** (to.bits - 1)) <= int(x) < 2 ** (to.bits - 1)
+                    else None
+                )
             if to in (dt.fp32, dt.fp64) and (d.is_int or d.is_bool or d in (dt.fp32, dt.fp64)):
                 return _round(float(x), to)
             return None
@@ -183,7 +187,11 @@ def _absorbing(op: Op):
         return None
     ca, cb = (const_value(v) for v in op.operands)
     d = op.operands[0].type.dtype
-    if op.name == "mul" and d.is_int and (ca == 0 and ca is not None or cb == 0 and cb is not None):
+    if (
+        op.name == "mul"
+        and d.is_int
+        and ((ca == 0 and ca is not None) or (cb == 0 and cb is not None))
+    ):
         return 0
     if op.name == "and" and (ca is False or cb is False):
         return False

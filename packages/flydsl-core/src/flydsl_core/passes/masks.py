@@ -28,7 +28,12 @@ def _strip(v, facts: Facts):
         a, c = op.operands
         cv = const_value(c)
         inner = a.owner
-        if cv and isinstance(inner, Op) and inner.name == "intdiv" and const_value(inner.operands[1]) == cv:
+        if (
+            cv
+            and isinstance(inner, Op)
+            and inner.name == "intdiv"
+            and const_value(inner.operands[1]) == cv
+        ):
             x = inner.operands[0]
             if facts.divisor(x) % cv == 0:
                 return x
@@ -42,7 +47,9 @@ def _in_loop_bounds(facts: Facts, op: Op, length: int) -> bool:
     if loop is None:
         return False
     lo, hi, step = loop.operands[:3]
-    if not (hi is extent or (const_value(hi) is not None and const_value(hi) == const_value(extent))):
+    if not (
+        hi is extent or (const_value(hi) is not None and const_value(hi) == const_value(extent))
+    ):
         return False
     return all(facts.divisor(v) % length == 0 for v in (lo, hi, step))
 
@@ -63,7 +70,11 @@ def _rewrite(block: Block, facts: Facts) -> int:
             op.name, op.operands = "constant", []
             op.attrs = {"value": True, "dtype": op.results[0].type.dtype, "shape": tuple(shape)}
             n += 1
-        elif not uniform and facts.divisor(start) % length == 0 and facts.divisor(extent) % length == 0:
+        elif (
+            not uniform
+            and facts.divisor(start) % length == 0
+            and facts.divisor(extent) % length == 0
+        ):
             # Whole tiles only: one scalar test decides the tile.
             op.attrs = {"axis": -1, "length": 1, "shape": tuple(shape)}
             n += 1
@@ -75,5 +86,3 @@ def _rewrite(block: Block, facts: Facts) -> int:
 def eliminate_masks(fn: Function) -> Function:
     _rewrite(fn.body, Facts(fn))
     return fn
-
-

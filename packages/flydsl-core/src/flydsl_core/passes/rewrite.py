@@ -41,4 +41,6 @@ def blocks(fn: Function):
 
 
 def make_constant(value, type, loc=None) -> Op:
-    return Op("constant", [], {"value": value, "dtype": type.dtype, "shape": type.shape}, [type], loc=loc)
+    return Op(
+        "constant", [], {"value": value, "dtype": type.dtype, "shape": type.shape}, [type], loc=loc
+    )

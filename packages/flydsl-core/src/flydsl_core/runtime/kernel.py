@@ -33,7 +33,7 @@ from ..trace.context import TraceContext, tracing
 from .spec import ArgSpec, spec_of
 
 
-class constexpr:  # noqa: N801 - used as an annotation, like Triton's tl.constexpr
+class constexpr:
     """Annotation: this parameter is a compile-time value."""
 
 
@@ -70,7 +70,9 @@ class CompiledKernel:
 
 
 class Kernel:
-    def __init__(self, fn, *, name: str | None = None, static_dims: dict | None = None, pipeline=None):
+    def __init__(
+        self, fn, *, name: str | None = None, static_dims: dict | None = None, pipeline=None
+    ):
         self.fn = fn
         self.__flydsl_fn__ = fn
         self.name = name or fn.__name__
@@ -79,7 +81,9 @@ class Kernel:
         self.pipeline = pipeline
         hints = getattr(fn, "__annotations__", {})
         self.constexpr_params = {
-            n for n, a in hints.items() if a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
+            n
+            for n, a in hints.items()
+            if a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
         }
         self._cache: dict[tuple, CompiledKernel] = {}
         self._lock = threading.Lock()
@@ -103,7 +107,9 @@ class Kernel:
             if name in self.constexpr_params:
                 consts[name] = value
                 continue
-            s = spec_of(value, static_dims=self.static_dims.get(name, ()), name=f"{self.name}({name}=...)")
+            s = spec_of(
+                value, static_dims=self.static_dims.get(name, ()), name=f"{self.name}({name}=...)"
+            )
             if s.kind == "constexpr":
                 consts[name] = s.value
             else:
@@ -114,7 +120,9 @@ class Kernel:
             hash(key)
         except TypeError:
             bad = [n for n, v in consts.items() if not _hashable(v)]
-            raise ArgumentError(f"{self.name}: constexpr arguments must be hashable: {bad}") from None
+            raise ArgumentError(
+                f"{self.name}: constexpr arguments must be hashable: {bad}"
+            ) from None
         return Specialization(key, specs, consts, runtime)
 
     # -- tracing ----------------------------------------------------------------------
@@ -127,7 +135,9 @@ class Kernel:
         for name in self.signature.parameters:
             if name in spec.constexprs:
                 call[name] = spec.constexprs[name]
-                params.append(Param(name, "constexpr", None, facts={"value": spec.constexprs[name]}))
+                params.append(
+                    Param(name, "constexpr", None, facts={"value": spec.constexprs[name]})
+                )
                 continue
             s = spec.specs[name]
             if s.kind == "tensor":
@@ -147,7 +157,9 @@ class Kernel:
                 loc=user_location(False),
             )
         if ret is not None:
-            raise TraceError(f"kernel {self.name} returned {ret!r}; kernels write their results through stores")
+            raise TraceError(
+                f"kernel {self.name} returned {ret!r}; kernels write their results through stores"
+            )
         fn = Function(self.name, params, body, dict(spec.constexprs))
         return verify(fn)
 
@@ -189,7 +201,11 @@ class Kernel:
         return functools.partial(self.launch, grid)
 
     def launch(self, grid, *args, **kwargs):
-        opts = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs and k not in self.signature.parameters}
+        opts = {
+            k: kwargs.pop(k)
+            for k in LAUNCH_OPTIONS
+            if k in kwargs and k not in self.signature.parameters
+        }
         target = opts.pop("target", None)
         options = dict(opts.pop("options", None) or {})
         options.update(opts)
@@ -222,16 +238,22 @@ def _hashable(v) -> bool:
 
 def _tensor_param(name: str, s: ArgSpec, params: list[Param]) -> TensorRef:
     tv = Value(TensorType(s.dtype, s.rank), name=name)
-    params.append(Param(name, "tensor", tv, facts={"aligned": s.aligned, "index_bits": s.index_bits}))
+    params.append(
+        Param(name, "tensor", tv, facts={"aligned": s.aligned, "index_bits": s.index_bits})
+    )
     idx = dt.int32 if s.index_bits == 32 else dt.int64
     sizes, strides = [], []
     for d in range(s.rank):
         v = Value(TileType(idx), name=f"{name}_size{d}")
-        params.append(Param(f"{name}.size{d}", "shape", v, of=name, dim=d, facts=dict(s.size_facts[d])))
+        params.append(
+            Param(f"{name}.size{d}", "shape", v, of=name, dim=d, facts=dict(s.size_facts[d]))
+        )
         sizes.append(Tile(v))
     for d in range(s.rank):
         v = Value(TileType(idx), name=f"{name}_stride{d}")
-        params.append(Param(f"{name}.stride{d}", "stride", v, of=name, dim=d, facts=dict(s.stride_facts[d])))
+        params.append(
+            Param(f"{name}.stride{d}", "stride", v, of=name, dim=d, facts=dict(s.stride_facts[d]))
+        )
         strides.append(Tile(v))
     return TensorRef(name, tv, s.dtype, tuple(sizes), tuple(strides), idx)
 

@@ -91,7 +91,9 @@ class TensorSpec:
                 acc = acc * s if (s is not None and acc is not None) else None
             stride = tuple(reversed(stride))
         sizes = tuple(
-            (("value", s),) if i in static_dims and s is not None else (int_facts(s) if s is not None else ())
+            (("value", s),)
+            if i in static_dims and s is not None
+            else (int_facts(s) if s is not None else ())
             for i, s in enumerate(shape)
         )
         strides = tuple(int_facts(s) if s is not None else () for s in stride)
@@ -107,14 +109,18 @@ def spec_of(value, *, static_dims=(), name="argument") -> ArgSpec:
     """Specialize one run-time argument."""
     if isinstance(value, TensorSpec):
         return value.arg_spec(static_dims)
-    if hasattr(value, "data_ptr") and hasattr(value, "stride"):  # a torch.Tensor, without importing torch
+    if hasattr(value, "data_ptr") and hasattr(
+        value, "stride"
+    ):  # a torch.Tensor, without importing torch
         d = dt.dtype(value.dtype)
         sizes = tuple(
             (("value", s),) if i in static_dims else int_facts(s) for i, s in enumerate(value.shape)
         )
         strides = tuple(int_facts(s) for s in value.stride())
         aligned = value.data_ptr() % 16 == 0
-        return ArgSpec("tensor", d, value.dim(), sizes, strides, aligned, 32 if _fits32(value) else 64)
+        return ArgSpec(
+            "tensor", d, value.dim(), sizes, strides, aligned, 32 if _fits32(value) else 64
+        )
     if isinstance(value, bool) or value is None:
         return ArgSpec("constexpr", value=value)
     if isinstance(value, numbers.Integral):

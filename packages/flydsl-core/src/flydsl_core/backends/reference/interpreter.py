@@ -56,7 +56,9 @@ def _compile_block(block: Block, S: Slots):
         else:
             rule = RULES.get(op.name)
             if rule is None:
-                raise LoweringError(f"the cpu-reference backend has no rule for op {op.name!r}", loc=op.loc)
+                raise LoweringError(
+                    f"the cpu-reference backend has no rule for op {op.name!r}", loc=op.loc
+                )
             step = rule(op, S)
             if step is not None:
                 steps.append(step)
@@ -160,7 +162,9 @@ class ReferenceExecutable:
         by_name = {}
         names = [p.name for p, _ in self.params if p.kind in ("tensor", "scalar")]
         if len(names) != len(args):
-            raise ArgumentError(f"{self.fn.name}: expected {len(names)} run-time arguments, got {len(args)}")
+            raise ArgumentError(
+                f"{self.fn.name}: expected {len(names)} run-time arguments, got {len(args)}"
+            )
         by_name = dict(zip(names, args))
         for p, slot in self.params:
             if p.kind == "tensor":

@@ -216,7 +216,9 @@ def _bitcast(op, S):
     tt = tdt(op.attrs["dtype"])
 
     def step(env, state):
-        env[r] = env[a].contiguous().view(tt) if env[a].dim() else env[a].reshape(1).view(tt).reshape(())
+        env[r] = (
+            env[a].contiguous().view(tt) if env[a].dim() else env[a].reshape(1).view(tt).reshape(())
+        )
 
     return step
 
@@ -471,7 +473,11 @@ def _load(op, S):
         _check_offsets(op, flat, offs, mk, state)
         raw = _raw(flat)
         if masked:
-            vals = raw[torch.where(mk, offs, 0)] if raw.numel() else torch.zeros(offs.shape, dtype=raw.dtype)
+            vals = (
+                raw[torch.where(mk, offs, 0)]
+                if raw.numel()
+                else torch.zeros(offs.shape, dtype=raw.dtype)
+            )
             oth = env[other]
             vals = torch.where(mk, vals, oth.view(raw.dtype) if raw is not flat else oth)
         else:
@@ -587,4 +593,3 @@ def _range_mask(op, S):
         env[r] = torch.lt(ar + env[s], env[e]).expand(shape)
 
     return step
-

@@ -1,0 +1,41 @@
+"""Test tiers: `cpu` always runs, `compile` cross-compiles on the CPU, `gpu` needs a device.
+
+Tests marked `gpu` are skipped, with the reason, where no GPU is present.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault(
+    "TRITON_DEFAULT_FP_FUSION", "1"
+)  # silences a Triton 3.9 warning; same default
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no GPU on this machine (torch.cuda.is_available() is False)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _gpu_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    # Tests never read or write the user's compile cache.
+    if "FLYDSL_CACHE_DIR" not in os.environ:
+        monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "flydsl-cache"))

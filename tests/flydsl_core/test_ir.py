@@ -1,0 +1,111 @@
+"""FlyIR: printing, verification and tracing determinism."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import flydsl_core as fly
+from flydsl_core import dtypes as dt
+from flydsl_core.exc import VerifyError
+from flydsl_core.ir import Block, Function, Op, Param, TileType, Value, print_function, verify
+
+pytestmark = pytest.mark.cpu
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+@fly.kernel
+def scale_rows(x: fly.Tensor, out: fly.Tensor, alpha: float, BLOCK: fly.constexpr):
+    row = fly.program_id(0)
+    v = x[row].tile((BLOCK,), 0).load()
+    out[row].tile((BLOCK,), 0).store(v * alpha)
+
+
+def _golden(name: str, text: str):
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("FLYDSL_ACCEPT") == "1" or not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    with open(path) as f:
+        assert text + "\n" == f.read(), f"{name} changed; rerun with FLYDSL_ACCEPT=1 if intended"
+
+
+def test_final_ir_matches_golden():
+    x = torch.randn(4, 64)
+    _golden("scale_rows.ir", print_function(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=64)))
+
+
+def test_two_traces_print_the_same():
+    x = torch.randn(3, 10)
+    a = str(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=16))
+    b = str(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=16))
+    assert a == b
+    assert "kernel @scale_rows(" in a and "BLOCK=16" in a
+
+
+def test_specialization_key_tracks_divisibility_and_unit_strides():
+    k = scale_rows
+    s16 = k.specialize(k.bind((torch.randn(2, 32), torch.empty(2, 32), 1.0), {"BLOCK": 32}))
+    s17 = k.specialize(k.bind((torch.randn(2, 17), torch.empty(2, 17), 1.0), {"BLOCK": 32}))
+    s16b = k.specialize(k.bind((torch.randn(5, 48), torch.empty(5, 48), 3.0), {"BLOCK": 32}))
+    t = torch.randn(32, 2).T
+    sT = k.specialize(k.bind((t, torch.empty(2, 32), 1.0), {"BLOCK": 32}))
+    assert s16.key != s17.key
+    assert s16.key == s16b.key  # values differ, facts agree
+    assert sT.key != s16.key  # a transposed input has no unit inner stride
+    assert dict(s16.specs["x"].stride_facts[1]) == {"value": 1}
+    assert dict(s16.specs["x"].size_facts[1]) == {"div": 16}
+
+
+def _fn_with(ops_builder):
+    body = Block()
+    x = Value(TileType(dt.int32), name="x")
+    fn = Function("t", [Param("x", "scalar", x)], body)
+    ops_builder(body, x)
+    return fn
+
+
+def test_verifier_rejects_a_value_used_outside_its_scope():
+    def build(body, x):
+        inner = Block()
+        c = Op("constant", [], {"value": 1, "dtype": dt.int32, "shape": ()}, [TileType(dt.int32)])
+        inner.append(c)
+        y = Op("yield", [], {}, [])
+        inner.append(y)
+        cond = Op(
+            "constant", [], {"value": True, "dtype": dt.bool_, "shape": ()}, [TileType(dt.bool_)]
+        )
+        body.append(cond)
+        other = Block()
+        other.append(Op("yield", [], {}, []))
+        body.append(Op("if", [cond.result], {}, [], regions=[inner, other]))
+        body.append(Op("add", [c.result, x], {}, [TileType(dt.int32)]))
+
+    with pytest.raises(VerifyError, match="not visible"):
+        verify(_fn_with(build))
+
+
+def test_verifier_rejects_a_wrong_result_type():
+    def build(body, x):
+        body.append(Op("add", [x, x], {}, [TileType(dt.fp32)]))
+
+    with pytest.raises(VerifyError, match="result types"):
+        verify(_fn_with(build))
+
+
+def test_verifier_rejects_a_region_without_terminator():
+    def build(body, x):
+        lo = Op("constant", [], {"value": 0, "dtype": dt.int32, "shape": ()}, [TileType(dt.int32)])
+        body.append(lo)
+        loop_body = Block([TileType(dt.int32)])
+        body.append(Op("for", [lo.result, x, x], {}, [], regions=[loop_body]))
+
+    with pytest.raises(VerifyError, match="yield"):
+        verify(_fn_with(build))
+
+
+def test_verifier_accepts_traced_kernels():
+    x = torch.randn(3, 10)
+    verify(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=16))
