@@ -9,6 +9,7 @@ non-complementable layout) raise LayoutError; those draws are discarded with
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 
@@ -274,7 +275,7 @@ def test_complement_is_disjoint_ordered_and_covers(a, m):
     image_a = set(_values(a))
     values_c = _values(c)
     assert image_a & set(values_c) <= {0}  # disjoint codomains
-    assert all(x < y for x, y in zip(values_c, values_c[1:]))  # ordered
+    assert all(x < y for x, y in itertools.pairwise(values_c))  # ordered
     assert make_layout(a, c).cosize() >= m
     if _injective(a) and _complementable(a) and m % _span(a) == 0:
         together = make_layout(a, c)

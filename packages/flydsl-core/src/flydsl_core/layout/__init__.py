@@ -114,6 +114,7 @@ __all__ = [
     "size",
     "slice_and_offset",
     "slice_layout",
+    "slice_tuple",
     "tiled_divide",
     "tiled_product",
     "tuple_max",

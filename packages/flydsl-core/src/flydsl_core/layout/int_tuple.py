@@ -113,9 +113,7 @@ def weakly_congruent(a, b) -> bool:
     """True if ``b``'s profile refines ``a``'s (an int in ``a`` matches anything)."""
     if is_tuple(a) and is_tuple(b):
         return len(a) == len(b) and all(weakly_congruent(x, y) for x, y in zip(a, b))
-    if is_tuple(a):
-        return False
-    return True
+    return not is_tuple(a)  # an int in a matches any sub-profile of b
 
 
 def compatible(a, b) -> bool:

@@ -358,10 +358,8 @@ def make_layout(*layouts) -> Layout:
     ``make_layout()`` is the rank-0 layout ``():()``. A single iterable of
     layouts is accepted as well.
     """
-    if (len(layouts) == 1 and isinstance(layouts[0], (tuple, list))) or (
-        len(layouts) == 1 and isinstance(layouts[0], Iterator)
-    ):
-        layouts = tuple(layouts[0])  # a single sequence of layouts
+    if len(layouts) == 1 and isinstance(layouts[0], (tuple, list, Iterator)):
+        layouts = tuple(layouts[0])  # a single sequence (or generator) of layouts
     for x in layouts:
         if not isinstance(x, Layout):
             raise LayoutError(
