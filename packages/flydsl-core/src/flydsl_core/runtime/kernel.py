@@ -86,6 +86,13 @@ class Kernel:
             if a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
         }
         self._cache: dict[tuple, CompiledKernel] = {}
+        self._fast: dict[tuple, tuple] = {}
+        self._constexpr_pos = frozenset(
+            i for i, n in enumerate(self.signature.parameters) if n in self.constexpr_params
+        )
+        from .binder import make_key_fn
+
+        self._key_fn = make_key_fn(self)
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -198,9 +205,34 @@ class Kernel:
             return ck
 
     def __getitem__(self, grid):
-        return functools.partial(self.launch, grid)
+        return _Launcher(self, grid)
 
     def launch(self, grid, *args, **kwargs):
+        """Launch on ``grid`` (ints, or a function of the bound arguments)."""
+        # Fast path: a call shaped like an earlier one maps straight to its compiled kernel.
+        try:
+            fast = self._key_fn(*args, **kwargs)
+            hit = self._fast.get(fast)
+        except (TypeError, AttributeError):  # unusual arguments: the slow path explains them
+            fast = hit = None
+        if hit is None:
+            hit = self._slow_bind(args, kwargs)
+            if fast is not None:
+                if len(self._fast) >= _FAST_CACHE_SIZE:
+                    self._fast.clear()
+                self._fast[fast] = hit
+        ck, runtime = hit
+        if callable(grid):
+            grid = grid(
+                self.bind(args, {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+            )
+        if type(grid) is not tuple or len(grid) != 3:
+            grid = _grid(grid)
+        ck.executable.launch(grid, [args[i] if type(i) is int else kwargs[i] for i in runtime])
+        return ck
+
+    def _slow_bind(self, args, kwargs):
+        kwargs = dict(kwargs)
         opts = {
             k: kwargs.pop(k)
             for k in LAUNCH_OPTIONS
@@ -212,11 +244,34 @@ class Kernel:
         bound = self.bind(args, kwargs)
         spec = self.specialize(bound)
         ck = self._compiled(spec, target, options)
-        if callable(grid):
-            grid = grid({**bound})
-        grid = _grid(grid)
-        ck.executable.launch(grid, [bound[n] for n in spec.runtime])
-        return ck
+        # Where each run-time argument sits in the call: a position or a keyword.
+        names = list(self.signature.parameters)
+        where = []
+        for n in spec.runtime:
+            i = names.index(n)
+            if i < len(args):
+                where.append(i)
+            elif n in kwargs:
+                where.append(n)
+            else:
+                raise ArgumentError(
+                    f"{self.name}: run-time argument {n} must be passed explicitly, not defaulted"
+                )
+        return ck, tuple(where)
+
+
+class _Launcher:
+    __slots__ = ("grid", "kernel")
+
+    def __init__(self, kernel: Kernel, grid):
+        self.kernel = kernel
+        self.grid = grid
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel.launch(self.grid, *args, **kwargs)
+
+
+_FAST_CACHE_SIZE = 4096
 
 
 def _grid(grid) -> tuple[int, int, int]:

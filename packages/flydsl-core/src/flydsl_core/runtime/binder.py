@@ -1,0 +1,98 @@
+"""The launch fast path: a per-kernel function computing a call's exact cache key.
+
+A cache hit must cost a few microseconds of Python, so the key function is
+generated for the kernel's own signature: one expression per parameter, no
+loops, no type dispatch where annotations say what an argument is.
+Tensors contribute dtype, shape, strides and pointer alignment (the first
+one also its device, which picks the backend); ints the facts they
+specialize on; constexprs their value. Equal keys imply equal
+specializations, so the key maps straight to a compiled kernel.
+
+``generic_key`` is the plain-Python equivalent, used when code generation
+is turned off (``FLYDSL_GENERIC_BINDER=1``) and for debugging.
+"""
+
+from __future__ import annotations
+
+from ..settings import env_flag
+
+_MISSING = object()
+
+
+def _tensor_expr(n: str, first: bool) -> str:
+    dev = f", {n}.device" if first else ""
+    return f"({n}.dtype, {n}.shape, {n}.stride(), {n}.data_ptr() & 15{dev})"
+
+
+def _int_expr(n: str) -> str:
+    return f"({n} == 1, {n} % 16 == 0, -2147483648 <= {n} < 2147483648)"
+
+
+def generic_key(kernel, args, kwargs):
+    """The same key as the generated function, computed by a loop (slower)."""
+    key = []
+    for i, a in enumerate(args):
+        t = type(a)
+        if i in kernel._constexpr_pos:
+            key.append(a)
+        elif t is int:
+            key.append((a == 1, a % 16 == 0, -2147483648 <= a < 2147483648))
+        elif t is float:
+            key.append(float)
+        elif hasattr(a, "data_ptr"):
+            key.append((a.dtype, a.shape, a.stride(), a.data_ptr() & 15, a.device))
+        else:
+            key.append((t, a))
+    if kwargs:
+        key.append(tuple(sorted(kwargs.items())))
+    return tuple(key)
+
+
+def make_key_fn(kernel):
+    """A function ``key(*args, **kwargs)`` for this kernel, or ``generic_key`` bound to it."""
+    if env_flag("FLYDSL_GENERIC_BINDER"):
+        return lambda *a, **k: generic_key(kernel, a, k)
+    from .kernel import Tensor
+
+    params = list(kernel.signature.parameters.values())
+    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return lambda *a, **k: generic_key(kernel, a, k)
+    sig, parts, env = [], [], {"_MISSING": _MISSING, "_generic": _generic_part}
+    first_tensor = True
+    for p in params:
+        n = p.name
+        sig.append(f"{n}=_MISSING")
+        ann = p.annotation
+        if p.name in kernel.constexpr_params:
+            parts.append(n)
+        elif ann is Tensor or ann == "Tensor" or str(ann).endswith(".Tensor"):
+            parts.append(_tensor_expr(n, first_tensor))
+            first_tensor = False
+        elif ann is int or ann == "int":
+            parts.append(_int_expr(n))
+        elif ann is float or ann == "float":
+            parts.append("0")
+        else:
+            parts.append(f"_generic({n})")
+    src = (
+        f"def key({', '.join(sig)}, **_kw):\n"
+        f"    return ({', '.join(parts)}, tuple(_kw.items()) if _kw else None)\n"
+    )
+    exec(compile(src, f"<flydsl binder {kernel.name}>", "exec"), env)
+    fn = env["key"]
+    fn.__flydsl_source__ = src
+    return fn
+
+
+def _generic_part(a):
+    t = type(a)
+    if a is _MISSING:
+        return _MISSING
+    if t is int:
+        return (a == 1, a % 16 == 0, -2147483648 <= a < 2147483648)
+    if t is float:
+        return 0
+    if hasattr(a, "data_ptr"):
+        return (a.dtype, a.shape, a.stride(), a.data_ptr() & 15, a.device)
+    hash(a)  # unhashable arguments take the slow path (TypeError)
+    return (t, a)
