@@ -174,7 +174,18 @@ def test_parse(text, layout):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "(4,8)", "(4,8):(8,1", "(4,8):(8,1))", "(4,,8):(1,4)", "4:x", "(4,8):(1)", "0:1"]
+    "text",
+    [
+        "",
+        "(4,8)",
+        "(4,8):(8,1",
+        "(4,8):(8,1))",
+        "(4,,8):(1,4)",
+        "4:x",
+        "(4,8):(1)",
+        "0:1",
+        "\u00b2:1",
+    ],
 )
 def test_parse_errors(text):
     with pytest.raises(LayoutError):
@@ -224,6 +235,10 @@ def test_coordinate_errors():
         layout[2]
     with pytest.raises(LayoutError, match="without a coordinate"):
         layout()
+    with pytest.raises(LayoutError, match="not a coordinate"):
+        layout([1, 2])
+    with pytest.raises(LayoutError, match="not a coordinate"):
+        idx2crd(1.5, (4, 8))
 
 
 def test_layout_error_is_a_value_error():

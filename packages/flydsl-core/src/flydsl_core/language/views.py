@@ -416,3 +416,79 @@ class TensorRef(View):
 
     def __repr__(self) -> str:
         return f"TensorRef({self.name}: {self._dtype}, rank={self.ndim})"
+
+
+class LayoutView(View):
+    """A tile whose element ``c`` lives at index ``offset + layout(c)`` of a 1-D tensor.
+
+    ``layout`` is a static CuTe ``Layout`` or ``ComposedLayout`` (e.g. a
+    swizzle over a compact layout); the tile's shape is the sizes of its
+    top-level modes. Element indices are masked to the tensor's extent.
+    """
+
+    def __init__(self, tensor: TensorRef, layout, offset=0):
+        from ..layout import ComposedLayout, Layout
+
+        if tensor.ndim != 1:
+            raise TypeCheckError(
+                f"a layout view indexes a 1-D tensor; {tensor.name} has rank {tensor.ndim}: view a "
+                "flattened tensor (x.view(-1) on the host) or tile it per dimension",
+                loc=user_location(),
+            )
+        if not isinstance(layout, (Layout, ComposedLayout)):
+            raise TypeCheckError(
+                f"expected a Layout or ComposedLayout, got {layout!r}", loc=user_location()
+            )
+        self.layout = layout
+        self.base = offset
+        super().__init__(tensor, (), ())
+
+    def _static_shape(self) -> tuple[int, ...]:
+        inner = getattr(self.layout, "inner", self.layout)
+        return tuple(inner[i].size() for i in range(inner.rank())) if inner.rank() else (1,)
+
+    def __getitem__(self, idx):
+        raise TypeCheckError(
+            "a layout view cannot be sliced; compose the layout instead", loc=user_location()
+        )
+
+    def tile(self, tiler, coord):
+        raise TypeCheckError(
+            "a layout view cannot be tiled; divide the layout itself (zipped_divide) and index the tile",
+            loc=user_location(),
+        )
+
+    def offsets(self, *, bounds_check: bool = True):
+        from ..layout import ComposedLayout
+
+        shape = self._static_shape()
+        t = self.tensor
+        idx = t.index_dtype
+        lay, outer, off0 = self.layout, None, 0
+        if isinstance(lay, ComposedLayout):
+            lay, outer, off0 = lay.inner, lay.outer, lay.offset
+        # A layout is additive over its top-level modes: L(c) = sum_i L_i(c_i).
+        total = None
+        for axis in range(len(shape)):
+            mode = lay[axis] if lay.rank() else lay
+            term = _along(cast(as_tile(mode(arange(0, shape[axis]))), idx), axis, len(shape))
+            total = term if total is None else total + term
+        total = broadcast_to(total, shape)
+        if outer is not None:
+            total = cast(as_tile(outer(total + off0)), idx)
+        elif off0:
+            total = total + off0
+        elem = _add(total, _index(self.base, idx))
+        offs = broadcast_to(_mul(elem, t.stride[0]), shape)
+        mask = None
+        if bounds_check:
+            mask = (elem >= 0) & (elem < t.shape[0])
+        return offs, mask
+
+
+def _layout_view(self: TensorRef, layout, offset=0) -> LayoutView:
+    """``x.view(layout, offset)``: see ``LayoutView``."""
+    return LayoutView(self, layout, offset)
+
+
+TensorRef.view = _layout_view

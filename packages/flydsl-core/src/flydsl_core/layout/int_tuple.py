@@ -333,6 +333,19 @@ def _floordiv(c, n: int):
     return c if n == 1 else c // n
 
 
+# Containers and floats are never coordinates; rejecting them by type leaves
+# every other (possibly symbolic) value alone.
+_NOT_COORDINATES = (list, dict, set, str, bytes, float)
+
+
+def _check_scalar(x, where: str) -> None:
+    if isinstance(x, _NOT_COORDINATES):
+        raise LayoutError(
+            f"{where}: {x!r} of type {type(x).__name__} is not a coordinate; use an int "
+            "(or a traced integer) or a tuple of those"
+        )
+
+
 def _require_congruent(shape, stride, where: str) -> None:
     if not congruent(shape, stride):
         raise LayoutError(
@@ -382,6 +395,7 @@ def _crd2idx(crd, shape, stride):
         return result
     if crd is None:
         return 0
+    _check_scalar(crd, "crd2idx")
     if is_tuple(shape):
         # Split a 1-D index across the modes: mod by each mode's size, carry the
         # quotient; the last mode keeps the whole remainder.
@@ -414,6 +428,7 @@ def idx2crd(idx, shape, stride=None):
             return tuple(idx2crd(i, s) for i, s in zip(idx, shape))
         _require_congruent(shape, stride, "idx2crd")
         return tuple(idx2crd(i, s, d) for i, s, d in zip(idx, shape, stride))
+    _check_scalar(idx, "idx2crd")
     if is_tuple(shape):
         if stride is None or is_int(stride):
             stride = compact_col_major(shape, 1 if stride is None else stride)

@@ -117,11 +117,11 @@ def _to_int_tuple(x, what: str):
     )
 
 
-def _check_positive(shape, original) -> None:
+def _check_positive(shape) -> None:
     for s in flatten(shape):
         if s < 1:
             raise LayoutError(
-                f"layout shape {_fmt(original)} has a mode of size {s}; every mode size must be >= 1"
+                f"layout shape {_fmt(shape)} has a mode of size {s}; every mode size must be >= 1"
             )
 
 
@@ -136,7 +136,7 @@ class Layout:
 
     def __init__(self, shape, stride=None):
         shape = _to_int_tuple(shape, "shape")
-        _check_positive(shape, shape)
+        _check_positive(shape)
         if stride is None or stride is LayoutLeft:
             stride = compact_col_major(shape)
         elif stride is LayoutRight:
@@ -334,7 +334,7 @@ class _Parser:
         if self.text.startswith("-", self.pos):
             self.pos += 1
         digits = self.pos
-        while self.pos < len(self.text) and self.text[self.pos].isdigit():
+        while self.pos < len(self.text) and self.text[self.pos] in "0123456789":
             self.pos += 1
         if self.pos == digits:
             self._fail("expected an integer")
