@@ -5,11 +5,20 @@ written in the FlyDSL language with a PyTorch reference, a function API over
 torch tensors, and a config space with shipped defaults for gfx950. This
 package knows nothing of PyTorch dispatch; that is torch-flydsl's job.
 
-The families arrive with their own issues; today the package carries the
-library's shared conventions only.
+Each family is a subpackage exposing ``FAMILY`` (see ``registry.py``);
+``families()`` imports them lazily.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-#: kernel families shipped so far, by name
+#: kernel families shipped so far, by name (subpackages of this package)
 FAMILIES: tuple[str, ...] = ()
+
+
+def families():
+    """``{name: Family}`` for every shipped family."""
+    return {n: importlib.import_module(f"{__name__}.{n}").FAMILY for n in FAMILIES}

@@ -26,6 +26,8 @@ def _key(op):
 
 def _hashable(v):
     hash(v)
+    if isinstance(v, float):
+        return (v, repr(v))  # 0.0 == -0.0, but they are different constants
     return v
 
 

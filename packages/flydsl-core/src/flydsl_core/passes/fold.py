@@ -92,6 +92,13 @@ def _fold_value(op: Op):
     t: TileType = op.results[0].type
     d = op.operands[0].type.dtype if op.operands else None
     try:
+        if d is not None and d.is_float and op.name not in ("broadcast", "reshape"):
+            # A float constant holds the Python value it was written with; the backends
+            # hold it rounded to its dtype. Fold with the rounded value, and only where
+            # Python can round it (fp32, fp64).
+            if d not in (dt.fp32, dt.fp64):
+                return None
+            vals = [_round(float(v), d) for v in vals]
         if op.name in _CMP:
             return bool(_CMP[op.name](*vals))
         if d is not None and (d.is_int or d.is_bool) and op.name in _INT_BIN:

@@ -30,11 +30,13 @@ def _int_expr(n: str) -> str:
 
 def generic_key(kernel, args, kwargs):
     """The same key as the generated function, computed by a loop (slower)."""
+    from .kernel import _typed
+
     key = []
     for i, a in enumerate(args):
         t = type(a)
         if i in kernel._constexpr_pos:
-            key.append(a)
+            key.append(_typed(a))
         elif t is int:
             key.append((a == 1, a % 16 == 0, -2147483648 <= a < 2147483648))
         elif t is float:
@@ -44,7 +46,7 @@ def generic_key(kernel, args, kwargs):
         else:
             key.append((t, a))
     if kwargs:
-        key.append(tuple(sorted(kwargs.items())))
+        key.append(tuple(sorted((k, _typed(v)) for k, v in kwargs.items())))
     return tuple(key)
 
 
@@ -52,19 +54,19 @@ def make_key_fn(kernel):
     """A function ``key(*args, **kwargs)`` for this kernel, or ``generic_key`` bound to it."""
     if env_flag("FLYDSL_GENERIC_BINDER"):
         return lambda *a, **k: generic_key(kernel, a, k)
-    from .kernel import Tensor
+    from .kernel import Tensor, _typed
 
     params = list(kernel.signature.parameters.values())
     if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
         return lambda *a, **k: generic_key(kernel, a, k)
-    sig, parts, env = [], [], {"_MISSING": _MISSING, "_generic": _generic_part}
+    sig, parts, env = [], [], {"_MISSING": _MISSING, "_generic": _generic_part, "_typed": _typed}
     first_tensor = True
     for p in params:
         n = p.name
         sig.append(f"{n}=_MISSING")
         ann = p.annotation
         if p.name in kernel.constexpr_params:
-            parts.append(n)
+            parts.append(f"_typed({n})")  # 2, 2.0 and True are equal but trace differently
         elif ann is Tensor or ann == "Tensor" or str(ann).endswith(".Tensor"):
             parts.append(_tensor_expr(n, first_tensor))
             first_tensor = False

@@ -122,7 +122,10 @@ class Kernel:
             else:
                 specs[name] = s
                 runtime.append(name)
-        key = (tuple(specs.items()), tuple(sorted(consts.items(), key=lambda kv: kv[0])))
+        key = (
+            tuple(specs.items()),
+            tuple(sorted(((k, _typed(v)) for k, v in consts.items()), key=lambda kv: kv[0])),
+        )
         try:
             hash(key)
         except TypeError:
@@ -281,6 +284,16 @@ def _grid(grid) -> tuple[int, int, int]:
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
         raise ArgumentError(f"a grid is 1 to 3 non-negative ints, got {grid}")
     return grid + (1,) * (3 - len(grid))
+
+
+def _typed(v):
+    """A constexpr as part of a cache key. Equal values of different types (2, 2.0, True)
+    or signs (0.0, -0.0) trace differently, so they must not share a compile."""
+    if isinstance(v, tuple):
+        return (tuple, tuple(_typed(x) for x in v))
+    if isinstance(v, float):
+        return (float, v, repr(v))
+    return (type(v), v)
 
 
 def _hashable(v) -> bool:

@@ -188,8 +188,9 @@ def _cast(op, S):
     a, r = S[op.operands[0]], S[op.results[0]]
     src, to = op.operands[0].type.dtype, op.attrs["dtype"]
     tt = tdt(to)
-    if src.is_float and to.is_float and to.storage_only:
-        # FlyDSL's fp8 conversions saturate to the largest finite value (NaN stays NaN).
+    if to.is_float and to.storage_only:
+        # FlyDSL's fp8 conversions saturate to the largest finite value (NaN stays NaN),
+        # from integers and bools as from floats.
         info = torch.finfo(tt)
 
         def step(env, state):
