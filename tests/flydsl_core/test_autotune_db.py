@@ -62,8 +62,8 @@ def test_unreadable_database_is_a_clear_error(tmp_path):
 
 
 def test_static_pick_prefers_occupancy_then_instructions():
-    mk = lambda occ, n, v: Candidate(
-        Config.make(n=n), {"occupancy": occ, "instruction_count": n, "vgpr": v}
-    )  # noqa: E731
+    def mk(occ, n, v):
+        return Candidate(Config.make(n=n), {"occupancy": occ, "instruction_count": n, "vgpr": v})
+
     assert static_pick([mk(2, 100, 64), mk(4, 300, 120), mk(4, 200, 128)]).config["n"] == 200
     assert static_pick([]) is None

@@ -14,6 +14,11 @@ from ..exc import UnknownTargetError
 # target name -> "module:Class" of its backend
 _BACKENDS = {
     "cpu-reference": "flydsl_core.backends.reference:ReferenceBackend",
+    "gfx950": "flydsl_core.backends.triton:Gfx950Backend",
+    "gfx942": "flydsl_core.backends.triton:Gfx942Backend",
+    "gfx1250": "flydsl_core.backends.triton:Gfx1250Backend",
+    "sm90": "flydsl_core.backends.triton:Sm90Backend",
+    "cpu-interpret": "flydsl_core.backends.triton:CpuInterpretBackend",
 }
 _instances: dict[str, object] = {}
 
