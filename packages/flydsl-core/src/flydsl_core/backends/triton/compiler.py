@@ -1,0 +1,307 @@
+"""Compile generated Triton source with ``triton.compile`` and keep every stage.
+
+The source is written to a real file (Triton reads kernels back with
+``inspect.getsource``) under ``<cache dir>/triton_src`` and imported as its own
+module, named after its content hash. ``triton.compile(ASTSource(...),
+target=GPUTarget, options=...)`` then runs on any machine, GPU or not: the
+executable holds the Triton source, Triton's ``CompiledKernel`` (TTIR, TTGIR,
+LLVM IR, AMDGCN or PTX, and the HSACO or CUBIN), and a ``ResourceReport``.
+
+Divisibility facts become Triton's own specialization attributes on the
+signature: ``tt.divisibility = 16`` for aligned tensors and for sizes and
+strides known to be multiples of 16. On AMD targets a tensor whose offsets
+are int32 (``index_bits == 32``) also gets ``tt.pointer_range = 32``, which is
+what lets Triton use buffer loads and stores; as in Triton's own launcher,
+that promise is checked at launch (storage of at most 2**31 - 1 bytes), and a
+launch that breaks it uses a second compile without the attribute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from ...exc import CompileError
+from ...ir.core import Function
+from ...settings import default_cache_dir
+from ...targets import Target, get_target
+from .codegen import GeneratedKernel, generate
+
+#: options every GPU target takes (defaults where FlyDSL's differ from Triton's)
+AMD_DEFAULTS = {"num_warps": 4, "num_stages": 2}
+NVIDIA_DEFAULTS = {"num_warps": 4, "num_stages": 3}
+#: option fields that describe the target, not the compile: never taken from the user
+_INTERNAL = {"arch", "backend_name", "warp_size", "extern_libs", "supported_fp8_dtypes"}
+
+_modules: dict[str, Any] = {}
+_modules_lock = threading.Lock()
+
+
+# -- source files ---------------------------------------------------------------------------------
+
+
+def _source_dir() -> Path:
+    for base in (
+        default_cache_dir() / "triton_src",
+        Path(tempfile.gettempdir()) / "flydsl-triton_src",
+    ):
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            if os.access(base, os.W_OK):
+                return base
+        except OSError:
+            continue
+    raise CompileError(
+        "no writable directory for generated Triton source (tried the cache dir and the temp dir)"
+    )
+
+
+def write_source(gen: GeneratedKernel) -> Path:
+    """Write the generated module to ``<cache>/triton_src/<kernel>_<hash>.py`` (once per content)."""
+    digest = hashlib.sha256(gen.source.encode()).hexdigest()[:20]
+    path = _source_dir() / f"{gen.name}_{digest}.py"
+    if not path.exists() or path.read_text() != gen.source:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(gen.source)
+        os.replace(tmp, path)
+    return path
+
+
+def import_source(path: Path):
+    """Import a generated module from its file (one module per file per process)."""
+    key = str(path)
+    with _modules_lock:
+        mod = _modules.get(key)
+        if mod is not None:
+            return mod
+        name = f"_flydsl_triton_src.{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise CompileError(f"cannot import generated Triton source {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            sys.modules.pop(name, None)
+            raise CompileError(f"the generated Triton source {path} does not import: {e}") from e
+        _modules[key] = mod
+        return mod
+
+
+# -- options ------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _triton_backend(target: Target):
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(target.triton_target())
+
+
+def _option_fields(target: Target) -> set[str]:
+    if target.is_amd:
+        from triton.backends.amd.compiler import HIPOptions as opts
+    else:
+        from triton.backends.nvidia.compiler import CUDAOptions as opts
+    return {f.name for f in dataclasses.fields(opts)} - _INTERNAL
+
+
+def triton_options(target: Target, options: dict | None) -> dict[str, Any]:
+    """FlyDSL launch options -> Triton's options for ``target``.
+
+    ``num_warps`` / ``num_stages`` default to 4 / 2 on AMD and 4 / 3 on sm90;
+    AMD's ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` and
+    ``schedule_hint`` (and any other field of Triton 3.9's ``HIPOptions`` /
+    ``CUDAOptions``) pass through. An unknown option is an error.
+    """
+    out = dict(AMD_DEFAULTS if target.is_amd else NVIDIA_DEFAULTS)
+    known = _option_fields(target)
+    bad = []
+    for k, v in (options or {}).items():
+        if v is None:
+            continue
+        if k not in known:
+            bad.append(k)
+            continue
+        out[k] = v
+    if bad:
+        raise CompileError(
+            f"unknown option(s) {sorted(bad)} for target {target.name}; Triton 3.9 takes: {', '.join(sorted(known))}"
+        )
+    return out
+
+
+def dot_precisions(target: Target) -> tuple[str, ...]:
+    """The ``tl.dot`` input precisions Triton allows on ``target``."""
+    return tuple(_triton_backend(target).parse_options({}).allowed_dot_input_precisions)
+
+
+# -- compile -----------------------------------------------------------------------------------------
+
+
+def _compile_error(gen: GeneratedKernel, path: Path, target: Target, e: Exception) -> CompileError:
+    # Triton's message quotes the failing line of the generated source, whose
+    # trailing "# kernel.py:LINE" comment names the user's line.
+    text = str(e).strip()
+    return CompileError(
+        f"Triton could not compile kernel {gen.name!r} for {target.name}: {type(e).__name__}: {text}\n"
+        f"    generated source: {path}"
+    )
+
+
+def triton_compile(
+    jitfn, gen: GeneratedKernel, target: Target, options: dict, *, pointer_range: bool = True
+):
+    import triton
+    from triton.compiler import ASTSource
+
+    src = ASTSource(
+        fn=jitfn,
+        signature=gen.signature,
+        constexprs={},
+        attrs=gen.attrs(pointer_range=pointer_range),
+    )
+    return triton.compile(src, target=target.triton_target(), options=dict(options))
+
+
+class TritonBackend:
+    """Compiles FlyIR for one target through Triton (``target_name`` says which)."""
+
+    target_name: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.target_name
+
+    def generate(self, fn: Function, options: dict | None = None) -> GeneratedKernel:
+        """The Triton source this backend would compile (no compile)."""
+        target = get_target(self.target_name)
+        if not target.is_gpu:
+            return generate(fn, target.name, interpret=True)
+        return generate(fn, target.name, dot_precisions=dot_precisions(target), amd=target.is_amd)
+
+    def compile(self, fn: Function, spec=None, options: dict | None = None):
+        from .launcher import InterpretedExecutable
+
+        target = get_target(self.target_name)
+        if not target.is_gpu:
+            if options:
+                extra = sorted(
+                    k
+                    for k, v in options.items()
+                    if v is not None and k not in ("num_warps", "num_stages")
+                )
+                if extra:
+                    raise CompileError(
+                        f"target {target.name} takes no options besides num_warps/num_stages, got {extra}"
+                    )
+            gen = self.generate(fn)
+            path = write_source(gen)
+            return InterpretedExecutable(gen, path, import_source(path))
+        opts = triton_options(target, options)
+        gen = self.generate(fn, options)
+        path = write_source(gen)
+        mod = import_source(path)
+        jitfn = getattr(mod, gen.name)
+        try:
+            compiled = triton_compile(jitfn, gen, target, opts)
+        except Exception as e:
+            raise _compile_error(gen, path, target, e) from e
+        return TritonExecutable(gen, path, target, opts, jitfn, compiled)
+
+
+class TritonExecutable:
+    """One kernel compiled for one GPU target: every stage, the resource report and the launcher."""
+
+    def __init__(
+        self, gen: GeneratedKernel, path: Path, target: Target, options: dict, jitfn, compiled
+    ):
+        from .launcher import GpuLauncher
+
+        self.generated = gen
+        self.name = gen.name
+        self.source = gen.source
+        self.source_path = path
+        self.target = target
+        self.options = dict(options)
+        self.jit_function = jitfn
+        self.compiled = compiled
+        self._report = None
+        self._fallback = None
+        self._lock = threading.Lock()
+        self._launcher = GpuLauncher(self)
+
+    @property
+    def report(self):
+        """The ``ResourceReport`` of the compiled kernel (registers, scratch, instruction mix)."""
+        if self._report is None:
+            from ...compile.resources import report_from_triton
+
+            self._report = report_from_triton(self.compiled, self.target)
+        return self._report
+
+    def stages(self) -> dict[str, Any]:
+        """``{"triton": source, "ttir", "ttgir", "llir", "amdgcn" | "ptx", "hsaco" | "cubin"}``."""
+        out: dict[str, Any] = {"triton": self.source}
+        asm = self.compiled.asm
+        for k in ("ttir", "ttgir", "llir", "amdgcn", "ptx", "hsaco", "cubin"):
+            if k in asm:
+                out[k] = asm[k]
+        return out
+
+    def without_pointer_range(self):
+        """The compiled kernel without ``tt.pointer_range`` (for tensors over 2 GiB), compiled once."""
+        with self._lock:
+            if self._fallback is None:
+                try:
+                    self._fallback = triton_compile(
+                        self.jit_function,
+                        self.generated,
+                        self.target,
+                        self.options,
+                        pointer_range=False,
+                    )
+                except Exception as e:
+                    raise _compile_error(self.generated, self.source_path, self.target, e) from e
+            return self._fallback
+
+    def launch(self, grid, args):
+        self._launcher(grid, args)
+
+    def __repr__(self) -> str:
+        return f"<TritonExecutable {self.name} for {self.target.name}>"
+
+
+class Gfx950Backend(TritonBackend):
+    target_name = "gfx950"
+
+
+class Gfx942Backend(TritonBackend):
+    target_name = "gfx942"
+
+
+class Gfx1250Backend(TritonBackend):
+    target_name = "gfx1250"
+
+
+class Sm90Backend(TritonBackend):
+    target_name = "sm90"
+
+
+class CpuInterpretBackend(TritonBackend):
+    target_name = "cpu-interpret"
+
+
+with contextlib.suppress(Exception):  # the lazily imported part of Gluon must see real JITFunctions
+    import triton.experimental.gluon  # noqa: F401
