@@ -79,4 +79,3 @@ def print_function(fn: Function, *, locs: bool = False) -> str:
     _print_block(fn.body, name, out, 1, locs)
     out.append("}")
     return "\n".join(out)
-
