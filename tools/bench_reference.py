@@ -70,7 +70,9 @@ def main(argv=None):
         del backends._instances["__bench__"]
         k = mod.KERNEL
         t_trace = _median(lambda k=k, cap=cap: k.trace(cap.spec), args.repeats)
-        t_pass = _median(lambda k=k, cap=cap: run_pipeline(k.trace(cap.spec)), args.repeats) - t_trace
+        t_pass = (
+            _median(lambda k=k, cap=cap: run_pipeline(k.trace(cap.spec)), args.repeats) - t_trace
+        )
         n_ops = sum(1 for _ in run_pipeline(k.trace(cap.spec)).walk())
         mod.run(*inputs)  # compile once
         reps = 1 if shape else args.repeats

@@ -121,6 +121,66 @@ def cmd_ir(args) -> int:
     return 0
 
 
+def cmd_inspect(args) -> int:
+    """Compile an example for a target (no GPU needed) and print its report and a stage."""
+    import torch
+    from rich.table import Table
+
+    from . import examples
+
+    mod = examples.load(args.example)
+    inputs = mod.make_inputs(
+        dtype=getattr(torch, args.dtype), generator=torch.Generator().manual_seed(0)
+    )
+    captured = {}
+
+    class _Capture:
+        def compile(self, fn, spec, options):
+            captured["spec"] = spec
+            return self
+
+        def launch(self, grid, a):
+            pass
+
+    from . import backends
+
+    backends._instances["__capture__"] = _Capture()
+    try:
+        mod.run(*inputs, target="__capture__")
+    finally:
+        del backends._instances["__capture__"]
+        mod.KERNEL._cache.clear()
+        mod.KERNEL._fast.clear()
+    spec = captured["spec"]
+    options = {"num_warps": args.num_warps} if args.num_warps else {}
+    ck = mod.KERNEL._compiled(spec, args.target, options)
+    exe = ck.executable
+    if args.stage:
+        stages = exe.stages() if hasattr(exe, "stages") else {}
+        if args.stage == "flyir":
+            print(ck.ir)
+        elif args.stage not in stages:
+            print(f"no stage {args.stage!r}; stages: flyir, {', '.join(stages)}", file=sys.stderr)
+            return 2
+        else:
+            v = stages[args.stage]
+            print(v if isinstance(v, str) else f"<{len(v)} bytes of binary>")
+    report = getattr(exe, "report", None)
+    if report is None:
+        print(f"{args.target} produces no resource report")
+        return 0
+    t = Table(
+        title=f"{args.example} on {args.target}: resources (static, from the compiler's output)"
+    )
+    t.add_column("field")
+    t.add_column("value")
+    for k, v in report.to_dict().items():
+        if v not in (None, {}, [], ()) and k not in ("reasons", "warnings"):
+            t.add_row(k, str(v))
+    _console().print(t)
+    return 0
+
+
 def cmd_targets(args) -> int:
     from rich.table import Table
 
@@ -175,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--dtype", default="float32")
     i.add_argument("--locs", action="store_true", help="annotate ops with their source lines")
     i.set_defaults(func=cmd_ir)
+    n = sub.add_parser(
+        "inspect", help="compile an example for a target and print its resource report"
+    )
+    n.add_argument("example")
+    n.add_argument("--target", default="gfx950")
+    n.add_argument("--dtype", default="bfloat16")
+    n.add_argument("--num-warps", type=int, default=None)
+    n.add_argument(
+        "--stage", help="also print a stage: flyir, triton, ttir, ttgir, llir, amdgcn, ptx"
+    )
+    n.set_defaults(func=cmd_inspect)
     t = sub.add_parser("targets", help="list the known targets")
     t.set_defaults(func=cmd_targets)
     ca = sub.add_parser("cache", help="inspect or clear the on-disk compile cache")
