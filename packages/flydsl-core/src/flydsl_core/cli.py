@@ -181,6 +181,51 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _example_spec(mod, dtype):
+    import torch
+
+    from . import backends
+
+    inputs = mod.make_inputs(dtype=dtype, generator=torch.Generator().manual_seed(0))
+    captured = {}
+
+    class _Capture:
+        def compile(self, fn, spec, options):
+            captured["spec"] = spec
+            return self
+
+        def launch(self, grid, a):
+            pass
+
+    backends._instances["__capture__"] = _Capture()
+    try:
+        mod.run(*inputs, target="__capture__")
+    finally:
+        del backends._instances["__capture__"]
+        mod.KERNEL._cache.clear()
+        mod.KERNEL._fast.clear()
+    return captured["spec"]
+
+
+def cmd_aot(args) -> int:
+    """Compile the examples' default specializations for a target into a bundle."""
+    import torch
+
+    from . import examples
+    from .aot import write_bundle
+
+    compiled = []
+    for name in args.examples or examples.NAMES:
+        mod = examples.load(name)
+        for d in args.dtypes:
+            spec = _example_spec(mod, getattr(torch, d))
+            compiled.append(mod.KERNEL._compiled(spec, args.target, {}))
+            print(f"compiled {name} ({d}) for {args.target}")
+    out = write_bundle(compiled, args.out)
+    print(f"wrote {len(compiled)} kernels to {out}")
+    return 0
+
+
 def cmd_targets(args) -> int:
     from rich.table import Table
 
@@ -246,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage", help="also print a stage: flyir, triton, ttir, ttgir, llir, amdgcn, ptx"
     )
     n.set_defaults(func=cmd_inspect)
+    a = sub.add_parser(
+        "aot", help="compile example specializations for a target into an AOT bundle"
+    )
+    a.add_argument("examples", nargs="*")
+    a.add_argument("--target", default="gfx950")
+    a.add_argument("--dtypes", nargs="+", default=["bfloat16"])
+    a.add_argument("--out", required=True)
+    a.set_defaults(func=cmd_aot)
     t = sub.add_parser("targets", help="list the known targets")
     t.set_defaults(func=cmd_targets)
     ca = sub.add_parser("cache", help="inspect or clear the on-disk compile cache")

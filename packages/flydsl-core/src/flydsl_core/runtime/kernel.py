@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import dtypes as dt
@@ -66,7 +66,20 @@ class CompiledKernel:
     ir: Function
     executable: Any
     spec: Specialization
-    stages: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None  # the disk-cache / AOT key, for GPU targets
+
+    def stages(self) -> dict[str, Any]:
+        """Every stage: FlyIR after passes, then the backend's (Triton source, TTIR, ..., binary)."""
+        from ..ir.printer import print_function
+
+        out: dict[str, Any] = {"flyir": print_function(self.ir)}
+        if hasattr(self.executable, "stages"):
+            out.update(self.executable.stages())
+        return out
+
+    @property
+    def report(self):
+        return getattr(self.executable, "report", None)
 
 
 class Kernel:
@@ -202,8 +215,14 @@ class Kernel:
 
             ir = run_pipeline(self.trace(spec), self.pipeline)
             backend = get_backend(tname)
-            exe = backend.compile(ir, spec, options)
-            ck = CompiledKernel(self.name, tname, ir, exe, spec)
+            key = None
+            if hasattr(backend, "target_name") and _is_gpu(tname):
+                from .store import lookup_or_compile
+
+                exe, key = lookup_or_compile(self, ir, spec, backend, tname, options)
+            else:
+                exe = backend.compile(ir, spec, options)
+            ck = CompiledKernel(self.name, tname, ir, exe, spec, key=key)
             self._cache[ckey] = ck
             return ck
 
@@ -275,6 +294,12 @@ class _Launcher:
 
 
 _FAST_CACHE_SIZE = 4096
+
+
+def _is_gpu(name: str) -> bool:
+    from ..targets import get_target
+
+    return get_target(name).is_gpu
 
 
 def _grid(grid) -> tuple[int, int, int]:

@@ -160,19 +160,60 @@ def _compile_error(gen: GeneratedKernel, path: Path, target: Target, e: Exceptio
     )
 
 
-def triton_compile(
-    jitfn, gen: GeneratedKernel, target: Target, options: dict, *, pointer_range: bool = True
-):
-    import triton
+def ast_source(jitfn, gen: GeneratedKernel, *, pointer_range: bool = True):
     from triton.compiler import ASTSource
 
-    src = ASTSource(
+    return ASTSource(
         fn=jitfn,
         signature=gen.signature,
         constexprs={},
         attrs=gen.attrs(pointer_range=pointer_range),
     )
+
+
+def triton_compile(
+    jitfn, gen: GeneratedKernel, target: Target, options: dict, *, pointer_range: bool = True
+):
+    import triton
+
+    src = ast_source(jitfn, gen, pointer_range=pointer_range)
     return triton.compile(src, target=target.triton_target(), options=dict(options))
+
+
+#: prefix of the files in a stored executable that are Triton's own metadata group
+_TRITON_FILE = "triton-"
+
+
+def executable_files(exe) -> dict[str, bytes]:
+    """Everything needed to rebuild ``exe`` without compiling: for the disk cache and AOT bundles."""
+    import pickle
+
+    files = {
+        "generated.pkl": pickle.dumps((exe.generated, exe.options)),
+        "report.json": exe.report.to_json() if hasattr(exe.report, "to_json") else "{}",
+    }
+    for name, path in exe.compiled.metadata_group.items():
+        files[_TRITON_FILE + name] = Path(path).read_bytes()
+    files["hash.txt"] = exe.compiled.hash
+    return files
+
+
+def load_executable(directory: Path, target: Target):
+    """A ``TritonExecutable`` from ``executable_files`` written into ``directory``; no compile."""
+    import pickle
+
+    from triton.compiler.compiler import CompiledKernel
+
+    gen, options = pickle.loads((directory / "generated.pkl").read_bytes())
+    path = write_source(gen)
+    jitfn = getattr(import_source(path), gen.name)
+    group = {
+        p.name[len(_TRITON_FILE) :]: str(p)
+        for p in directory.iterdir()
+        if p.name.startswith(_TRITON_FILE)
+    }
+    compiled = CompiledKernel(ast_source(jitfn, gen), group, (directory / "hash.txt").read_text())
+    return TritonExecutable(gen, path, target, options, jitfn, compiled)
 
 
 class TritonBackend:
