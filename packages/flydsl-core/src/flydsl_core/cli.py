@@ -93,26 +93,8 @@ def cmd_ir(args) -> int:
 
     mod = examples.load(args.example)
     k = mod.KERNEL
-    inputs = mod.make_inputs(
-        dtype=getattr(torch, args.dtype), generator=torch.Generator().manual_seed(0)
-    )
-    captured = {}
-
-    class _Capture:
-        def compile(self, fn, spec, options):
-            captured["spec"] = spec
-            return self
-
-        def launch(self, grid, a):
-            pass
-
-    from . import backends
-
-    backends._instances["__capture__"] = _Capture()
-    mod.run(*inputs, target="__capture__")
-    del backends._instances["__capture__"]
-    k._cache.clear()
-    fn = k.trace(captured["spec"])
+    spec = _example_spec(mod, getattr(torch, args.dtype))
+    fn = k.trace(spec)
     if args.stage == "final":
         fn = run_pipeline(fn, k.pipeline)
     from .ir.printer import print_function
@@ -129,29 +111,7 @@ def cmd_inspect(args) -> int:
     from . import examples
 
     mod = examples.load(args.example)
-    inputs = mod.make_inputs(
-        dtype=getattr(torch, args.dtype), generator=torch.Generator().manual_seed(0)
-    )
-    captured = {}
-
-    class _Capture:
-        def compile(self, fn, spec, options):
-            captured["spec"] = spec
-            return self
-
-        def launch(self, grid, a):
-            pass
-
-    from . import backends
-
-    backends._instances["__capture__"] = _Capture()
-    try:
-        mod.run(*inputs, target="__capture__")
-    finally:
-        del backends._instances["__capture__"]
-        mod.KERNEL._cache.clear()
-        mod.KERNEL._fast.clear()
-    spec = captured["spec"]
+    spec = _example_spec(mod, getattr(torch, args.dtype))
     options = {"num_warps": args.num_warps} if args.num_warps else {}
     ck = mod.KERNEL._compiled(spec, args.target, options)
     exe = ck.executable

@@ -1,0 +1,43 @@
+"""The flydsl command line, run in-process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flydsl_core.cli import main
+
+pytestmark = pytest.mark.compile
+
+
+def test_check_passes_and_ir_prints(capsys):
+    assert main(["check", "vector_add", "softmax", "--dtypes", "fp32"]) == 0
+    assert "all examples match PyTorch" in capsys.readouterr().out
+    assert main(["ir", "matmul", "--locs"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kernel @matmul(") and "matmul.py:" in out and "for " in out
+
+
+def test_inspect_reports_mfma_for_gfx950(capsys):
+    assert main(["inspect", "matmul", "--target", "gfx950", "--stage", "amdgcn"]) == 0
+    out = capsys.readouterr().out
+    assert "v_mfma_f32_" in out and "vgpr" in out and "occupancy" in out
+
+
+def test_unknown_stage_is_an_error(capsys):
+    assert main(["inspect", "softmax", "--target", "sm90", "--stage", "nope"]) == 2
+
+
+def test_aot_writes_a_manifest(tmp_path, capsys):
+    assert main(["aot", "vector_add", "--target", "gfx942", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert [e["kernel"] for e in m["kernels"]] == ["vector_add"] and m["kernels"][0][
+        "target"
+    ] == "gfx942"
+
+
+def test_targets_and_cache(capsys):
+    assert main(["targets"]) == 0
+    assert "gfx950" in capsys.readouterr().out
+    assert main(["cache", "info"]) == 0
