@@ -41,3 +41,13 @@ def test_targets_and_cache(capsys):
     assert main(["targets"]) == 0
     assert "gfx950" in capsys.readouterr().out
     assert main(["cache", "info"]) == 0
+
+
+def test_compile_writes_every_stage(tmp_path, capsys):
+    assert main(["compile", "matmul", "--target", "sm90", "--out", str(tmp_path)]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(
+        f"matmul.{e}" for e in ("ir", "py", "ttir", "ttgir", "llir", "ptx", "cubin")
+    )
+    ptx = (tmp_path / "matmul.ptx").read_text()
+    assert "wgmma" in ptx or "mma.sync" in ptx  # the 32x32 default tiles may use mma.sync

@@ -115,6 +115,19 @@ def cmd_inspect(args) -> int:
     options = {"num_warps": args.num_warps} if args.num_warps else {}
     ck = mod.KERNEL._compiled(spec, args.target, options)
     exe = ck.executable
+    if getattr(args, "out", None):
+        from pathlib import Path
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        ext = {"triton": "py", "flyir": "ir"}
+        for name, data in ck.stages().items():
+            path = out / f"{mod.KERNEL.name}.{ext.get(name, name)}"
+            if isinstance(data, str):
+                path.write_text(data)
+            else:
+                path.write_bytes(data)
+        print(f"wrote {len(ck.stages())} stages of {mod.KERNEL.name} for {args.target} to {out}")
     if args.stage:
         stages = exe.stages() if hasattr(exe, "stages") else {}
         if args.stage == "flyir":
@@ -251,6 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage", help="also print a stage: flyir, triton, ttir, ttgir, llir, amdgcn, ptx"
     )
     n.set_defaults(func=cmd_inspect)
+    co = sub.add_parser(
+        "compile", help="compile an example for a target and write every stage to --out"
+    )
+    co.add_argument("example")
+    co.add_argument("--target", default="gfx950")
+    co.add_argument("--dtype", default="bfloat16")
+    co.add_argument("--num-warps", type=int, default=None)
+    co.add_argument("--out", required=True)
+    co.add_argument("--stage", default=None, help=argparse.SUPPRESS)
+    co.set_defaults(func=cmd_inspect)
     a = sub.add_parser(
         "aot", help="compile example specializations for a target into an AOT bundle"
     )
