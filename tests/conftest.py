@@ -8,6 +8,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# CI explores the same examples every run (a red CI lands nothing); locally, runs vary.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 os.environ.setdefault(
     "TRITON_DEFAULT_FP_FUSION", "1"

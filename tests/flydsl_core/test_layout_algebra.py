@@ -286,7 +286,10 @@ def test_complement_is_disjoint_ordered_and_covers(a, m):
     values_c = _values(c)
     assert image_a & set(values_c) <= {0}  # disjoint codomains
     assert all(x < y for x, y in itertools.pairwise(values_c))  # ordered
-    assert make_layout(a, c).cosize() >= m
+    if _complementable(a):
+        # CuTe's postcondition holds where each stride divides the next span; otherwise
+        # C++ CuTe truncates the uneven quotient too, e.g. (2,2):(2,6) w.r.t. 12 gives 2:1.
+        assert make_layout(a, c).cosize() >= m
     if _injective(a) and _complementable(a) and m % _span(a) == 0:
         together = make_layout(a, c)
         assert sorted(_values(together)) == list(range(m))  # a bijection onto [0, M)
