@@ -335,6 +335,29 @@ def _topk(types, attrs):
     return [a.with_shape(tuple(shape)), TileType(dt.int32, tuple(shape))]
 
 
+@op("histogram")
+def _histogram(types, attrs):
+    """Counts of each value in ``[0, num_bins)`` of a 1-D int32 tile, as an int32 ``[num_bins]``.
+
+    Operands: the values, then (``masked``) a bool mask of the same shape;
+    masked-off elements and values outside ``[0, num_bins)`` are not counted.
+    Added for radix select (TopK): a digit histogram per block of keys.
+    """
+    a, *rest = (_tile(t) for t in types)
+    if a.rank != 1 or a.dtype != dt.int32:
+        raise TypeCheckError(f"histogram needs a 1-D int32 tile, got {a}")
+    if attrs.get("masked"):
+        if not rest:
+            raise TypeCheckError("a masked histogram needs its mask operand")
+        _mask(rest[0], a.shape)
+    elif rest:
+        raise TypeCheckError("histogram takes one operand unless masked")
+    nb = attrs["num_bins"]
+    if not isinstance(nb, int) or nb < 1:
+        raise TypeCheckError(f"histogram num_bins must be a positive int, got {nb!r}")
+    return [TileType(dt.int32, (nb,))]
+
+
 # --- matrix multiply -----------------------------------------------------------
 
 DOT_INPUTS = {dt.bf16, dt.fp16, dt.fp32, dt.fp8e4m3, dt.fp8e5m2, dt.int8}

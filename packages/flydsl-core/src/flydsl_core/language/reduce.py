@@ -123,3 +123,33 @@ def topk(x, k: int, axis: int = -1, *, largest: bool = True):
         current().emit("topk", [x._v], {"axis": a, "k": k, "largest": bool(largest)}).results
     )
     return Tile(vals), Tile(idx)
+
+
+def histogram(x, num_bins: int, *, mask=None) -> Tile:
+    """How often each value ``0 .. num_bins-1`` occurs in the 1-D int32 tile ``x``.
+
+    Returns an int32 tile ``[num_bins]``. Elements where ``mask`` is False, and
+    values outside ``[0, num_bins)``, are not counted. (Triton: ``tl.histogram``;
+    the GPU counts in shared memory. Used by radix select for digit counts.)
+    """
+    from .tile import broadcast_to
+
+    x = as_tile(x)
+    if not isinstance(num_bins, int) or isinstance(num_bins, bool) or num_bins < 1:
+        raise TypeCheckError(
+            f"histogram's num_bins must be a positive compile-time int, got {num_bins!r}",
+            loc=user_location(),
+        )
+    if x.ndim != 1 or x.dtype != dt.int32:
+        raise TypeCheckError(
+            f"histogram counts a 1-D int32 tile, got {x.type}; cast it first",
+            loc=user_location(),
+        )
+    operands = [x._v]
+    if mask is not None:
+        m = broadcast_to(as_tile(mask), x.shape)
+        if not m.dtype.is_bool:
+            raise TypeCheckError(f"a mask must be a bool tile, got {m.type}", loc=user_location())
+        operands.append(m._v)
+    attrs = {"num_bins": num_bins, "masked": mask is not None}
+    return Tile(current().emit("histogram", operands, attrs).result)

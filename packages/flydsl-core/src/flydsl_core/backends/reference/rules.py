@@ -376,6 +376,22 @@ def _topk(op, S):
     return step
 
 
+@rule("histogram")
+def _histogram(op, S):
+    a, r = S[op.operands[0]], S[op.results[0]]
+    m = S[op.operands[1]] if op.attrs.get("masked") else None
+    nb = op.attrs["num_bins"]
+
+    def step(env, state):
+        x = env[a]
+        keep = (x >= 0) & (x < nb)
+        if m is not None:
+            keep &= env[m]
+        env[r] = torch.bincount(x[keep].long(), minlength=nb).to(torch.int32)
+
+    return step
+
+
 # --- matrix multiply ---------------------------------------------------------------------
 
 _FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float32)

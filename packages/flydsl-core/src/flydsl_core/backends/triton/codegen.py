@@ -1039,6 +1039,15 @@ def _topk(cx: Lowering, op: Op):
 # -- matrix multiply ----------------------------------------------------------------------------------
 
 
+@lower("histogram")
+def _histogram(cx: Lowering, op: Op):
+    # tl.histogram drops masked-off and out-of-range values, as the FlyIR op defines.
+    args = [cx.full(op.operands[0]), str(op.attrs["num_bins"])]
+    if op.attrs.get("masked"):
+        args.append(f"mask={cx.full(op.operands[1])}")
+    cx.define(op.results[0], f"tl.histogram({', '.join(args)})", loc=op.loc)
+
+
 @lower("dot")
 def _dot(cx: Lowering, op: Op):
     a, b, acc = op.operands

@@ -1,0 +1,333 @@
+"""TopK family: torch.topk and a fused MoE router, written in FlyDSL.
+
+``topk(x, k, dim, largest, sorted, *, deterministic)`` follows torch.topk;
+the kernels (``kernels.py``) and the rule choosing among them
+(``configs.select``): ``topk_small`` (k <= 16, argmax rounds in registers),
+``topk_sort`` (N <= 8192, one tile top-k), ``topk_radix`` (radix select,
+one program per row) and ``radix_*_split`` (rows split over programs), with
+``sort_tile`` / ``sort_runs`` + ``merge_pass`` sorting radix survivors.
+``moe_router`` fuses scoring and selection for Qwen3-MoE, DeepSeek-V3 and
+gpt-oss style routers. ``FAMILY`` lists the report cases.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import torch
+
+from ..registry import Family, ReportCase
+from . import configs, kernels, reference
+from .api import topk, topk_rows
+from .configs import Plan, select
+from .router import moe_router
+
+__all__ = [
+    "FAMILY",
+    "Plan",
+    "configs",
+    "kernels",
+    "moe_router",
+    "reference",
+    "select",
+    "topk",
+    "topk_rows",
+]
+
+#: published static figures of AMD's FlyDSL TopK kernels in torch 2.15, on gfx950
+UPSTREAM = {
+    "small": "upstream (AMD FlyDSL in torch 2.15) register kernel, k=8 N=4096 on gfx950: "
+    "58 VGPR, 4143 instructions (fully unrolled)",
+    "radix": "upstream radix kernel, k=256 N=32768 on gfx950: 97 VGPR, 27134 instructions, "
+    "426 SGPR spills into VGPR lanes (one kernel; ours: topk_radix + sort_tile)",
+}
+
+
+#: the CPU "devices" a check may name: the tensors live on the CPU, the kernels run on that backend
+_CPU_BACKENDS = {
+    "cpu": "cpu-reference",
+    "cpu-reference": "cpu-reference",
+    "cpu-interpret": "cpu-interpret",
+}
+
+
+def _inputs(m, n, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn((m, n), generator=g).to(dtype).to("cpu" if device in _CPU_BACKENDS else device)
+    )
+
+
+def _mismatch(x, k, largest=True, target=None) -> float:
+    """0 when values, indices (tie rule) and the gather invariant are exact; else >= 2."""
+    v, i = topk(x, k, largest=largest, deterministic=True, target=target)
+    rv, ri = reference.topk_stable(x, k, -1, largest)
+    g = x.gather(-1, i)
+    same = (v == rv) | (v.isnan() & rv.isnan())
+    bad = (~same).sum() + (i != ri).sum() + (~((g == v) | (g.isnan() & v.isnan()))).sum()
+    return 2.0 * float(bad)
+
+
+@functools.lru_cache(maxsize=64)
+def _check_topk(m, n, k, device) -> float:
+    """The check of a (m, n, k) problem; cases reporting stages of one pipeline share it."""
+    # the reference backend runs programs one by one: few rows there (all of them on a GPU)
+    cpu = device in _CPU_BACKENDS
+    mm = m if not cpu else (8 if n <= 8192 else 2 if n <= 65536 else 1)
+    t = _CPU_BACKENDS.get(device)
+    return max(
+        _mismatch(_inputs(mm, n, torch.float32, device, n + k), k, target=t),
+        _mismatch(_inputs(mm, n, torch.float32, device, n - k), k, largest=False, target=t),
+    )
+
+
+def _compile_pipeline(m, n, k, dtype, target, stage):
+    """Compile one stage of the pipeline ``select`` picks for (m, n, k): the report reads it."""
+    from flydsl_core import TensorSpec
+
+    plan = select(m, n, k, dtype)
+    kb = configs.KEY_BITS[dtype]
+    f = lambda *s: TensorSpec(dtype, s)  # noqa: E731
+    i32 = lambda *s: TensorSpec(torch.int32, s)  # noqa: E731
+    i64 = lambda *s: TensorSpec(torch.int64, s)  # noqa: E731
+    opts = {"num_warps": plan.num_warps}
+    x, v, i = f(m, n), f(m, k), i64(m, k)
+    if stage == "main":
+        if plan.kernel == "small":
+            return kernels.topk_small.compile(
+                x,
+                v,
+                i,
+                K=k,
+                KP=plan.KP,
+                BLOCK=plan.BLOCK,
+                CHUNKED=plan.CHUNKED,
+                LARGEST=True,
+                KEY_BITS=kb,
+                target=target,
+                options=opts,
+            )
+        if plan.kernel == "sort":
+            return kernels.topk_sort.compile(
+                x,
+                v,
+                i,
+                K=k,
+                KP=plan.KP,
+                BLOCK=plan.BLOCK,
+                LARGEST=True,
+                KEY_BITS=kb,
+                target=target,
+                options=opts,
+            )
+        if plan.kernel == "radix":
+            return kernels.topk_radix.compile(
+                x,
+                v,
+                i,
+                i32(m, k),
+                i32(m, k),
+                k,
+                BLOCK=plan.BLOCK,
+                LARGEST=True,
+                KEY_BITS=kb,
+                SORTED=plan.sorter is not None,
+                target=target,
+                options=opts,
+            )
+        _, span = plan.slices(n)
+        return kernels.radix_hist_split.compile(
+            x,
+            i32(m, kb // 8, 256),
+            k,
+            span,
+            PASS=kb // 8 - 1,
+            BLOCK=plan.BLOCK,
+            LARGEST=True,
+            KEY_BITS=kb,
+            target=target,
+            options=opts,
+        )
+    sopts = {"num_warps": plan.sort_warps}
+    if plan.sorter == "tile":
+        return kernels.sort_tile.compile(
+            x, i32(m, k), i32(m, k), v, i, k, KP=plan.SORT_KP, target=target, options=sopts
+        )
+    w = i32(m, k)
+    return kernels.merge_pass.compile(
+        x,
+        w,
+        w,
+        w,
+        w,
+        v,
+        i,
+        k,
+        plan.MERGE_B,
+        B=plan.MERGE_B,
+        FINAL=True,
+        target=target,
+        options=sopts,
+    )
+
+
+# (M, N, k, stage, upstream figure): M >= CUs as in the upstream regions, except the split
+# case (few long rows); "sort" reports the survivor sort of a radix pipeline
+_TOPK_CASES = (
+    (256, 4096, 8, "main", "small"),
+    (256, 1024, 2, "main", None),
+    (256, 8192, 64, "main", None),  # moderate k: tile sort
+    (256, 32768, 256, "main", "radix"),
+    (256, 32768, 256, "sort", "radix"),
+    (256, 16384, 64, "main", None),
+    (256, 65536, 512, "main", None),
+    (256, 262144, 1024, "main", None),
+    (256, 262144, 1024, "sort", None),
+    (4, 262144, 1024, "main", None),  # few rows: split over programs
+)
+_MAIN_KERNEL = {
+    "small": "topk_small",
+    "sort": "topk_sort",
+    "radix": "topk_radix",
+    "radix_split": "radix_hist_split",
+}
+
+
+def _topk_case(m, n, k, stage, up) -> ReportCase:
+    dtype = torch.float32
+    plan = select(m, n, k, dtype)
+    cfg = plan.as_dict()
+    name = _MAIN_KERNEL[plan.kernel]
+    if stage == "sort":
+        name = "sort_tile" if plan.sorter == "tile" else "merge_pass"
+        cfg = {"kernel": plan.sorter, "num_warps": plan.sort_warps, "KP": plan.SORT_KP}
+
+    def check(device, m=m, n=n, k=k):
+        return _check_topk(m, n, k, device)
+
+    def run(device):
+        x = _inputs(m, n, dtype, device, 1)
+        return lambda: topk(x, k)
+
+    def aten(device):
+        x = _inputs(m, n, dtype, device, 1)
+        return lambda: torch.topk(x, k)
+
+    return ReportCase(
+        family="topk",
+        kernel=name,
+        shape=f"{m}x{n} fp32 k={k}",
+        config=cfg,
+        compile=lambda target: _compile_pipeline(m, n, k, dtype, target, stage),
+        check=check,
+        run=run,
+        aten=aten,
+        notes=UPSTREAM.get(up, "") if up else "",
+    )
+
+
+_ROUTER_CASES = (  # (model, T, E, top_k, kwargs)
+    ("Qwen3-30B-A3B", 4096, 128, 8, {"scoring": "softmax", "renormalize": True}),
+    (
+        "DeepSeek-V3",
+        4096,
+        256,
+        8,
+        {
+            "scoring": "sigmoid",
+            "renormalize": True,
+            "n_group": 8,
+            "topk_group": 4,
+            "routed_scaling_factor": 2.5,
+        },
+    ),
+    ("gpt-oss-120b", 4096, 128, 4, {"scoring": "topk_softmax"}),
+)
+
+
+def _router_case(model, t, e, top_k, kw) -> ReportCase:
+    from flydsl_core import TensorSpec
+
+    sc = {"softmax": 0, "sigmoid": 1, "topk_softmax": 2}[kw["scoring"]]
+    dtype = torch.float32 if sc == 1 else torch.bfloat16
+    block = configs.next_pow2(e)
+    rc = configs.router_config(block)
+    ng = kw.get("n_group", 1)
+    cx = dict(
+        TOPK=top_k,
+        KP=configs.next_pow2(top_k),
+        BLOCK=block,
+        SCORING=sc,
+        HAS_BIAS=sc == 1,
+        RENORM=bool(kw.get("renormalize")),
+        NGROUP=ng,
+        TOPK_GROUP=kw.get("topk_group", 1),
+        SCALE=float(kw.get("routed_scaling_factor", 1.0)),
+    )
+
+    def inputs(device, tt):
+        g = torch.Generator().manual_seed(e + top_k)
+        dev = "cpu" if device in _CPU_BACKENDS else device
+        logits = torch.randn(tt, e, generator=g).to(dtype).to(dev)
+        bias = (torch.randn(e, generator=g) * 0.1).to(dev) if sc == 1 else None
+        return logits, bias
+
+    def compile_(target):
+        args = (
+            TensorSpec(dtype, (t, e)),
+            TensorSpec(torch.float32, (e,)),
+            TensorSpec(torch.float32, (t, top_k)),
+            TensorSpec(torch.int64, (t, top_k)),
+        )
+        return kernels.moe_router_kernel.compile(
+            *args, target=target, options={"num_warps": rc.num_warps}, **cx
+        )
+
+    def check(device):
+        logits, bias = inputs(device, t if device not in _CPU_BACKENDS else 64)
+        w, ids = moe_router(logits, top_k, bias=bias, target=_CPU_BACKENDS.get(device), **kw)
+        if sc == 0:
+            rw, rids = reference.qwen3_moe_router(logits, top_k, kw.get("renormalize", False))
+            rw, rids = reference.in_kernel_order(rw, rids, logits.float())
+        elif sc == 1:
+            rw, rids = reference.deepseek_v3_router(
+                logits, bias, top_k, ng, kw.get("topk_group", 1), True, cx["SCALE"]
+            )
+            rw, rids = reference.in_kernel_order(rw, rids, logits.sigmoid() + bias)
+        else:
+            sv, rids = reference.topk_stable(logits, top_k)
+            rw = torch.softmax(sv.float(), 1)
+        if not torch.equal(ids.long(), rids.long()):
+            return float("inf")
+        return float(((w - rw.float()).abs() / (1e-6 + 1e-5 * rw.float().abs())).max())
+
+    def run(device):
+        logits, bias = inputs(device, t)
+        return lambda: moe_router(logits, top_k, bias=bias, **kw)
+
+    return ReportCase(
+        family="topk",
+        kernel="moe_router_kernel",
+        shape=f"{model}: {t}x{e} {str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16').replace('float32', 'fp32')} top-{top_k}",
+        config={**cx, "num_warps": rc.num_warps},
+        compile=compile_,
+        check=check,
+        run=run,
+        notes="fused router (scores, selection, weights); no ATen single-op equivalent",
+    )
+
+
+def _cases() -> Iterator[ReportCase]:
+    for c in _TOPK_CASES:
+        yield _topk_case(*c)
+    for c in _ROUTER_CASES:
+        yield _router_case(*c)
+
+
+FAMILY = Family(
+    "topk",
+    cases=_cases,
+    description="torch.topk (small-k registers, tile sort, radix select) and a fused MoE router",
+    tags=("selection", "moe"),
+)
