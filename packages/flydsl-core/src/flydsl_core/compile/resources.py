@@ -150,6 +150,29 @@ def _hist(c: Counter) -> dict:
     return dict(sorted(c.items(), key=lambda kv: (str(type(kv[0])), kv[0])))
 
 
+class _Mix:
+    """The instruction-mix counters both assembly parsers fill (AMDGCN and PTX)."""
+
+    NAMES = (
+        "matrix_ops",
+        "global_loads",
+        "global_stores",
+        "load_widths_bits",
+        "store_widths_bits",
+        "lds_reads",
+        "lds_writes",
+        "lds_read_widths_bits",
+        "lds_write_widths_bits",
+    )
+
+    def __init__(self):
+        self.counters = tuple(Counter() for _ in self.NAMES)
+
+    def fields(self) -> dict:
+        """The ``ResourceReport`` fields, as sorted histograms."""
+        return {n: _hist(c) for n, c in zip(self.NAMES, self.counters)}
+
+
 def _limiter(limits: dict[str, int]) -> str | None:
     if not limits:
         return None
@@ -538,15 +561,8 @@ def parse_amdgcn(
     # -- instruction mix ---------------------------------------------------
     body = _amd_body(lines, name)
     n_instr = 0
-    matrix: Counter = Counter()
-    gl: Counter = Counter()
-    gs: Counter = Counter()
-    lw: Counter = Counter()
-    sw: Counter = Counter()
-    dr: Counter = Counter()
-    dw: Counter = Counter()
-    drw: Counter = Counter()
-    dww: Counter = Counter()
+    mix = _Mix()
+    matrix, gl, gs, lw, sw, dr, dw, drw, dww = mix.counters
     direct = 0
     for mnem, ops in _amd_instructions(body):
         n_instr += 1
@@ -622,16 +638,8 @@ def parse_amdgcn(
         workgroups_per_cu=wgs,
         instruction_count=n_instr,
         code_bytes=comments.get("codeLenInByte"),
-        matrix_ops=_hist(matrix),
-        global_loads=_hist(gl),
-        global_stores=_hist(gs),
-        load_widths_bits=_hist(lw),
-        store_widths_bits=_hist(sw),
         direct_to_lds_loads=direct,
-        lds_reads=_hist(dr),
-        lds_writes=_hist(dw),
-        lds_read_widths_bits=_hist(drw),
-        lds_write_widths_bits=_hist(dww),
+        **mix.fields(),
         reasons={
             **reasons,
             "spill_store_bytes": "AMD reports spill counts, not bytes",
@@ -923,15 +931,8 @@ def parse_ptx(
         reasons["occupancy"] = "shared-memory limit not applied (dynamic shared memory unknown)"
 
     n_instr = 0
-    matrix: Counter = Counter()
-    gl: Counter = Counter()
-    gs: Counter = Counter()
-    lw: Counter = Counter()
-    sw: Counter = Counter()
-    dr: Counter = Counter()
-    dw: Counter = Counter()
-    drw: Counter = Counter()
-    dww: Counter = Counter()
+    mix = _Mix()
+    matrix, gl, gs, lw, sw, dr, dw, drw, dww = mix.counters
     direct = 0
     for op, ops in _ptx_statements(ptx_text):
         n_instr += 1
@@ -1001,16 +1002,8 @@ def parse_ptx(
         workgroups_per_cu=blocks,
         instruction_count=n_instr,
         code_bytes=code_bytes,
-        matrix_ops=_hist(matrix),
-        global_loads=_hist(gl),
-        global_stores=_hist(gs),
-        load_widths_bits=_hist(lw),
-        store_widths_bits=_hist(sw),
         direct_to_lds_loads=direct,
-        lds_reads=_hist(dr),
-        lds_writes=_hist(dw),
-        lds_read_widths_bits=_hist(drw),
-        lds_write_widths_bits=_hist(dww),
+        **mix.fields(),
         reasons=reasons,
         warnings=tuple(warnings),
     )
