@@ -1,0 +1,150 @@
+"""The MX (OCP Microscaling v1.0) family: quantization and the block-scaled GEMM.
+
+    from flydsl_kernels.mx import to_mx, from_mx, mx_gemm
+
+    q, s = to_mx(x, torch.float8_e4m3fn)          # or torch.float8_e5m2, torch.float4_e2m1fn_x2
+    x2 = from_mx(q, s, torch.float8_e4m3fn)
+    c = mx_gemm(aq, sa, wq, sw, "e4m3", "e2m1", bias=None, out_dtype=torch.bfloat16)  # a8w4, NT
+
+Kernels (kernels.py): ``mx_quantize`` (integer bit manipulation on the fp32
+bits; one program per row chunk of 32-blocks) and ``mx_gemm_nt`` (tiles with
+``fly.dot_scaled`` in a K loop: the native scaled MFMA on gfx950). The
+semantics are pinned by reference.py (the spec, in float64 PyTorch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import registry
+from . import configs, reference
+from .formats import BLOCK, SCALE_DTYPE, elem_format
+from .gemm import mx_gemm
+from .kernels import KERNELS
+from .quant import from_mx, to_mx
+
+_TORCH = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
+_NAME = {"e4m3": "mxfp8", "e5m2": "mxfp8 e5m2", "e2m1": "mxfp4"}
+#: (M, K) of the CPU checks: the reference backend runs one program per Python loop iteration
+_CHECK_QUANT = (4, 256)
+_CHECK_GEMM = (5, 48, 256)
+
+
+def _check_target(device):
+    if device in ("cpu", "cpu-reference", "cpu-interpret"):
+        return "cpu-reference" if device == "cpu" else device
+    return None
+
+
+def _dev(device):
+    return "cpu" if device in ("cpu", "cpu-reference", "cpu-interpret") else device
+
+
+def _randn(shape, device, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _quant_case(m, k, fmt, in_dtype=torch.bfloat16):
+    cfg = configs.select_quant(m, k)
+    elem = _TORCH[fmt]
+
+    def check(device):
+        x = _randn(_CHECK_QUANT, _dev(device), 1).mul_(4).to(in_dtype)
+        q, s = to_mx(x, elem, target=_check_target(device))
+        rq, rs = reference.to_mx(x.cpu(), elem)
+        # bit-exact semantics: any differing byte is a failure (error 2), else 0
+        same = torch.equal(q.view(torch.uint8).cpu(), rq.view(torch.uint8)) and torch.equal(
+            s.view(torch.uint8).cpu(), rs.view(torch.uint8)
+        )
+        return 0.0 if same else 2.0
+
+    def run(device):
+        x = _randn((m, k), device, 0).to(in_dtype)
+        return lambda: to_mx(x, elem)
+
+    return registry.ReportCase(
+        family="mx",
+        kernel=KERNELS["quantize"].name,
+        shape=f"{m}x{k} bf16 -> {_NAME[fmt]}",
+        config=cfg.as_dict(),
+        compile=lambda target: configs.compile_quant(m, k, fmt, cfg=cfg, target=target),
+        check=check,
+        run=run,
+        notes="OCP MX v1.0 quantization (E8M0 scale per 32), bit-exact vs reference.py; untimed",
+    )
+
+
+def _gemm_case(m, n, k, fa, fb):
+    cfg = configs.select_gemm(m, n, k, fa, fb)
+
+    def operands(shape, device, seed):
+        mm, nn, kk = shape
+        a = _randn((mm, kk), device, seed)
+        w = _randn((nn, kk), device, seed + 1).mul_(0.05)
+        return (*to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
+                *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None))  # fmt: skip
+
+    def check(device):
+        ops = operands(_CHECK_GEMM, _dev(device), 2)
+        got = mx_gemm(*ops, fa, fb, out_dtype=torch.bfloat16, target=_check_target(device))
+        want = reference.mx_gemm(*(t.cpu() for t in ops), fa, fb, out_dtype=torch.float32)
+        # one bf16 rounding of an fp32 sum that matches to fp32 precision
+        tol = 2**-8 * want.abs() + 1e-2 * float(want.abs().max())
+        return float(((got.cpu().float() - want).abs() / tol).max())
+
+    def run(device):
+        ops = operands((m, n, k), device, 0)
+        return lambda: mx_gemm(*ops, fa, fb)
+
+    return registry.ReportCase(
+        family="mx",
+        kernel=KERNELS["gemm"].name,
+        shape=f"{m}x{n}x{k} {_NAME[fa]} x {_NAME[fb]} (NT)",
+        config=cfg.as_dict(),
+        compile=lambda target: configs.compile_gemm(m, n, k, fa, fb, cfg=cfg, target=target),
+        check=check,
+        run=run,
+        # no ATen baseline yet: torch._scaled_mm's MX (e8m0 block scale) path is unverified on
+        # ROCm here, and a failing baseline would also drop our timing from the report
+        notes="MX GEMM (fly.dot_scaled, fp32 accumulation, bf16 out); untimed defaults",
+    )
+
+
+#: MX shapes (M, N, K) from /work/shared/reference/gfx950.md's models: Llama-3.1-8B projections
+GEMM_CASES = (
+    (32, 4096, 4096, "e4m3", "e4m3"),
+    (32, 14336, 4096, "e4m3", "e4m3"),
+    (32, 4096, 4096, "e2m1", "e2m1"),
+    (32, 14336, 4096, "e2m1", "e2m1"),
+    (32, 14336, 4096, "e4m3", "e2m1"),  # a8w4
+    (1024, 8192, 8192, "e2m1", "e2m1"),
+)
+QUANT_CASES = ((32, 4096, "e4m3"), (32, 4096, "e2m1"), (8192, 4096, "e4m3"), (8192, 4096, "e2m1"))
+
+
+def _cases():
+    for m, k, f in QUANT_CASES:
+        yield _quant_case(m, k, f)
+    for m, n, k, fa, fb in GEMM_CASES:
+        yield _gemm_case(m, n, k, fa, fb)
+
+
+FAMILY = registry.Family(
+    "mx",
+    _cases,
+    description="OCP MX quantization (mxfp8 / mxfp4) and the block-scaled MX GEMM",
+    tags=("quantization", "gemm", "mx"),
+)
+
+__all__ = [
+    "BLOCK",
+    "FAMILY",
+    "KERNELS",
+    "SCALE_DTYPE",
+    "configs",
+    "elem_format",
+    "from_mx",
+    "mx_gemm",
+    "reference",
+    "to_mx",
+]

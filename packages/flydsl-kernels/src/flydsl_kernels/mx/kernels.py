@@ -1,0 +1,135 @@
+"""FlyDSL kernels of the MX family: quantization to MX and the block-scaled GEMM.
+
+The quantizer works on the fp32 bits with integer ops only (no float divide
+or multiply by the scale): the result is the same on every backend whatever
+its denormal mode, and one routine covers FP8 and FP4 (the language has no
+float -> fp8 conversion with saturation, and none at all to fp4).
+"""
+
+from __future__ import annotations
+
+import flydsl_core as fly
+
+from .formats import BLOCK
+
+
+def _fp32_bits(x):
+    """The fp32 bits of a float tile, as int32 (bf16 widened by a shift: exact everywhere; the
+    Triton interpreter's bf16 -> fp32 conversion mangles bf16 subnormals)."""
+    if x.dtype == fly.bf16:
+        return (x.to(fly.int16, bitcast=True).to(fly.int32) & 0xFFFF) << 16
+    return x.to(fly.fp32).to(fly.int32, bitcast=True)
+
+
+def _quantize(bits, EMAX, MB, BIAS, MAXB, SIGN):
+    """``bits`` the fp32 bits (int32) of an ``(R, NB, 32)`` tile -> ``(element bits (R, NB, 32), scale bytes (R, NB))``.
+
+    With the magnitude ``|x| = sig * 2^(E2 - 150)`` (``sig`` the significand
+    with its hidden bit, ``E2 = max(exponent field, 1)``), ``v = x / 2^X`` has
+    ``floor(log2 v) = floor(log2 sig) + E2 - 150 - X``; its quantum in the
+    element format is ``2^q`` with ``q = max(floor(log2 v), 1 - BIAS) - MB``,
+    so the rounded element is ``n = RNE(sig / 2^sh)``, ``sh = q + 150 + X - E2``,
+    and its bits are ``((q + MB + BIAS - 1) << MB) + n`` (valid for subnormals,
+    normals and a rounding carry into the next binade alike).
+    """
+    mag = bits & 0x7FFFFFFF
+    # non-negative floats order like their bits: the int max is the amax (NaN above Inf)
+    amax = fly.max(mag, 2)
+    special = amax >= 0x7F800000  # Inf or NaN in the block
+    # floor(log2(amax)) - EMAX clamped to >= -127, plus the bias 127 (fp32 subnormal amax -> 0)
+    sbyte = fly.maximum((amax >> 23) - EMAX, 0)
+    X = (sbyte - 127)[:, :, None]
+    e = mag >> 23
+    E2 = fly.maximum(e, 1)
+    frac = mag & 0x7FFFFF
+    sig = fly.where(e == 0, frac, frac | 0x800000)
+    # floor(log2 sig) from the exponent of its exact fp32 conversion (sig = 0 gives -127)
+    lg = (sig.to(fly.fp32).to(fly.int32, bitcast=True) >> 23) - 127
+    q = fly.maximum(lg + E2 - 150 - X, 1 - BIAS) - MB
+    sh = q + 150 + X - E2
+    shr = fly.minimum(fly.maximum(sh, 0), 30)  # sig < 2^24: any shift >= 25 rounds to 0
+    n0 = sig >> shr
+    rem = sig - (n0 << shr)
+    half = (1 << shr) >> 1
+    up = (rem > half) | ((rem == half) & (shr > 0) & ((n0 & 1) == 1))
+    n = fly.where(up, n0 + 1, n0)
+    # a tiny subnormal input can have fewer significant bits than the element: exact left shift
+    n = fly.where(sh < 0, sig << fly.minimum(-sh, 3), n)
+    out = fly.minimum(((q + MB + BIAS - 1) << MB) + n, MAXB)  # saturate to the largest finite
+    out = out | (((bits >> 31) & 1) << SIGN)
+    out = fly.where(special[:, :, None], 0, out)
+    return out, fly.where(special, 255, sbyte)
+
+
+@fly.kernel
+def mx_quantize(
+    x,
+    q,
+    s,
+    K: fly.constexpr,
+    R: fly.constexpr,
+    NB: fly.constexpr,
+    EMAX: fly.constexpr,
+    MB: fly.constexpr,
+    BIAS: fly.constexpr,
+    MAXB: fly.constexpr,
+    PACK: fly.constexpr,
+):
+    """Program ``(i, j)`` quantizes rows ``[i*R, (i+1)*R)``, blocks ``[j*NB, (j+1)*NB)``.
+
+    ``x`` is ``(M, K)`` (any float dtype), ``q`` ``(M, K / PACK)`` uint8 (PACK = 2
+    packs two E2M1 nibbles per byte, the even element low), ``s`` ``(M, K / 32)``.
+    """
+    i, j = fly.program_id(0), fly.program_id(1)
+    C = NB * BLOCK
+    xt = _fp32_bits(x.tile((R, C), (i, j)).load())
+    elems, sb = _quantize(xt.reshape(R, NB, BLOCK), EMAX, MB, BIAS, MAXB, 3 if PACK == 2 else 7)
+    s.tile((R, NB), (i, j)).store(sb.to(fly.uint8))
+    if PACK == 2:
+        pairs = elems.reshape(R, C // 2, 2)
+        shift = (fly.arange(0, 2) * 4)[None, None, :]
+        packed = fly.sum(pairs << shift, 2)  # disjoint nibbles: the sum is the OR
+        q.tile((R, C // 2), (i, j)).store(packed.to(fly.uint8))
+    else:
+        q.tile((R, C), (i, j)).store(elems.reshape(R, C).to(fly.uint8))
+
+
+@fly.kernel
+def mx_gemm_nt(
+    a,
+    sa,
+    b,
+    sb,
+    bias,
+    c,
+    K,
+    FA: fly.constexpr,
+    FB: fly.constexpr,
+    BM: fly.constexpr,
+    BN: fly.constexpr,
+    BK: fly.constexpr,
+    STAGES: fly.constexpr,
+):
+    """``c = (a * sa) @ (b * sb).T (+ bias)`` with fp32 accumulation, one (BM, BN) tile per program.
+
+    a is ``(M, K / epb)`` (fp8, or uint8 holding two fp4 per byte along K), b
+    ``(N, K / epb)`` (the NT layout of weights), scales ``(M, K/32)`` and
+    ``(N, K/32)`` E8M0 bytes. The views mask M, N and the K tail: a masked
+    element reads 0 and a masked scale 2^-127, so it adds exactly 0.
+    """
+    pm, pn = fly.program_id(0), fly.program_id(1)
+    EA = 2 if FA == "e2m1" else 1
+    EB = 2 if FB == "e2m1" else 1
+    acc = fly.zeros((BM, BN), fly.fp32)
+    for k in fly.range(0, K, BK, stages=STAGES):
+        at = a[fly.ds(pm * BM, BM), fly.ds(k // EA, BK // EA)].load()
+        bt = b[fly.ds(pn * BN, BN), fly.ds(k // EB, BK // EB)].load()
+        sat = sa[fly.ds(pm * BM, BM), fly.ds(k // BLOCK, BK // BLOCK)].load()
+        sbt = sb[fly.ds(pn * BN, BN), fly.ds(k // BLOCK, BK // BLOCK)].load()
+        acc.set(fly.dot_scaled(at, sat, FA, bt.T, sbt, FB, acc))
+    if bias is not None:
+        acc += bias.tile((BN,), pn).load().to(fly.fp32)[None, :]
+    c.tile((BM, BN), (pm, pn)).store(acc)
+
+
+KERNELS = {"quantize": mx_quantize, "gemm": mx_gemm_nt}
