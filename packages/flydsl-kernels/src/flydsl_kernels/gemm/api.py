@@ -1,0 +1,282 @@
+"""The GEMM function API over torch tensors: dense ``gemm`` (batched, split-K) and ``grouped_mm``.
+
+Layouts: any strides. A transposed operand is a strided view (``w.t()``);
+the launcher specializes unit strides to compile-time constants, so each
+layout (NN / NT / TN / TT) compiles its own kernel with 128-bit loads along
+its contiguous dimension (kernels.py). Outputs are contiguous.
+
+dtypes: bf16 / fp16 operands (both the same), fp32 accumulation, outputs
+bf16 / fp16 / fp32 (``out_dtype``, default the input dtype). Anything else
+raises ``TypeError`` (dtypes) or ``ValueError`` (shapes), saying what is
+supported, so callers can fall back to ATen.
+
+``target``: a FlyDSL target name; None picks the device's target for GPU
+tensors and ``cpu-reference`` for CPU tensors (``$FLYDSL_TARGET`` may name
+``cpu-interpret``). ``config`` overrides the shipped default, ``split_k``
+the split-K rule (``configs.split_k``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import configs
+from .kernels import (
+    ACTIVATIONS,
+    BIAS_COL,
+    BIAS_NONE,
+    BIAS_ROW,
+    RAGGED_K,
+    RAGGED_M,
+    RAGGED_N,
+    RAGGED_NONE,
+    gemm_kernel,
+    grouped_gemm_kernel,
+    splitk_reduce_kernel,
+)
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: the split-K reduce kernel's tile (an elementwise pass over fp32 partials)
+REDUCE_BM, REDUCE_BN = 32, 64
+
+
+def _target(t: torch.Tensor, target):
+    if target is not None:
+        return target
+    if t.device.type == "cpu":
+        from flydsl_core.targets import resolve_target
+
+        tg = resolve_target()
+        return tg.name if not tg.is_gpu else "cpu-reference"
+    return None
+
+
+def _options(cfg: configs.Config, target) -> dict:
+    # the AMD MFMA options mean nothing to the CPU backends
+    if target is not None and str(target).startswith("cpu"):
+        return {"num_warps": cfg.num_warps}
+    return cfg.options()
+
+
+def _check_operands(a, b, what="gemm"):
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"FlyDSL {what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"FlyDSL {what} supports bf16 and fp16 operands; {name} is {t.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"FlyDSL {what}: a and b must have one dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"FlyDSL {what}: a is on {a.device}, b on {b.device}")
+
+
+def _out_dtype(out_dtype, a):
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in SUPPORTED_OUT_DTYPES:
+        raise TypeError(f"FlyDSL GEMM outputs bf16, fp16 or fp32, not {out_dtype}")
+    return out_dtype
+
+
+def _as3(t: torch.Tensor, batch: int, rows: int, cols: int, what: str) -> torch.Tensor:
+    """``t`` broadcast to ``(batch, rows, cols)`` (a view: broadcast dims get stride 0)."""
+    try:
+        return torch.broadcast_to(t, (batch, rows, cols))
+    except RuntimeError:
+        raise ValueError(
+            f"{what} of shape {list(t.shape)} does not broadcast to {[batch, rows, cols]}"
+        ) from None
+
+
+# -- dense ----------------------------------------------------------------------------------------
+
+
+def gemm(
+    a,
+    b,
+    *,
+    bias=None,
+    out_dtype=None,
+    alpha=1.0,
+    beta=0.0,
+    c=None,
+    activation=None,
+    residual=None,
+    target=None,
+    config=None,
+    split_k=None,
+):
+    """``act(alpha * (a @ b) + beta * c + bias) + residual``, fp32 accumulation.
+
+    * ``a``: ``(M, K)`` or ``(B, M, K)``; ``b``: ``(K, N)`` or ``(B, K, N)`` (a 2-D
+      operand broadcasts over the batch, as ``torch.matmul``);
+    * ``bias``: ``(N,)`` (per column, ``F.linear``'s) or ``(M, 1)`` (per row);
+    * ``c``: broadcastable to the output ``(M, N)`` / ``(B, M, N)`` (``addmm``);
+    * ``activation``: None, ``"relu"``, ``"gelu"`` / ``"gelu_erf"``, ``"gelu_tanh"``, ``"silu"``;
+    * ``residual``: added after the activation, the output's shape.
+    """
+    _check_operands(a, b)
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(
+            f"FlyDSL gemm takes 2-D or 3-D operands (matmul or bmm), got {a.dim()}-D and {b.dim()}-D"
+        )
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"gemm: a {list(a.shape)} @ b {list(b.shape)}: K differs")
+    batched = a.dim() == 3 or b.dim() == 3
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    for t in (a, b):
+        if t.dim() == 3 and t.shape[0] != batch:
+            raise ValueError(f"gemm: batch sizes differ ({list(a.shape)} @ {list(b.shape)})")
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    act = activation
+    if act not in ACTIVATIONS:
+        raise ValueError(
+            f"gemm activation {act!r} is not supported; use one of "
+            f"{sorted(k for k in ACTIVATIONS if k)} or None"
+        )
+    odt = _out_dtype(out_dtype, a)
+    out = torch.empty((batch, M, N), dtype=odt, device=a.device)
+    result = out if batched else out[0]
+    if out.numel() == 0:
+        return result
+    a3, b3 = _as3(a, batch, M, K, "a"), _as3(b, batch, K, N, "b")
+    bmode, bias_t = BIAS_NONE, None
+    if bias is not None:
+        if tuple(bias.shape) == (N,):
+            bmode, bias_t = BIAS_COL, bias
+        elif tuple(bias.shape) == (M, 1):
+            bmode, bias_t = BIAS_ROW, bias.reshape(M)
+        else:
+            raise ValueError(
+                f"gemm bias must be (N,) = ({N},) per column or (M, 1) = ({M}, 1) per row, "
+                f"got {list(bias.shape)}"
+            )
+    c3 = None
+    if c is not None and beta != 0:
+        c3 = _as3(c, batch, M, N, "c")
+    r3 = None
+    if residual is not None:
+        if tuple(residual.shape) != tuple(result.shape):
+            raise ValueError(
+                f"gemm residual must have the output's shape {list(result.shape)}, "
+                f"got {list(residual.shape)}"
+            )
+        r3 = residual.reshape(batch, M, N) if batched else residual[None]
+    cfg = config or configs.select(M, N, K, batch)
+    tgt = _target(a, target)
+    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch)
+    s = max(1, min(int(s), math.ceil(K / cfg.BK))) if K else 1
+    epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
+    common = dict(
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=_xcds(tgt, a),
+        EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
+        target=tgt, options=_options(cfg, tgt),
+    )  # fmt: skip
+    tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
+    if s == 1:
+        gemm_kernel[(tiles, batch, 1)](
+            a3, b3, out, c3, bias_t, r3, M, N, K, float(alpha), float(beta), **common, **epi
+        )
+        return result
+    part = torch.empty((batch * s, M, N), dtype=torch.float32, device=a.device)
+    gemm_kernel[(tiles, batch, s)](
+        a3, b3, part, None, None, None, M, N, K, 1.0, 0.0,
+        **common, HAS_ALPHA=False, BIAS=BIAS_NONE, ACT=0,
+    )  # fmt: skip
+    rt = math.ceil(M / REDUCE_BM) * math.ceil(N / REDUCE_BN)
+    splitk_reduce_kernel[(rt, batch)](
+        part, out, c3, bias_t, r3, M, N, float(alpha), float(beta),
+        BM=REDUCE_BM, BN=REDUCE_BN, SPLIT_K=s, target=tgt, **epi,
+    )  # fmt: skip
+    return result
+
+
+def _xcds(target, t) -> int:
+    """XCDs to remap the pid across: the target's XCD count (1 on the CPU backends)."""
+    from flydsl_core.targets import get_target, resolve_target
+
+    tg = get_target(target) if target is not None else resolve_target()
+    return getattr(tg, "num_xcds", None) or 1
+
+
+# -- grouped ---------------------------------------------------------------------------------------
+
+
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None):
+    """``torch._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)`` in one persistent launch.
+
+    Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
+
+    * 2-D x 3-D ``(M, K) x (G, K, N) -> (M, N)``: rows ``offs[g-1]:offs[g]`` use
+      ``mat_b[g]`` (MoE forward, ragged M);
+    * 3-D x 3-D ``(G, M, K) x (G, K, N) -> (G, M, N)``: bmm, no ``offs``;
+    * 2-D x 2-D ``(M, K) x (K, N) -> (G, M, N)``: group ``g`` contracts K
+      ``offs[g-1]:offs[g]`` (weight gradient, ragged K);
+    * 3-D x 2-D ``(G, M, K) x (K, N) -> (M, N)``: columns ``offs[g-1]:offs[g]``
+      use ``mat_a[g]`` (ragged N).
+
+    Empty groups produce nothing (ragged M / N) or zeros (ragged K).
+    ``bias``: ``(G, N)``, one row per group, for the 2-D x 3-D and 3-D x 3-D forms.
+    """
+    _check_operands(mat_a, mat_b, "grouped_mm")
+    da, db = mat_a.dim(), mat_b.dim()
+    if da not in (2, 3) or db not in (2, 3):
+        raise ValueError(f"grouped_mm takes 2-D or 3-D operands, got {da}-D and {db}-D")
+    if mat_a.shape[-1] != mat_b.shape[-2]:
+        raise ValueError(
+            f"grouped_mm: contraction dims differ ({list(mat_a.shape)} x {list(mat_b.shape)})"
+        )
+    ragged = {(2, 3): RAGGED_M, (3, 3): RAGGED_NONE, (2, 2): RAGGED_K, (3, 2): RAGGED_N}[(da, db)]
+    if ragged == RAGGED_NONE:
+        if offs is not None:
+            raise ValueError("grouped_mm: 3-D x 3-D is a plain batched matmul and takes no offs")
+        if mat_a.shape[0] != mat_b.shape[0]:
+            raise ValueError("grouped_mm: 3-D x 3-D batch sizes differ")
+        G = mat_a.shape[0]
+    else:
+        if offs is None:
+            raise ValueError("grouped_mm: a 2-D operand needs offs (int32 cumulative ends)")
+        if offs.dtype != torch.int32 or offs.dim() != 1:
+            raise TypeError(
+                f"grouped_mm offs must be a 1-D int32 tensor, got {offs.dtype} {offs.dim()}-D"
+            )
+        G = offs.shape[0]
+        if ragged == RAGGED_M and mat_b.shape[0] != G:
+            raise ValueError(f"grouped_mm: mat_b has {mat_b.shape[0]} groups, offs {G}")
+        if ragged == RAGGED_N and mat_a.shape[0] != G:
+            raise ValueError(f"grouped_mm: mat_a has {mat_a.shape[0]} groups, offs {G}")
+    M = mat_a.shape[-2]
+    K = mat_a.shape[-1]
+    N = mat_b.shape[-1]
+    odt = _out_dtype(out_dtype, mat_a)
+    shape = {RAGGED_M: (M, N), RAGGED_NONE: (G, M, N), RAGGED_K: (G, M, N), RAGGED_N: (M, N)}
+    out = torch.empty(shape[ragged], dtype=odt, device=mat_a.device)
+    if bias is not None and (ragged not in (RAGGED_M, RAGGED_NONE) or tuple(bias.shape) != (G, N)):
+        raise ValueError(
+            "grouped_mm bias is (G, N), for the 2-D x 3-D and 3-D x 3-D forms; got "
+            f"{list(bias.shape)} for {da}-D x {db}-D"
+        )
+    if ragged == RAGGED_K and out.numel():
+        out.zero_()  # empty groups (no K) are zero; the kernel's tiles cover every group anyway
+    if out.numel() == 0 or G == 0:
+        return out
+    a3 = mat_a if da == 3 else mat_a[None]
+    b3 = mat_b if db == 3 else mat_b[None]
+    o3 = out if out.dim() == 3 else out[None]
+    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K)
+    tgt = _target(mat_a, target)
+    # persistent grid: at most the tile count (an upper bound: every group's tail tile),
+    # at most a few programs per CU
+    tn = math.ceil(N / cfg.BN) + (G if ragged == RAGGED_N else 0)
+    tm = math.ceil(M / cfg.BM) + (G if ragged == RAGGED_M else 0)
+    tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
+    programs = max(1, min(tiles, configs.grouped_programs(tgt)))
+    grouped_gemm_kernel[(programs,)](
+        a3, b3, o3, offs, bias, G, M, N, K,
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=max(16, 1 << (G - 1).bit_length()),
+        RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
+        HAS_BIAS=bias is not None, target=tgt, options=_options(cfg, tgt),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,325 @@
+"""GEMM kernels in FlyDSL: dense (batched, split-K), the split-K reduce, grouped (persistent).
+
+Layouts. Operands are 3-D ``(batch, rows, cols)`` tensor arguments with
+run-time strides; a transposed operand is just a strided view. The launcher
+specializes a stride equal to 1 into a constant (and the others on
+divisibility by 16), so the unit-stride dimension of each operand is a
+compile-time fact: Triton then sees contiguous, 16-byte aligned runs along
+it and emits 128-bit loads, whichever of the four layouts (NN/NT/TN/TT) the
+caller has. No layout is a kernel parameter.
+
+Masks. Every load and store is written with ``bounds_check=False`` and an
+explicit mask: the M/N row/column masks are loop-invariant, and the K mask
+exists only when ``EVEN_K`` is false (``EVEN_K`` is the compile-time fact
+``K % (BK * SPLIT_K) == 0`` the host checks), so an evenly divisible K loop
+carries no K mask at all (the compile tests check the generated source).
+
+Numerics. fp32 accumulation (``fly.dot``); the epilogue (``_epilogue``)
+computes ``act(alpha * acc + beta * C + bias) + residual`` in fp32 and rounds
+once to the output dtype on store.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flydsl_core as fly
+
+#: activation codes of the ``ACT`` constexpr
+ACT_NONE, ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_SILU = 0, 1, 2, 3, 4
+ACTIVATIONS = {
+    None: ACT_NONE,
+    "relu": ACT_RELU,
+    "gelu_tanh": ACT_GELU_TANH,
+    "gelu": ACT_GELU_ERF,  # torch.nn.functional.gelu's default (approximate="none")
+    "gelu_erf": ACT_GELU_ERF,
+    "silu": ACT_SILU,
+}
+#: bias modes of the ``BIAS`` constexpr: none, one per column (N), one per row (M)
+BIAS_NONE, BIAS_COL, BIAS_ROW = 0, 1, 2
+#: gfx950 has 8 XCDs; consecutive workgroups are dispatched round-robin across them
+NUM_XCDS = 8
+
+
+# -- trace-time helpers (plain Python, inlined into the kernels that call them) --------------------
+
+
+def _and(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def _xcd_remap(pid, n, XCDS):
+    """Permute ``pid`` in ``[0, n)`` so each XCD's workgroups get one contiguous chunk of tiles.
+
+    The hardware sends workgroup ``pid`` to XCD ``pid % XCDS``; XCD ``x`` thus
+    runs ``x, x + XCDS, ...`` and would share no L2 lines with its neighbours.
+    Here XCD ``x``'s ``j``-th workgroup takes tile ``start(x) + j``, where the
+    first ``n % XCDS`` XCDs own ``ceil(n / XCDS)`` tiles and the rest one fewer
+    (the same bijection as ``Layout((XCDS, per), (per, 1))`` applied to
+    ``(pid % XCDS, pid // XCDS)`` when ``XCDS`` divides ``n``, written as index math
+    so that it also holds for ragged ``n``).
+    """
+    if XCDS <= 1:
+        return pid
+    per = (n + (XCDS - 1)) // XCDS
+    tall = n % XCDS
+    tall = fly.where(tall == 0, XCDS, tall)
+    xcd = pid % XCDS
+    local = pid // XCDS
+    return fly.where(
+        xcd < tall,
+        xcd * per + local,
+        tall * per + (xcd - tall) * (per - 1) + local,
+    )
+
+
+def _grouped_pid(pid, num_m, num_n, GROUP_M):
+    """Tile ``(pm, pn)`` of program ``pid``, ``GROUP_M`` row tiles per column sweep (L2 reuse)."""
+    if GROUP_M <= 1:
+        return pid // num_n, pid % num_n
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = fly.minimum(num_m - first_m, GROUP_M)
+    r = pid % in_group
+    return first_m + r % size_m, r // size_m
+
+
+def _activation(x, ACT):
+    if ACT == ACT_RELU:
+        return fly.maximum(x, 0.0)
+    if ACT == ACT_GELU_TANH:
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + fly.tanh(inner))
+    if ACT == ACT_GELU_ERF:
+        return 0.5 * x * (1.0 + fly.erf(x * (1.0 / math.sqrt(2.0))))
+    if ACT == ACT_SILU:
+        return x * fly.sigmoid(x)
+    return x
+
+
+def _epilogue(
+    acc, out, bz, m0, n0, rmask, cmask, c, bias, res, alpha, beta, BM, BN, HAS_ALPHA, BIAS, ACT
+):
+    """Store ``act(alpha * acc + beta * c + bias) + res`` to ``out[bz, m0:+BM, n0:+BN]``."""
+    mask = rmask[:, None] & cmask[None, :]
+    if HAS_ALPHA:
+        acc = acc * alpha
+    if c is not None:
+        ct = c[bz, fly.ds(m0, BM), fly.ds(n0, BN)].load(mask, bounds_check=False)
+        acc = acc + beta * ct.to(fly.fp32)
+    if BIAS == BIAS_COL:
+        acc = acc + bias[fly.ds(n0, BN)].load(cmask, bounds_check=False).to(fly.fp32)[None, :]
+    elif BIAS == BIAS_ROW:
+        acc = acc + bias[fly.ds(m0, BM)].load(rmask, bounds_check=False).to(fly.fp32)[:, None]
+    acc = _activation(acc, ACT)
+    if res is not None:
+        rt = res[bz, fly.ds(m0, BM), fly.ds(n0, BN)].load(mask, bounds_check=False)
+        acc = acc + rt.to(fly.fp32)
+    out[bz, fly.ds(m0, BM), fly.ds(n0, BN)].store(acc, mask, bounds_check=False)
+
+
+def _mainloop(acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES):
+    """``acc += a[ab, m0:+BM, k0:k1] @ b[bb, k0:k1, n0:+BN]`` (masks: rows, columns, K tail)."""
+    for k in fly.range(k0, k1, BK, stages=STAGES):
+        ma, mb = rmask[:, None], cmask[None, :]
+        if not EVEN_K:
+            kk = k + fly.arange(0, BK)
+            ma = ma & (kk < K)[None, :]
+            mb = mb & (kk < K)[:, None]
+        at = a[ab, fly.ds(m0, BM), fly.ds(k, BK)].load(ma, bounds_check=False)
+        bt = b[bb, fly.ds(k, BK), fly.ds(n0, BN)].load(mb, bounds_check=False)
+        acc += fly.dot(at, bt)
+
+
+# -- dense ----------------------------------------------------------------------------------------
+
+
+@fly.kernel
+def gemm_kernel(
+    a,
+    b,
+    out,
+    c,
+    bias,
+    res,
+    M,
+    N,
+    K,
+    alpha,
+    beta,
+    BM: fly.constexpr,
+    BN: fly.constexpr,
+    BK: fly.constexpr,
+    GROUP_M: fly.constexpr,
+    XCDS: fly.constexpr,
+    EVEN_K: fly.constexpr,
+    SPLIT_K: fly.constexpr,
+    STAGES: fly.constexpr,
+    HAS_ALPHA: fly.constexpr,
+    BIAS: fly.constexpr,
+    ACT: fly.constexpr,
+):
+    """``out[z] = epilogue(a[z] @ b[z])``; grid ``(tiles_m * tiles_n, batch, SPLIT_K)``.
+
+    ``a`` is ``(batch, M, K)``, ``b`` ``(batch, K, N)`` (batch stride 0
+    broadcasts). With ``SPLIT_K > 1`` program ``(.., z, s)`` sums the ``s``-th
+    ``K / SPLIT_K`` chunk into the fp32 partial ``out[z * SPLIT_K + s]`` and the
+    epilogue runs in ``splitk_reduce_kernel``.
+    """
+    num_m = (M + (BM - 1)) // BM
+    num_n = (N + (BN - 1)) // BN
+    pid = _xcd_remap(fly.program_id(0), num_m * num_n, XCDS)
+    pm, pn = _grouped_pid(pid, num_m, num_n, GROUP_M)
+    bz = fly.program_id(1)
+    m0, n0 = pm * BM, pn * BN
+    rmask = m0 + fly.arange(0, BM) < M
+    cmask = n0 + fly.arange(0, BN) < N
+    acc = fly.zeros((BM, BN), fly.fp32)
+    if SPLIT_K == 1:
+        _mainloop(acc, a, b, bz, bz, m0, n0, rmask, cmask, 0, K, K, BM, BN, BK, EVEN_K, STAGES)
+        _epilogue(
+            acc, out, bz, m0, n0, rmask, cmask, c, bias, res, alpha, beta,
+            BM, BN, HAS_ALPHA, BIAS, ACT,
+        )  # fmt: skip
+    else:
+        s = fly.program_id(2)
+        # whole BK tiles per split, so that only the last tile of K can be partial
+        chunk = (((K + (BK - 1)) // BK + (SPLIT_K - 1)) // SPLIT_K) * BK
+        k0 = s * chunk
+        k1 = fly.minimum(k0 + chunk, K)
+        _mainloop(acc, a, b, bz, bz, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES)
+        mask = rmask[:, None] & cmask[None, :]
+        out[bz * SPLIT_K + s, fly.ds(m0, BM), fly.ds(n0, BN)].store(acc, mask, bounds_check=False)
+
+
+@fly.kernel
+def splitk_reduce_kernel(
+    part,
+    out,
+    c,
+    bias,
+    res,
+    M,
+    N,
+    alpha,
+    beta,
+    BM: fly.constexpr,
+    BN: fly.constexpr,
+    SPLIT_K: fly.constexpr,
+    HAS_ALPHA: fly.constexpr,
+    BIAS: fly.constexpr,
+    ACT: fly.constexpr,
+):
+    """Sum the ``SPLIT_K`` fp32 partials of a tile in a fixed order (deterministic), then the
+    epilogue; grid ``(tiles_m * tiles_n, batch)``."""
+    num_n = (N + (BN - 1)) // BN
+    pid = fly.program_id(0)
+    bz = fly.program_id(1)
+    m0, n0 = (pid // num_n) * BM, (pid % num_n) * BN
+    rmask = m0 + fly.arange(0, BM) < M
+    cmask = n0 + fly.arange(0, BN) < N
+    mask = rmask[:, None] & cmask[None, :]
+    acc = fly.zeros((BM, BN), fly.fp32)
+    for s in fly.static_range(SPLIT_K):
+        acc += part[bz * SPLIT_K + s, fly.ds(m0, BM), fly.ds(n0, BN)].load(mask, bounds_check=False)
+    _epilogue(
+        acc, out, bz, m0, n0, rmask, cmask, c, bias, res, alpha, beta,
+        BM, BN, HAS_ALPHA, BIAS, ACT,
+    )  # fmt: skip
+
+
+# -- grouped ----------------------------------------------------------------------------------------
+
+#: which dimension ``offs`` splits, per torch._grouped_mm form (the ``RAGGED`` constexpr)
+RAGGED_NONE, RAGGED_M, RAGGED_K, RAGGED_N = 0, 1, 2, 3
+
+
+@fly.kernel
+def grouped_gemm_kernel(
+    a,
+    b,
+    out,
+    offs,
+    bias,
+    G,
+    M,
+    N,
+    K,
+    BM: fly.constexpr,
+    BN: fly.constexpr,
+    BK: fly.constexpr,
+    GB: fly.constexpr,
+    RAGGED: fly.constexpr,
+    EVEN_K: fly.constexpr,
+    STAGES: fly.constexpr,
+    HAS_BIAS: fly.constexpr,
+):
+    """Every group's tiles in one persistent launch: program ``p`` of ``P`` takes global tiles
+    ``p, p + P, ...`` of the concatenation of all groups' tile grids.
+
+    Operands are 3-D; group ``g`` reads batch ``g`` of a 3-D operand and
+    batch 0 of a 2-D one (passed as ``(1, rows, cols)``). ``offs`` (int32,
+    ``G`` cumulative end offsets) splits the ``RAGGED`` dimension; ``M``, ``N``,
+    ``K`` are the full extents (the ragged one is the total). Each program
+    loads ``offs`` once (``GB >= G``, a power of two), derives every group's
+    tile count and their prefix sum, and finds a tile's group by counting the
+    prefix ends at or below it: no host loop, no host sync on ``offs``.
+    Empty groups own no tiles; a group smaller than a tile is masked.
+    """
+    gi = fly.arange(0, GB)
+    gmask = gi < G
+    if RAGGED == RAGGED_NONE:
+        ends = fly.zeros((GB,), fly.int32)
+        starts = ends
+    else:
+        ends = offs[fly.ds(0, GB)].load(gmask, bounds_check=False).to(fly.int32)
+        # a group's start is the previous group's end (0 for the first): a gather of offs[g - 1]
+        prev = offs[fly.maximum(gi - 1, 0)].load(gmask & (gi >= 1), bounds_check=False)
+        starts = prev.to(fly.int32)
+    sizes = ends - starts
+    gm = sizes if RAGGED == RAGGED_M else fly.full((GB,), 0, fly.int32) + M
+    gn = sizes if RAGGED == RAGGED_N else fly.full((GB,), 0, fly.int32) + N
+    tiles_n = (gn + (BN - 1)) // BN
+    tiles = fly.where(gmask, ((gm + (BM - 1)) // BM) * tiles_n, 0)
+    tile_end = fly.cumsum(tiles, 0)
+    total = fly.sum(tiles, 0)
+    for t in fly.range(fly.program_id(0), total, fly.num_programs(0)):
+        # the group of tile t: how many groups end at or before it
+        g = fly.sum(fly.where(gmask & (tile_end <= t), 1, 0), 0)
+        sel = gi == g
+        first = fly.sum(fly.where(sel, tile_end - tiles, 0), 0)
+        tn = fly.sum(fly.where(sel, tiles_n, 0), 0)
+        g0 = fly.sum(fly.where(sel, starts, 0), 0)
+        g1 = fly.sum(fly.where(sel, ends, 0), 0)
+        local = t - first
+        pm, pn = local // tn, local % tn
+        m0, n0 = pm * BM, pn * BN
+        m_end, n_end, k0, k1 = M, N, 0, K
+        ab, bb, ob = g, g, g
+        if RAGGED == RAGGED_M:
+            m0, m_end, ab, ob = m0 + g0, g1, 0, 0
+        elif RAGGED == RAGGED_N:
+            n0, n_end, bb, ob = n0 + g0, g1, 0, 0
+        elif RAGGED == RAGGED_K:
+            k0, k1, ab, bb = g0, g1, 0, 0
+        rmask = m0 + fly.arange(0, BM) < m_end
+        cmask = n0 + fly.arange(0, BN) < n_end
+        acc = fly.zeros((BM, BN), fly.fp32)
+        # ragged K: the group's K chunk ends anywhere, so its tail is masked against k1
+        _mainloop(acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, k1, BM, BN, BK, EVEN_K, STAGES)
+        mask = rmask[:, None] & cmask[None, :]
+        if HAS_BIAS:
+            # bias is (G, N): one row per group (2-D x 3-D and 3-D x 3-D forms)
+            acc += bias[g, fly.ds(n0, BN)].load(cmask, bounds_check=False).to(fly.fp32)[None, :]
+        out[ob, fly.ds(m0, BM), fly.ds(n0, BN)].store(acc, mask, bounds_check=False)
+
+
+KERNELS = {
+    "gemm": gemm_kernel,
+    "splitk_reduce": splitk_reduce_kernel,
+    "grouped": grouped_gemm_kernel,
+}

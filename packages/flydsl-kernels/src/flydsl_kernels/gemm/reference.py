@@ -1,0 +1,63 @@
+"""PyTorch references for the GEMM family: fp32 matmul of the (16-bit) inputs, then one rounding."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _activation(x, activation):
+    if activation is None:
+        return x
+    if activation == "relu":
+        return torch.relu(x)
+    if activation in ("gelu", "gelu_erf"):
+        return torch.nn.functional.gelu(x)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    if activation == "silu":
+        return torch.nn.functional.silu(x)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def gemm(
+    a, b, *, bias=None, out_dtype=None, alpha=1.0, beta=0.0, c=None, activation=None, residual=None
+):
+    """``act(alpha * a @ b + beta * c + bias) + residual`` in fp32, rounded to ``out_dtype``."""
+    acc = torch.matmul(a.float(), b.float())
+    if alpha != 1:
+        acc = acc * alpha
+    if c is not None and beta != 0:
+        acc = acc + beta * c.float()
+    if bias is not None:
+        acc = acc + bias.float()  # (N,) broadcasts over rows, (M, 1) over columns
+    acc = _activation(acc, activation)
+    if residual is not None:
+        acc = acc + residual.float()
+    return acc.to(out_dtype or a.dtype)
+
+
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``torch._grouped_mm`` semantics, one ``torch.matmul`` per group in fp32."""
+    odt = out_dtype or mat_a.dtype
+    a, b = mat_a.float(), mat_b.float()
+    bounds = []
+    if offs is not None:
+        ends = [int(e) for e in offs.tolist()]
+        bounds = list(zip([0, *ends[:-1]], ends))
+    if a.dim() == 3 and b.dim() == 3:
+        out = torch.matmul(a, b)
+        if bias is not None:
+            out = out + bias.float()[:, None, :]
+    elif a.dim() == 2 and b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[-1], device=a.device)
+        for g, (s, e) in enumerate(bounds):
+            out[s:e] = a[s:e] @ b[g] + (0 if bias is None else bias.float()[g])
+    elif a.dim() == 2 and b.dim() == 2:
+        out = torch.zeros(len(bounds), a.shape[0], b.shape[-1], device=a.device)
+        for g, (s, e) in enumerate(bounds):
+            out[g] = a[:, s:e] @ b[s:e]
+    else:
+        out = torch.zeros(a.shape[1], b.shape[-1], device=a.device)
+        for g, (s, e) in enumerate(bounds):
+            out[:, s:e] = a[g] @ b[:, s:e]
+    return out.to(odt)

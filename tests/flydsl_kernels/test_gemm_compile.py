@@ -1,0 +1,128 @@
+"""GEMM kernels cross-compiled for gfx950 (no GPU): MFMA kind, spills, LDS, load widths, K loop.
+
+Figures measured with Triton 3.9 (bf16 NT, M = N = K = 4096, ResourceReport
+of the gfx950 AMDGCN; "K-loop instr" counts every instruction of the
+innermost loop body, found by its backward branch, ``configs.k_loop_body``):
+
+===========================  ======  =======  ============  ==================  =============
+shipped config               VGPR    LDS      K-loop instr  MFMA                global loads
+===========================  ======  =======  ============  ==================  =============
+decode 16x128x128 4w nk16    62      74 KiB   96            16x16x32_bf16       128-bit
+small  64x256x64  8w nk32    92      81 KiB   70            32x32x16_bf16       128-bit
+large  256x128x64 8w nk32    132     97 KiB   89            32x32x16_bf16       128-bit
+===========================  ======  =======  ============  ==================  =============
+
+All global loads of A and B are ``buffer_load_dwordx4 ... lds`` on gfx950:
+Triton 3.9 emits direct-to-LDS loads (``direct_to_lds_loads`` equals the
+number of 128-bit loads). References from the brief (not reproduced here):
+torch 2.15's vendored FlyDSL GEMM 128x128x64 bf16 NT 52 VGPRs, 64 KiB LDS,
+~34 instr per K tile; the Triton tutorial 128x128x64 154 VGPRs, ~91 unmasked.
+Ours at 128x128x64 4 warps nonkdim 32 is 134 VGPRs, 65 KiB, 92 per K tile.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flydsl_kernels.gemm import FAMILY, configs
+from flydsl_kernels.gemm.configs import Config
+
+pytestmark = pytest.mark.compile
+
+#: (vgpr_total, K-loop instructions) measured above; a regression past the margin fails
+PINNED = {"decode": (62, 96), "small": (92, 70), "large": (132, 89)}
+VGPR_MARGIN, INSTR_MARGIN = 8, 6
+MFMA = {16: "v_mfma_f32_16x16x32_bf16", 32: "v_mfma_f32_32x32x16_bf16"}
+LDS_LIMIT = 160 * 1024
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return {name: configs.compile_config(cfg) for name, cfg in configs.SHIPPED.items()}
+
+
+def loop_source(triton_src: str) -> str:
+    """The body of the ``for`` loop of the generated Triton source."""
+    lines = triton_src.splitlines()
+    start = next(i for i, ln in enumerate(lines) if re.match(r"\s+for \w+ in tl\.range", ln))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = []
+    for ln in lines[start + 1 :]:
+        if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
+            break
+        body.append(ln)
+    return "\n".join(body)
+
+
+@pytest.mark.parametrize("name", list(configs.SHIPPED))
+def test_shipped_config(compiled, name, capsys):
+    cfg = configs.SHIPPED[name]
+    ck = compiled[name]
+    fig = configs.figures(ck)
+    r = ck.executable.report
+    with capsys.disabled():
+        print(f"\n[gfx950 {name}] {cfg.as_dict()} -> {fig}")
+    assert fig["mfma"].get(MFMA[cfg.nonkdim]), fig["mfma"]
+    assert set(fig["mfma"]) == {MFMA[cfg.nonkdim]}
+    assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count
+    assert r.lds_bytes <= LDS_LIMIT
+    assert set(fig["loads"]) == {128}, fig["loads"]  # every global load is 128-bit
+    vgpr, instr = PINNED[name]
+    assert r.vgpr_total <= vgpr + VGPR_MARGIN, (r.vgpr_total, vgpr)
+    assert fig["k_loop"] <= instr + INSTR_MARGIN, (fig["k_loop"], instr)
+    # the loop really is the K loop: it holds one K tile's MFMAs per wave (the pipeline's
+    # last tile is peeled after it)
+    body = configs.k_loop_body(ck.stages()["amdgcn"])
+    per_tile = cfg.BM * cfg.BN * cfg.BK // (cfg.nonkdim**2 * (512 // cfg.nonkdim)) // cfg.num_warps
+    assert sum(ln.startswith("v_mfma") for ln in body) == per_tile
+
+
+def test_no_k_mask_when_even(compiled):
+    """EVEN_K: the loop has no comparison at all (its masks are the loop-invariant M/N ones)."""
+    src = compiled["large"].stages()["triton"]
+    body = loop_source(src)
+    assert "tl.load" in body and "tl.dot" in body
+    assert not re.search(r" (<|<=|>=|>) ", body), body
+    # and the K tail does appear when K is not a multiple of BK
+    odd = configs.compile_config(configs.SHIPPED["large"], K=4096 + 32).stages()["triton"]
+    assert re.search(r" < K\b", loop_source(odd))
+
+
+def test_layouts_all_128_bit():
+    """Every layout (the unit-stride dim differs) keeps 128-bit global loads."""
+    cfg = Config(128, 128, 64, 8, 4, 2, 32, 1)
+    for layout in ("NN", "NT", "TN", "TT"):
+        ck = configs.compile_config(cfg, layout=layout)
+        r = ck.executable.report
+        assert set(r.load_widths_bits) == {128}, (layout, r.load_widths_bits)
+        assert not r.scratch_bytes
+
+
+def test_split_k_and_reduce_compile():
+    ck = configs.compile_config(configs.SHIPPED["decode"], M=16, split_k=4)
+    assert not ck.executable.report.scratch_bytes
+
+
+def test_static_model_picks_shipped():
+    """The model's ranking over the decode candidates still puts the shipped one first."""
+    cands = [Config(16, bn, bk, 1, 4, 2, 16, 1) for bn in (64, 128) for bk in (128, 256)]
+    ranked = configs.rank(cands)
+    assert ranked[0][0] == configs.SHIPPED["decode"], [r[0] for r in ranked[:2]]
+
+
+def test_report_cases_compile():
+    for case in FAMILY.cases():
+        r = case.compile("gfx950").executable.report
+        assert not r.scratch_bytes, case.shape
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx1250"])
+def test_other_targets_report(target, capsys):
+    """Printed, not pinned: the large config on the previous and the next AMD generation."""
+    ck = configs.compile_config(configs.SHIPPED["large"], target=target)
+    fig = configs.figures(ck)
+    with capsys.disabled():
+        print(f"\n[{target} large] {fig}")
+    assert fig["mfma"]
