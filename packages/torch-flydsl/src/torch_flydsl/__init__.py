@@ -1,8 +1,221 @@
 """PyTorch integration of FlyDSL kernels.
 
-Eager overrides of the ops users already call (RMSNorm, TopK), GEMMs under
-``torch.compile`` and a ``flex_attention`` backend. Importing this package
-compiles nothing and touches no GPU.
+Eager overrides of the ops users already call: ``F.rms_norm`` /
+``torch.rms_norm`` (``aten::_fused_rms_norm`` and its backward) and
+``torch.topk`` / ``Tensor.topk`` (``aten::topk``, ``aten::topk.values``)::
+
+    import torch_flydsl
+    torch_flydsl.enable()                  # every op group, on the GPU (ROCm gfx950 by default)
+    torch_flydsl.enable(ops=["topk"])      # one group
+    torch_flydsl.enable(device="cpu")      # the CPU test backend (FlyDSL reference backend)
+    with torch_flydsl.disabled():
+        ...                                # plain ATen here
+    torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
+    torch_flydsl.disable()
+
+``FLYDSL_TORCH=1`` enables at import (``FLYDSL_TORCH_DEVICE=cpu`` picks the
+CPU backend). Importing this package compiles nothing and touches no GPU:
+kernels are imported and compiled on the first eligible call. DESIGN.md
+describes the precedence, predicate order and gate table.
 """
 
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+# The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
+# name on the package: a first load later would rebind the package attribute to the module.
+from . import stats as _stats_module
+
 __version__ = "0.1.0"
+
+log = logging.getLogger("torch_flydsl")
+
+#: op groups ``enable(ops=...)`` accepts
+OPS = ("rms_norm", "topk")
+PRECEDENCES = ("ours", "upstream")
+
+_installed: dict[tuple[str, str], object] = {}  # (device, group) -> overrides.Installed
+_deferred: dict[tuple[str, str], str] = {}  # (device, group) -> why we did not register
+_unusable: dict[str, str] = {}  # device -> why nothing registered there
+_backends: dict[str, object] = {}  # device -> overrides.Backend
+_precedence: dict[str, str] = {}  # device -> the precedence used by its last enable()
+
+
+def _precedence_of(value) -> str:
+    p = (value or os.environ.get("FLYDSL_TORCH_PRECEDENCE", "") or "ours").strip().lower()
+    if p not in PRECEDENCES:
+        raise ValueError(
+            f"precedence {p!r}: expected one of {PRECEDENCES} (FLYDSL_TORCH_PRECEDENCE)"
+        )
+    return p
+
+
+def _groups(ops) -> tuple[str, ...]:
+    if ops is None:
+        return OPS
+    if isinstance(ops, str):
+        ops = [ops]
+    out = []
+    for o in ops:
+        g = {"topk": "topk", "rms_norm": "rms_norm", "rmsnorm": "rms_norm"}.get(str(o))
+        if g is None:
+            raise ValueError(f"unknown op {o!r}: torch_flydsl overrides {', '.join(OPS)}")
+        if g not in out:
+            out.append(g)
+    return tuple(out)
+
+
+def enable(ops=None, device=None, *, precedence=None) -> None:
+    """Register the overrides of ``ops`` (default all of ``OPS``) for ``device``.
+
+    ``device``: ``"cuda"`` (ROCm or CUDA builds; the default) or ``"cpu"``
+    (the test backend); None reads ``$FLYDSL_TORCH_DEVICE``. ``precedence``
+    (default ``$FLYDSL_TORCH_PRECEDENCE`` or ``"ours"``): with ``"upstream"``
+    a group whose ops already hold a non-ATen kernel (torch's own FlyDSL
+    overrides, another library) is left alone; with ``"ours"`` we register
+    over it and fall back to it. Where the runtime is unusable nothing is
+    registered and ``status()`` says why; enable() does not raise for that.
+    """
+    from . import _runtime, gates, overrides
+
+    dev = _runtime.normalize_device(device)
+    prec = _precedence_of(precedence)
+    groups = _groups(ops)
+    why = _runtime.backend_unusable(dev)
+    if why:
+        _unusable[dev] = why
+        log.info("torch_flydsl: not enabling on %s: %s", dev, why)
+        return
+    _unusable.pop(dev, None)
+    _precedence[dev] = prec
+    if dev not in _backends or not any(d == dev for d, _ in _installed):
+        _backends[dev] = overrides.Backend(dev, gates.load())
+    backend = _backends[dev]
+    for g in groups:
+        if (dev, g) in _installed:
+            continue
+        _deferred.pop((dev, g), None)
+        if prec == "upstream":
+            prior = overrides.prior_registrations(g, dev)
+            if prior:
+                where = ", ".join(f"aten::{op}@{key}" for op, key in prior)
+                _deferred[(dev, g)] = f"precedence=upstream: prior registration at {where}"
+                log.info("torch_flydsl: %s left to the prior registration (%s)", g, where)
+                continue
+        _installed[(dev, g)] = overrides.install(g, backend)
+        log.debug("torch_flydsl: %s enabled on %s", g, dev)
+
+
+def disable(ops=None, device=None) -> None:
+    """Remove the overrides of ``ops`` (default all) on ``device`` (default every device)."""
+    groups = _groups(ops)
+    for dev, g in list(_installed):
+        if g in groups and (device is None or dev == _normalize(device)):
+            _installed.pop((dev, g)).remove()
+    for key in list(_deferred):
+        if key[1] in groups and (device is None or key[0] == _normalize(device)):
+            del _deferred[key]
+
+
+def _normalize(device) -> str:
+    from . import _runtime
+
+    return _runtime.normalize_device(device)
+
+
+def enabled(op=None, device=None) -> bool:
+    """Whether ``op`` (any op when None) is overridden on ``device`` (any device when None)."""
+    return any(
+        (op is None or g == _groups(op)[0]) and (device is None or d == _normalize(device))
+        for d, g in _installed
+    )
+
+
+@contextlib.contextmanager
+def disabled():
+    """Plain ATen inside the block; the previous overrides come back after it."""
+    saved = [(d, g, _precedence.get(d)) for d, g in _installed]
+    disable()
+    try:
+        yield
+    finally:
+        for d, g, p in saved:
+            enable(ops=[g], device=d, precedence=p)
+
+
+def stats() -> dict[str, dict]:
+    """``{aten op: {"calls", "hits", "fallbacks": {reason: count}}}`` since the last reset."""
+    return _stats_module.snapshot()
+
+
+def reset_stats() -> None:
+    _stats_module.reset()
+
+
+def status(device=None) -> dict:
+    """Whether the runtime is usable (and why not), the ops overridden, the resolved arch.
+
+    ``device`` as ``enable()``'s (None: the enabled device, if any); resolving the arch of a GPU reads its
+    properties (status() is the one place besides eligible calls that does).
+    """
+    from . import _runtime, gates, overrides
+
+    if device is None and _installed:  # the device something is enabled on
+        device = next(iter(_installed))[0]
+    dev = _runtime.normalize_device(device)
+    why = _unusable.get(dev) or _runtime.device_unusable(dev)
+    arch = _runtime.CPU_ARCH if dev == "cpu" else _runtime.resolve_arch(None)
+    backend = _backends.get(dev)
+    table = backend.table if backend is not None else gates.load()
+    ops = {}
+    for g in OPS:
+        inst = _installed.get((dev, g))
+        pairs = overrides.group_ops(g, dev)
+        entry = {"overrides": [f"aten::{op}@{key}" for op, key in pairs]}
+        if inst is not None:
+            entry["state"] = "enabled"
+            entry["fallback_to"] = {
+                f"aten::{op}@{key}": k or "torch._decomp decomposition (no ATen kernel here)"
+                for (op, key), k in inst.captured.items()
+            }
+        elif (dev, g) in _deferred:
+            entry["state"] = "deferred"
+            entry["why"] = _deferred[(dev, g)]
+        else:
+            entry["state"] = "off"
+        ops[g] = entry
+    return {
+        "usable": why is None,
+        "why_not": why,
+        "device": dev,
+        "dispatch_key": _runtime.dispatch_key(dev),
+        "arch": arch,
+        "allowed_archs": sorted(_runtime.allowed_archs()) if dev != "cpu" else [_runtime.CPU_ARCH],
+        "cpu_target": _runtime.cpu_target() if dev == "cpu" else None,
+        "enabled": [g for g in OPS if (dev, g) in _installed],
+        "ops": ops,
+        "precedence": _precedence.get(dev, _precedence_of(None)),
+        "gates": {
+            "local_table": table.local_source,
+            "local_path": str(gates.local_path()),
+            "rules": sum(len(v) for v in table.summary().values()),
+        },
+    }
+
+
+__all__ = [
+    "OPS",
+    "disable",
+    "disabled",
+    "enable",
+    "enabled",
+    "reset_stats",
+    "stats",
+    "status",
+]
+
+if os.environ.get("FLYDSL_TORCH", "").strip().lower() in ("1", "true", "yes", "on"):
+    enable()

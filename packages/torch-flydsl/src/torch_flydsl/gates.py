@@ -1,0 +1,258 @@
+"""The gate table: where FlyDSL beats ATen, by (arch, op, dtype) and shape bucket.
+
+A table is a list of rules. Each rule names an ``arch`` (``gfx950``, ``sm90``,
+``cpu``), an ``op`` (``rms_norm``, ``rms_norm_backward``, ``topk``), a
+``dtype`` (``float32``, ``bfloat16``, ``float16``) and one shape bucket: a box
+of closed ranges over ``m`` (rows), ``n`` (row length) and, for topk, ``k``,
+with optional constraints (``k_in``: a set of k, ``n_pow2``, ``largest``,
+``sorted``). A call is inside the gate when any rule of its (arch, op, dtype)
+holds. Every rule carries ``source``: where its numbers come from.
+
+Two tables:
+
+* the shipped one (``SHIPPED``): gfx950 seeded with the upstream dispatch
+  regions published for MI355X (/work/shared/reference/gfx950.md), plus an
+  open ``cpu`` entry for the CPU test backend;
+* the local one, written by ``torch_flydsl calibrate``: JSON at
+  ``$FLYDSL_TORCH_GATES``, else ``<FlyDSL cache dir>/torch_gates.json``
+  (``$FLYDSL_CACHE_DIR``, ``$XDG_CACHE_HOME/flydsl`` or ``~/.cache/flydsl``).
+  For every (arch, op, dtype) it lists, its rules replace the shipped ones;
+  other keys keep the shipped rules.
+
+File format (``FORMAT``)::
+
+    {"format": "torch_flydsl.gates/1",
+     "rules": [{"arch": "gfx950", "op": "topk", "dtype": "float32",
+                "m": [256, null], "n": [1024, 8192], "k": [2, 16], "k_in": [2, 4, 8, 16],
+                "n_pow2": true, "largest": true, "sorted": true,
+                "source": "calibrated ..."}]}
+
+``null`` is an open end; an (arch, op, dtype) listed with an empty rule set
+closes the gate there (a calibration where FlyDSL never won).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+FORMAT = "torch_flydsl.gates/1"
+OPS = ("rms_norm", "rms_norm_backward", "topk")
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+_UPSTREAM = "/work/shared/reference/gfx950.md"
+SRC_RMS = (
+    f"upstream torch 2.15 FlyDSL RMSNorm forward dispatch region, MI355X ({_UPSTREAM}: "
+    "'Published dispatch regions of the upstream eager overrides')"
+)
+SRC_RMS_BWD = (
+    "assumption: the upstream forward region reused for the backward (upstream left the "
+    "backward on ATen and published no backward figures); replace with `torch_flydsl calibrate`"
+)
+SRC_TOPK_SMALL = (
+    f"upstream torch 2.15 FlyDSL TopK small-K region, MI355X, fp32 largest sorted, M >= CUs "
+    f"({_UPSTREAM})"
+)
+SRC_TOPK_RADIX = (
+    f"upstream torch 2.15 FlyDSL TopK radix region, MI355X, fp32 largest sorted, M >= CUs "
+    f"({_UPSTREAM})"
+)
+SRC_CPU = "CPU test backend: open gate so that the dispatch path runs (no performance claim)"
+#: gfx950 compute units: the upstream TopK regions need a full wave of rows
+GFX950_CUS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    arch: str
+    op: str
+    dtype: str
+    m: tuple[int | None, int | None] = (None, None)
+    n: tuple[int | None, int | None] = (None, None)
+    k: tuple[int | None, int | None] = (None, None)
+    k_in: frozenset[int] | None = None
+    n_pow2: bool = False
+    largest: bool | None = None
+    sorted: bool | None = None
+    source: str = ""
+
+    def holds(self, m: int, n: int, k: int, largest: bool, sorted_: bool) -> bool:
+        lo, hi = self.m
+        if (lo is not None and m < lo) or (hi is not None and m > hi):
+            return False
+        lo, hi = self.n
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            return False
+        lo, hi = self.k
+        if (lo is not None and k < lo) or (hi is not None and k > hi):
+            return False
+        if self.k_in is not None and k not in self.k_in:
+            return False
+        if self.n_pow2 and n & (n - 1):
+            return False
+        if self.largest is not None and largest != self.largest:
+            return False
+        return self.sorted is None or sorted_ == self.sorted
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["m"], d["n"], d["k"] = list(self.m), list(self.n), list(self.k)
+        d["k_in"] = sorted(self.k_in) if self.k_in is not None else None
+        return {k: v for k, v in d.items() if v is not None and v is not False}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Rule:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown gate rule fields {sorted(unknown)}")
+        if d.get("op") not in OPS:
+            raise ValueError(f"gate rule op {d.get('op')!r} is not one of {OPS}")
+        if d.get("dtype") not in _DTYPES:
+            raise ValueError(f"gate rule dtype {d.get('dtype')!r} is not one of {list(_DTYPES)}")
+
+        def rng(v):
+            if v is None:
+                return (None, None)
+            lo, hi = v
+            return (None if lo is None else int(lo), None if hi is None else int(hi))
+
+        return cls(
+            arch=str(d["arch"]),
+            op=d["op"],
+            dtype=d["dtype"],
+            m=rng(d.get("m")),
+            n=rng(d.get("n")),
+            k=rng(d.get("k")),
+            k_in=frozenset(int(x) for x in d["k_in"]) if d.get("k_in") is not None else None,
+            n_pow2=bool(d.get("n_pow2", False)),
+            largest=d.get("largest"),
+            sorted=d.get("sorted"),
+            source=str(d.get("source", "")),
+        )
+
+
+def _shipped() -> list[Rule]:
+    rules = []
+    for dt in DTYPE_NAMES.values():
+        for op, src in (("rms_norm", SRC_RMS), ("rms_norm_backward", SRC_RMS_BWD)):
+            rules += [
+                Rule("gfx950", op, dt, m=(8192, None), n=(4096, 8191), source=src),
+                Rule("gfx950", op, dt, m=(4096, None), n=(8192, 16383), source=src),
+                Rule("gfx950", op, dt, m=(2048, None), n=(16384, 114688), source=src),
+            ]
+        for op in OPS:
+            rules.append(Rule("cpu", op, dt, source=SRC_CPU))
+    fp32 = dict(arch="gfx950", op="topk", dtype="float32", m=(GFX950_CUS, None))
+    fp32.update(largest=True, sorted=True)
+    rules.append(
+        Rule(
+            **fp32,
+            n=(1024, 8192),
+            k=(2, 16),
+            k_in=frozenset({2, 4, 8, 16}),
+            n_pow2=True,
+            source=SRC_TOPK_SMALL,
+        )
+    )
+    for k, n in (
+        ((64, 256), (8192, 32768)),
+        ((257, 383), (16384, 32768)),
+        ((384, 831), (32768, 131072)),
+        ((832, 1024), (32768, 262144)),
+    ):
+        rules.append(Rule(**fp32, n=n, k=k, source=SRC_TOPK_RADIX))
+    return rules
+
+
+#: the shipped rules
+SHIPPED: tuple[Rule, ...] = tuple(_shipped())
+
+
+def local_path() -> Path:
+    """Where the calibrated table lives: ``$FLYDSL_TORCH_GATES`` or the FlyDSL cache dir."""
+    env = os.environ.get("FLYDSL_TORCH_GATES", "").strip()
+    if env:
+        return Path(env).expanduser()
+    try:
+        from flydsl_core.settings import default_cache_dir
+
+        return Path(default_cache_dir()) / "torch_gates.json"
+    except ImportError:  # pragma: no cover - flydsl_core is a dependency
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "flydsl" / "torch_gates.json"
+
+
+def read_table(path: Path) -> list[Rule]:
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {data.get('format')!r}, expected {FORMAT!r}")
+    rules = [Rule.from_json(r) for r in data.get("rules", [])]
+    # an (arch, op, dtype) with no rules is closed: keep the key in "closed"
+    for c in data.get("closed", []):
+        rules.append(Rule.from_json({**c, "m": [1, 0], "source": c.get("source", "closed")}))
+    return rules
+
+
+def write_table(path: Path, rules: list[Rule], closed: list[dict] = ()) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "rules": [r.to_json() for r in rules], "closed": list(closed)}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+class GateTable:
+    """The merged table, indexed by (arch, op, dtype) for a cheap lookup."""
+
+    def __init__(self, shipped=SHIPPED, local: list[Rule] | None = None, local_source=None):
+        idx: dict[tuple, list[Rule]] = {}
+        for r in shipped:
+            idx.setdefault((r.arch, r.op, _DTYPES[r.dtype]), []).append(r)
+        self.local_source = local_source
+        self.local_keys: set[tuple] = set()
+        if local:
+            fresh: dict[tuple, list[Rule]] = {}
+            for r in local:
+                fresh.setdefault((r.arch, r.op, _DTYPES[r.dtype]), []).append(r)
+            idx.update(fresh)
+            self.local_keys = set(fresh)
+        self._idx = {k: tuple(v) for k, v in idx.items()}
+
+    def rules(self, arch: str, op: str, dtype: torch.dtype) -> tuple[Rule, ...]:
+        return self._idx.get((arch, op, dtype), ())
+
+    def allows(self, arch, op, dtype, m, n, k=0, largest=True, sorted_=True) -> bool:
+        return any(r.holds(m, n, k, largest, sorted_) for r in self._idx.get((arch, op, dtype), ()))
+
+    def summary(self) -> dict:
+        out: dict[str, list] = {}
+        for (arch, op, dt), rules in sorted(self._idx.items(), key=lambda kv: str(kv[0])):
+            key = f"{arch}/{op}/{DTYPE_NAMES[dt]}"
+            local = (arch, op, dt) in self.local_keys
+            out[key] = [
+                {**r.to_json(), "from": "local" if local else "shipped"}
+                for r in rules
+                if r.m != (1, 0)
+            ]
+        return out
+
+
+def load() -> GateTable:
+    """Shipped rules, overridden by the local calibrated table where one exists."""
+    path = local_path()
+    if path.is_file():
+        try:
+            return GateTable(local=read_table(path), local_source=str(path))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            import logging
+
+            logging.getLogger("torch_flydsl").warning(
+                "ignoring the local gate table %s: %s", path, e
+            )
+    return GateTable()

@@ -1,0 +1,68 @@
+"""Per-op counters: calls, FlyDSL hits, fallbacks by reason.
+
+Keys are the overridden ATen overloads (``_fused_rms_norm``,
+``_fused_rms_norm_backward``, ``topk``, ``topk.values``).
+Plain int increments on a slotted object: no allocation on the hot path
+beyond the first time a reason appears.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("torch_flydsl")
+
+#: fallback reasons, in the order the predicate checks them
+REASONS = (
+    "subclass",  # tensor subclasses, FakeTensor under torch.compile tracing among them
+    "arch",  # the device's arch is not in the allowed list (or unknown)
+    "dtype",  # an input dtype the kernel does not take
+    "params",  # parameters outside the kernel's support (k, dim, shapes, eps, weight, out=)
+    "empty",  # 0-d or empty tensors (ATen's own edge cases)
+    "layout",  # non-contiguous inputs
+    "span",  # beyond the 32-bit buffer-descriptor span
+    "gate",  # outside the gate table: ATen is faster there
+    "error",  # the kernel raised: logged at warning, ATen's result returned
+)
+
+
+class OpStats:
+    __slots__ = ("calls", "fallbacks", "hits", "name")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.calls = 0
+        self.hits = 0
+        self.fallbacks: dict[str, int] = {}
+
+    def fallback(self, reason: str) -> None:
+        f = self.fallbacks
+        f[reason] = f.get(reason, 0) + 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: ATen fallback (%s)", self.name, reason)
+
+    def as_dict(self) -> dict:
+        return {"calls": self.calls, "hits": self.hits, "fallbacks": dict(self.fallbacks)}
+
+    def reset(self) -> None:
+        self.calls = self.hits = 0
+        self.fallbacks = {}
+
+
+_STATS: dict[str, OpStats] = {}
+
+
+def get(name: str) -> OpStats:
+    s = _STATS.get(name)
+    if s is None:
+        s = _STATS[name] = OpStats(name)
+    return s
+
+
+def snapshot() -> dict[str, dict]:
+    return {k: v.as_dict() for k, v in _STATS.items()}
+
+
+def reset() -> None:
+    for s in _STATS.values():
+        s.reset()

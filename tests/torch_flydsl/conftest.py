@@ -1,0 +1,28 @@
+"""Fixtures of the torch-flydsl tests: the CPU test backend, switched on per test."""
+
+import pytest
+import torch
+
+import torch_flydsl
+
+
+@pytest.fixture
+def cpu_backend(monkeypatch, tmp_path):
+    """torch_flydsl enabled on the CPU key (reference backend), stats reset; off afterwards."""
+    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "no_local_table.json"))
+    monkeypatch.delenv("FLYDSL_TORCH_PRECEDENCE", raising=False)
+    torch_flydsl.disable()
+    torch_flydsl.enable(device="cpu")
+    torch_flydsl.reset_stats()
+    torch.manual_seed(0)
+    yield torch_flydsl
+    torch_flydsl.disable()
+    torch_flydsl.reset_stats()
+
+
+@pytest.fixture
+def deterministic():
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(prev)
