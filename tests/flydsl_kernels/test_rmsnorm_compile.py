@@ -9,21 +9,21 @@ bf16 forward row kernel, N = 8192, one row per program (``fwd_row``):
 =========  ====================  ============================  ==============
 num_warps  ours: VGPR / instr    hand-written Triton 3.9 [*]   loads / stores
 =========  ====================  ============================  ==============
-4 (ship)   58 / 239              59 / 237 (run-time stride)    8 x dwordx4 / 4 x dwordx4 (+ rstd)
-8          36 / 154              38 / 158                      4 / 2
-16         21 / 113              20 / 119                      2 / 1
+4 (ship)   58 / 235              59 / 237                      8 x dwordx4 / 4 x dwordx4 (+ rstd)
+8          36 / 152              38 / 158                      4 / 2
+16         21 / 114              20 / 119                      2 / 1
 =========  ====================  ============================  ==============
 
 [*] ``HANDWRITTEN`` below, compiled with the same divisibility / pointer-range
-hints; with a compile-time row stride it gives 241 / 160 / 118. Ours is
-within two instructions of the best hand-written form at 4 warps (LLVM turns
-the disjoint ``row * 8192 + col`` into an ``or`` that it then cannot fuse
-with the shift into ``v_add_lshl_u32``: four ``v_or`` + four ``v_lshl``
-instead of four ``v_add_lshl``) and better at 8 and 16. The brief's 220 /
-55 figure for hand-written Triton could not be reproduced (237-248 at 4
-warps, depending on masks and ``1/sqrt`` vs ``rsqrt``); the pins below are
-our measured counts with a small margin, and the comparison is against the
-hand-written kernel compiled in the same test.
+hints and a run-time row stride (with a compile-time stride it gives 241 /
+160 / 118). Ours passes the row stride at run time too when it is a multiple
+of 16 (``configs.row_stride_args``): with the constant 8192 LLVM turns the
+disjoint ``row * 8192 + col`` into an ``or`` it cannot fold into the address
+shift, which cost 4 instructions. The brief's 220 / 55 figure for
+hand-written Triton could not be reproduced (237-248 at 4 warps, depending on
+masks and ``1/sqrt`` vs ``rsqrt``); the pins below are our measured counts
+with a small margin, and the comparison is against the hand-written kernel
+compiled in the same test.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.compile
 
 BF16 = torch.bfloat16
 #: our measured instruction counts (see the table above); a regression of more than the margin fails
-PINNED_ROW_8192 = {4: 239, 8: 154, 16: 113}
+PINNED_ROW_8192 = {4: 235, 8: 152, 16: 114}
 MARGIN = 3
 
 
@@ -98,12 +98,14 @@ def test_row_kernel_8192_bf16_vs_handwritten_triton():
         assert r.store_widths_bits == {128: per_lane, 32: 1}, r.store_widths_bits  # y and rstd
         assert r.scratch_bytes == 0 and r.vgpr <= 64 and r.occupancy == 8
         assert r.instruction_count <= pinned + MARGIN, (nw, r.instruction_count)
-        assert r.instruction_count <= hand.instruction_count + 2, (
+        # no worse than the hand-written kernel: fewer instructions at every width, and no
+        # more VGPRs at the shipped one (one more at 16 warps, where both need about 20)
+        assert r.instruction_count <= hand.instruction_count, (
             nw,
             r.instruction_count,
             hand.instruction_count,
         )
-        assert r.vgpr <= hand.vgpr + 2
+        assert r.vgpr <= hand.vgpr + (0 if nw == shipped.num_warps else 1), (nw, r.vgpr, hand.vgpr)
 
 
 # bf16 rows with N % 8 == 0 (some not % 16): every row access is 128-bit.

@@ -125,10 +125,15 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
         None if res_out is None else res_out.view(-1),
         rstd,
     ]
-    common = dict(N=n, SX=sx, SR=sr, MODE=mode, target=_target(x, target), options=cfg.options())
+    common = dict(N=n, MODE=mode, target=_target(x, target), options=cfg.options())
     if cfg.kernel == "fwd_rows":
+        common.update(SX=sx, SR=sr)
         kern[(math.ceil(m / cfg.R),)](*flat, m, float(eps), **common, **cfg.constexprs())
+    elif cfg.kernel == "fwd_row":
+        stride, const = configs.row_stride_args(sx, sr, n, x.element_size())
+        kern[(m,)](*flat, stride, float(eps), **common, **const, **cfg.constexprs())
     else:
+        common.update(SX=sx, SR=sr)
         kern[(m,)](*flat, float(eps), **common, **cfg.constexprs())
     return rstd, res_out
 

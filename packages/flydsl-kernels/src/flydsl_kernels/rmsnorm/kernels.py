@@ -138,20 +138,29 @@ def rmsnorm_fwd_row(
     y,
     res_out,
     rstd,
+    s,
     eps,
     N: fly.constexpr,
     BLOCK: fly.constexpr,
     SX: fly.constexpr,
     SR: fly.constexpr,
+    SY: fly.constexpr,
     MODE: fly.constexpr,
 ):
-    """One row per program, held in registers as one ``(BLOCK,)`` tile (``BLOCK >= N``)."""
+    """One row per program, held in registers as one ``(BLOCK,)`` tile (``BLOCK >= N``).
+
+    Row strides: the constexpr ``SX``/``SR``/``SY`` where nonzero, else the one
+    run-time stride ``s`` (``configs.row_stride_args`` picks): a run-time
+    stride that is a multiple of 16 proves the same alignment, and LLVM then
+    folds the row offset into the address shift (``v_add_lshl``) instead of
+    the ``or`` it emits, and cannot fold, for ``row * 8192`` with a constant.
+    """
     row = fly.program_id(0)
     m = _col_mask(BLOCK, N)
-    h = _load(_row(x, row, SX, BLOCK), m).to(fly.fp32)
+    h = _load(_row(x, row, SX or s, BLOCK), m).to(fly.fp32)
     if res is not None:
-        hr = (h + _load(_row(res, row, SR, BLOCK), m).to(fly.fp32)).to(x.dtype)
-        _store(_row(res_out, row, N, BLOCK), hr, m)
+        hr = (h + _load(_row(res, row, SR or s, BLOCK), m).to(fly.fp32)).to(x.dtype)
+        _store(_row(res_out, row, SY or s, BLOCK), hr, m)
         h = hr.to(fly.fp32)
     r = fly.rsqrt(fly.sum(h * h, 0) * (1.0 / N) + eps)
     if rstd is not None:
@@ -159,7 +168,7 @@ def rmsnorm_fwd_row(
     wt = None
     if w is not None:
         wt = _load(w.tile((BLOCK,), 0), m)
-    _store(_row(y, row, N, BLOCK), _apply_weight(h * r, wt, MODE, x.dtype), m)
+    _store(_row(y, row, SY or s, BLOCK), _apply_weight(h * r, wt, MODE, x.dtype), m)
 
 
 @fly.kernel
