@@ -141,6 +141,20 @@ def _cond(c) -> Tile:
     return t if t.dtype.is_bool else t != 0
 
 
+def _open_branch(ctx):
+    """Start recording a branch body: its in-place writes and its new block."""
+    rec = WriteRecorder()
+    ctx.recorders.append(rec)
+    block = ctx.push(Block())
+    rec.blocks.add(id(block))
+    return rec, block
+
+
+def _close_branch(ctx):
+    ctx.pop()
+    ctx.recorders.pop()
+
+
 class if_:
     """A data-dependent branch: ``with fly.if_(cond): ...``, optionally followed by ``fly.else_()``.
 
@@ -153,16 +167,12 @@ class if_:
 
     def __enter__(self):
         ctx = current()
-        self.rec = WriteRecorder()
-        ctx.recorders.append(self.rec)
-        self.block = ctx.push(Block())
-        self.rec.blocks.add(id(self.block))
+        self.rec, self.block = _open_branch(ctx)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         ctx = current()
-        ctx.pop()
-        ctx.recorders.pop()
+        _close_branch(ctx)
         if exc_type is not None:
             return False
         carried = self.rec.carried()
@@ -197,16 +207,12 @@ class else_:
         self.op, self.then_carried, self.then_vals = last
         ctx.last_if = None
         _restore(self.then_carried)
-        self.rec = WriteRecorder()
-        ctx.recorders.append(self.rec)
-        self.block = ctx.push(Block())
-        self.rec.blocks.add(id(self.block))
+        self.rec, self.block = _open_branch(ctx)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         ctx = current()
-        ctx.pop()
-        ctx.recorders.pop()
+        _close_branch(ctx)
         if exc_type is not None:
             return False
         known = {id(h) for h, _ in self.then_carried}
