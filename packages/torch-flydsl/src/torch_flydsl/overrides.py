@@ -271,6 +271,14 @@ def _n(ns) -> int:
 # -- kernels ------------------------------------------------------------------------------------
 
 
+def _run_topk(b: Backend, x, k, dim, largest, sorted_):
+    """The FlyDSL topk for an eligible call (deterministic variant under torch's flag)."""
+    det = torch.are_deterministic_algorithms_enabled()
+    return b.run(
+        x, _kernel("topk"), x, k, dim, largest, sorted_, deterministic=det, target=b.target
+    )
+
+
 def make_topk(b: Backend, orig):
     st = _stat("topk")
     keyset = b.keyset
@@ -280,17 +288,7 @@ def make_topk(b: Backend, orig):
         reason = topk_reason(b, x, k, dim, largest, sorted)
         if reason is None:
             try:
-                out = b.run(
-                    x,
-                    _kernel("topk"),
-                    x,
-                    k,
-                    dim,
-                    largest,
-                    sorted,
-                    deterministic=torch.are_deterministic_algorithms_enabled(),
-                    target=b.target,
-                )
+                out = _run_topk(b, x, k, dim, largest, sorted)
                 st.hits += 1
                 return out
             except Exception as e:
@@ -324,17 +322,7 @@ def make_topk_out(b: Backend, orig):
             reason = "params"
         if reason is None:
             try:
-                v, i = b.run(
-                    x,
-                    _kernel("topk"),
-                    x,
-                    k,
-                    dim,
-                    largest,
-                    sorted,
-                    deterministic=torch.are_deterministic_algorithms_enabled(),
-                    target=b.target,
-                )
+                v, i = _run_topk(b, x, k, dim, largest, sorted)
                 values.copy_(v)
                 indices.copy_(i)
                 st.hits += 1

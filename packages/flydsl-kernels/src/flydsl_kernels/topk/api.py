@@ -70,22 +70,10 @@ def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, tar
     vals = torch.empty((m, k), dtype=x2.dtype, device=dev)
     idx = torch.empty((m, k), dtype=torch.int64, device=dev)
     lg = bool(largest)
-    if plan.kernel == "small":
-        K.topk_small[(m,)](
-            x2,
-            vals,
-            idx,
-            K=k,
-            KP=plan.KP,
-            BLOCK=plan.BLOCK,
-            CHUNKED=plan.CHUNKED,
-            LARGEST=lg,
-            KEY_BITS=kb,
-            **_opts(plan, target),
-        )
-        return vals, idx
-    if plan.kernel == "sort":
-        K.topk_sort[(m,)](
+    if plan.kernel in ("small", "sort"):  # one program per row, straight to the result
+        small = plan.kernel == "small"
+        kern, extra = (K.topk_small, {"CHUNKED": plan.CHUNKED}) if small else (K.topk_sort, {})
+        kern[(m,)](
             x2,
             vals,
             idx,
@@ -94,6 +82,7 @@ def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, tar
             BLOCK=plan.BLOCK,
             LARGEST=lg,
             KEY_BITS=kb,
+            **extra,
             **_opts(plan, target),
         )
         return vals, idx

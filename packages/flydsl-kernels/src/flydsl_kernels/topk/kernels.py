@@ -92,6 +92,18 @@ def _threshold(prefix, digit, KEY_BITS):
     return t.to(fly.int32)
 
 
+def _keys(v, valid, LARGEST, KEY_BITS):
+    """Selection keys of a loaded row tile; lanes past the row get the INT32_MIN sentinel."""
+    return fly.where(valid, order_key(v, LARGEST, KEY_BITS), INT32_MIN)
+
+
+def _store_selected(x, vals, idx, row, sel, K, KP):
+    """Write row ``row``'s K results: values re-read from ``x`` at the chosen indices ``sel``."""
+    keep = fly.arange(0, KP) < K
+    vals[row].tile((KP,), 0).store(x[row][sel].load(mask=keep), mask=keep)
+    idx[row].tile((KP,), 0).store(sel.to(fly.int64), mask=keep)
+
+
 # -- (a) small k: argmax rounds in registers ------------------------------------------------
 
 
@@ -115,7 +127,7 @@ def topk_small(
     sel = fly.zeros((KP,), fly.int32)
     if not CHUNKED:
         v = x[row].tile((BLOCK,), 0).load()
-        s = fly.where(lane < n, order_key(v, LARGEST, KEY_BITS), INT32_MIN)
+        s = _keys(v, lane < n, LARGEST, KEY_BITS)
         for j in fly.static_range(K):
             m = fly.argmax(s, 0)
             sel = fly.where(slot == j, m, sel)
@@ -127,7 +139,7 @@ def topk_small(
         ckey = fly.full((KP,), INT32_MIN, fly.int32)
         for start in fly.range(0, n, BLOCK):
             v = x[row, fly.ds(start, BLOCK)].load()
-            s = fly.where(start + lane < n, order_key(v, LARGEST, KEY_BITS), INT32_MIN)
+            s = _keys(v, start + lane < n, LARGEST, KEY_BITS)
             ck = ckey
             nkey = fly.full((KP,), INT32_MIN, fly.int32)
             nsel = fly.zeros((KP,), fly.int32)
@@ -144,9 +156,7 @@ def topk_small(
                 s = fly.where(~take_c & (lane == bm), INT32_MIN, s)
             ckey.set(nkey)
             sel.set(nsel)
-    keep = slot < K
-    vals[row].tile((KP,), 0).store(x[row][sel].load(mask=keep), mask=keep)
-    idx[row].tile((KP,), 0).store(sel.to(fly.int64), mask=keep)
+    _store_selected(x, vals, idx, row, sel, K, KP)
 
 
 # -- (b) moderate k: one tile top-k -----------------------------------------------------------
@@ -168,11 +178,9 @@ def topk_sort(
     n = x.shape[1]
     lane = fly.arange(0, BLOCK)
     v = x[row].tile((BLOCK,), 0).load()
-    s = fly.where(lane < n, order_key(v, LARGEST, KEY_BITS), INT32_MIN)
+    s = _keys(v, lane < n, LARGEST, KEY_BITS)
     _, sel = fly.topk(s, KP, 0, largest=True)
-    keep = fly.arange(0, KP) < K
-    vals[row].tile((KP,), 0).store(x[row][sel].load(mask=keep), mask=keep)
-    idx[row].tile((KP,), 0).store(sel.to(fly.int64), mask=keep)
+    _store_selected(x, vals, idx, row, sel, K, KP)
 
 
 # -- (c) radix select -----------------------------------------------------------------------------
