@@ -7,6 +7,7 @@ import torch
 
 import flydsl_core as fly
 from flydsl_core import backends
+from flydsl_core.exc import ArgumentError
 from flydsl_core.runtime.binder import generic_key, make_key_fn
 
 pytestmark = pytest.mark.cpu
@@ -111,3 +112,71 @@ def test_keyword_tensors_and_grid_functions(rec):
     )
     assert rec.launches[-1][0] == (3, 1, 1)
     assert rec.launches[-1][1][0] is x
+
+
+def test_grids_normalize_and_bad_grids_fail_even_after_good_ones(rec):
+    k = _kernel()
+    x, o = torch.randn(64), torch.empty(64)
+    for grid, want in [(4, (4, 1, 1)), ((2, 3), (2, 3, 1)), ((4,), (4, 1, 1)), ((1, 2, 3), (1, 2, 3))]:
+        for _ in range(2):  # the second call takes the cached grid
+            k[grid](x, o, 64, 1.0, BLOCK=16, target="recorder")
+            assert rec.launches[-1][0] == want
+    k[(torch.tensor(5),)](x, o, 64, 1.0, BLOCK=16, target="recorder")
+    assert rec.launches[-1][0] == (5, 1, 1)
+    for bad in [(-1,), (1, 2, 3, 4), ()]:
+        with pytest.raises(ArgumentError, match="grid"):
+            k[bad](x, o, 64, 1.0, BLOCK=16, target="recorder")
+
+
+def test_runtime_arguments_mix_positions_and_keywords(rec):
+    k = _kernel()
+    x, o = torch.randn(64), torch.empty(64)
+    for alpha in (2.0, 3.0):
+        k[(4,)](x, o, alpha=alpha, n=64, BLOCK=16, target="recorder")
+        got = rec.launches[-1][1]
+        assert got[0] is x and got[1] is o and got[2] == 64 and got[3] == alpha
+
+
+def _noop_gpu_executable(kernel, target, *tensors, **constexprs):
+    """A real compiled executable for ``target`` whose device side is a recorder (no GPU)."""
+    import types
+
+    ck = kernel.compile(*tensors, target=target, **constexprs)
+    exe = ck.executable
+    runs = []
+
+    def fake(real):
+        return types.SimpleNamespace(
+            run=lambda *a: runs.append(real),
+            function=None,
+            packed_metadata=None,
+            launch_metadata=None,
+        )
+
+    full, fallback = fake("pointer-range"), fake("fallback")
+    exe.compiled = full
+    exe.without_pointer_range = lambda: fallback
+    hooks = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    exe._launcher._bound = (lambda: 0, lambda dev: 0, hooks)
+    return exe, runs
+
+
+def test_gpu_host_checks_reject_cpu_tensors_and_pick_the_2gb_fallback():
+    from flydsl_core.backends.triton.launcher import TritonLaunchError
+
+    @fly.kernel
+    def copy(x: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
+        i = fly.program_id(0)
+        out.tile((BLOCK,), i).store(x.tile((BLOCK,), i).load())
+
+    meta = [torch.empty(256, device="meta") for _ in range(2)]
+    exe, runs = _noop_gpu_executable(copy, "gfx950", *meta, BLOCK=64)
+    assert exe._launcher.tensor_args == [0, 1]
+    exe.launch((4, 1, 1), tuple(meta))
+    assert runs == ["pointer-range"]
+    with pytest.raises(TritonLaunchError, match=r"arguments \[1\] are not GPU tensors"):
+        exe.launch((4, 1, 1), (meta[0], torch.empty(256)))
+    # a view into a storage over 2 GiB must not use 32-bit buffer offsets
+    big = torch.empty(2**31 + 1024, dtype=torch.uint8, device="meta")[:1024].view(torch.float32)
+    exe.launch((4, 1, 1), (big, meta[1]))
+    assert runs[-1] == "fallback"

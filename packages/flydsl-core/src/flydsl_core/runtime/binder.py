@@ -36,7 +36,7 @@ def generic_key(kernel, args, kwargs):
     for i, a in enumerate(args):
         t = type(a)
         if i in kernel._constexpr_pos:
-            key.append(_typed(a))
+            key.append(a if type(a) is int else _typed(a))
         elif t is int:
             key.append((a == 1, a % 16 == 0, -2147483648 <= a < 2147483648))
         elif t is float:
@@ -66,7 +66,8 @@ def make_key_fn(kernel):
         sig.append(f"{n}=_MISSING")
         ann = p.annotation
         if p.name in kernel.constexpr_params:
-            parts.append(f"_typed({n})")  # 2, 2.0 and True are equal but trace differently
+            # 2, 2.0 and True are equal but trace differently; a plain int skips the call
+            parts.append(f"({n} if {n}.__class__ is int else _typed({n}))")
         elif ann is Tensor or ann == "Tensor" or str(ann).endswith(".Tensor"):
             parts.append(_tensor_expr(n, first_tensor))
             first_tensor = False

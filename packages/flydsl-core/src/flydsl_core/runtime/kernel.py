@@ -231,7 +231,11 @@ class Kernel:
 
     def launch(self, grid, *args, **kwargs):
         """Launch on ``grid`` (ints, or a function of the bound arguments)."""
-        # Fast path: a call shaped like an earlier one maps straight to its compiled kernel.
+        return self._launch(grid, args, kwargs)
+
+    def _launch(self, grid, args, kwargs):
+        # Fast path: a call shaped like an earlier one maps straight to its compiled kernel
+        # and to a getter of its run-time arguments.
         try:
             fast = self._key_fn(*args, **kwargs)
             hit = self._fast.get(fast)
@@ -244,13 +248,10 @@ class Kernel:
                     self._fast.clear()
                 self._fast[fast] = hit
         ck, runtime = hit
-        if callable(grid):
-            grid = grid(
-                self.bind(args, {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
-            )
-        if type(grid) is not tuple or len(grid) != 3:
-            grid = _grid(grid)
-        ck.executable.launch(grid, [args[i] if type(i) is int else kwargs[i] for i in runtime])
+        g3 = _GRIDS.get(grid) if type(grid) is tuple or type(grid) is int else None
+        if g3 is None:
+            g3 = _grid_of(self, grid, args, kwargs)
+        ck.executable.launch(g3, runtime(args, kwargs))
         return ck
 
     def _slow_bind(self, args, kwargs):
@@ -279,7 +280,7 @@ class Kernel:
                 raise ArgumentError(
                     f"{self.name}: run-time argument {n} must be passed explicitly, not defaulted"
                 )
-        return ck, tuple(where)
+        return ck, _getter(tuple(where))
 
 
 class _Launcher:
@@ -290,7 +291,7 @@ class _Launcher:
         self.grid = grid
 
     def __call__(self, *args, **kwargs):
-        return self.kernel.launch(self.grid, *args, **kwargs)
+        return self.kernel._launch(self.grid, args, kwargs)
 
 
 _FAST_CACHE_SIZE = 4096
@@ -309,6 +310,32 @@ def _grid(grid) -> tuple[int, int, int]:
     if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
         raise ArgumentError(f"a grid is 1 to 3 non-negative ints, got {grid}")
     return grid + (1,) * (3 - len(grid))
+
+
+#: grids seen before (tuples or ints of plain ints), normalized to 3-tuples: a launch's grid is a
+#: dict lookup rather than a validation loop
+_GRIDS: dict = {}
+
+
+def _grid_of(kernel, grid, args, kwargs) -> tuple[int, int, int]:
+    if callable(grid):
+        bound = kernel.bind(args, {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+        return _grid(grid(bound))
+    g3 = _grid(grid)
+    # only exact ints: 2.0 or a numpy int hash like 2 but must still be validated each time
+    plain = all(type(g) is int for g in ((grid,) if type(grid) is int else grid))
+    if plain and (type(grid) is int or type(grid) is tuple) and len(_GRIDS) < _FAST_CACHE_SIZE:
+        _GRIDS[grid] = g3
+    return g3
+
+
+def _getter(where: tuple):
+    """``f(args, kwargs)`` -> the run-time arguments at ``where`` (positions or keyword names)."""
+    if where == tuple(range(len(where))):
+        n = len(where)
+        return lambda a, k: a[:n]
+    parts = ", ".join(f"a[{w}]" if type(w) is int else f"k[{w!r}]" for w in where)
+    return eval(f"lambda a, k: ({parts}{',' if len(where) == 1 else ''})", {})
 
 
 def _typed(v):
