@@ -117,7 +117,12 @@ def test_keyword_tensors_and_grid_functions(rec):
 def test_grids_normalize_and_bad_grids_fail_even_after_good_ones(rec):
     k = _kernel()
     x, o = torch.randn(64), torch.empty(64)
-    for grid, want in [(4, (4, 1, 1)), ((2, 3), (2, 3, 1)), ((4,), (4, 1, 1)), ((1, 2, 3), (1, 2, 3))]:
+    for grid, want in [
+        (4, (4, 1, 1)),
+        ((2, 3), (2, 3, 1)),
+        ((4,), (4, 1, 1)),
+        ((1, 2, 3), (1, 2, 3)),
+    ]:
         for _ in range(2):  # the second call takes the cached grid
             k[grid](x, o, 64, 1.0, BLOCK=16, target="recorder")
             assert rec.launches[-1][0] == want
