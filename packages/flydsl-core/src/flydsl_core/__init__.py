@@ -39,8 +39,10 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # The layout algebra is re-exported lazily to keep `import flydsl_core` light.
     if name in ("Layout", "Swizzle", "ComposedLayout", "layout"):
-        from . import layout as _layout
+        import importlib
 
+        # not `from . import layout`: that looks the name up here first and recurses
+        _layout = importlib.import_module(f"{__name__}.layout")
         return _layout if name == "layout" else getattr(_layout, name)
     raise AttributeError(f"module 'flydsl_core' has no attribute {name!r}")
 

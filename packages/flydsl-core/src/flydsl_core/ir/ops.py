@@ -192,6 +192,32 @@ def _invert(types, attrs):
     return [a]
 
 
+@op("hint")
+def _hint(types, attrs):
+    """Facts about an integer tile's values, for backends that vectorize on them.
+
+    ``contiguous[d] = c``: along axis ``d`` the values come in aligned runs of
+    ``c`` consecutive integers; ``multiple_of[d] = m``: the first value of
+    every run is divisible by ``m`` (Triton's AxisInfo contiguity and
+    divisibility). One entry per axis (one for a scalar), powers of two. The
+    result equals the operand; the reference backend checks the facts.
+    """
+    (a,) = (_tile(t) for t in types)
+    if not a.dtype.is_int:
+        raise TypeCheckError(f"hint facts describe integer tiles, got {a}")
+    n = max(a.rank, 1)
+    for key in ("contiguous", "multiple_of"):
+        v = attrs[key]
+        if len(v) != n or any(not isinstance(x, int) or x < 1 or x & (x - 1) for x in v):
+            raise TypeCheckError(f"hint {key} must be {n} power(s) of two for {a}, got {v}")
+    c = attrs["contiguous"]
+    if a.rank == 0 and c != (1,):
+        raise TypeCheckError(f"a scalar cannot be contiguous, got contiguous={c}")
+    if any(s % x for s, x in zip(a.shape, c)):
+        raise TypeCheckError(f"hint contiguous runs {c} must divide the shape of {a}")
+    return [a]
+
+
 @op("cast")
 def _cast(types, attrs):
     (a,) = (_tile(t) for t in types)

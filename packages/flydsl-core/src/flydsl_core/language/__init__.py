@@ -2,6 +2,7 @@
 
 from .control import else_, if_, range, static_range, while_
 from .creation import arange, full, full_like, num_programs, ones, program_id, zeros, zeros_like
+from .hints import hint
 from .math import (
     abs,
     bitcast,
@@ -75,6 +76,7 @@ __all__ = [
     "fma",
     "full",
     "full_like",
+    "hint",
     "histogram",
     "if_",
     "isnan",

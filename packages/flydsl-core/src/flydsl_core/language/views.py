@@ -14,12 +14,14 @@ static ``Layout`` that permutes the block (size == cosize), e.g. a swizzle.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from .. import dtypes as dt
 from ..exc import TypeCheckError
 from ..trace.context import current, user_location
 from .creation import arange
+from .hints import hint, static_facts
 from .tile import Tile, as_tile, broadcast_to, cast, emit1, is_number, reshape, unify
 
 
@@ -476,6 +478,9 @@ class LayoutView(View):
         total = broadcast_to(total, shape)
         if outer is not None:
             total = cast(as_tile(outer(total + off0)), idx)
+            facts = _swizzle_facts(self.layout, shape)
+            if facts is not None:
+                total = hint(total, contiguous=facts[0], multiple_of=facts[1])
         elif off0:
             total = total + off0
         elem = _add(total, _index(self.base, idx))
@@ -484,6 +489,34 @@ class LayoutView(View):
         if bounds_check:
             mask = (elem >= 0) & (elem < t.shape[0])
         return offs, mask
+
+
+#: the largest static tile whose swizzled indices are evaluated at trace time for hints
+_MAX_FACT_ELEMS = 1 << 16
+
+
+def _swizzle_facts(layout, shape):
+    """Contiguity and divisibility of a swizzled layout's indices, from their static values
+    (Triton cannot see through the xor); None when the inner layout is not all static."""
+    import torch
+
+    from ..layout import Swizzle
+
+    inner = layout.inner
+    if not isinstance(layout.outer, Swizzle) or math.prod(shape) > _MAX_FACT_ELEMS:
+        return None
+    terms = []
+    for axis, n in enumerate(shape):
+        mode = inner[axis] if inner.rank() else inner
+        vals = [mode(j) for j in range(n)]
+        if not all(isinstance(v, int) for v in vals):
+            return None
+        view = [1] * len(shape)
+        view[axis] = n
+        terms.append(torch.tensor(vals, dtype=torch.int64).reshape(view))
+    flat = sum(terms).broadcast_to(shape).flatten().tolist()
+    vals = torch.tensor([layout.outer(v + layout.offset) for v in flat]).reshape(shape)
+    return static_facts(vals)
 
 
 def _layout_view(self: TensorRef, layout, offset=0) -> LayoutView:

@@ -65,6 +65,8 @@ class Facts:
             if isinstance(sh, Op) and sh.name == "constant":
                 return min(UNBOUNDED, self.divisor(op.operands[0]) << sh.attrs["value"])
             return self.divisor(op.operands[0])
+        if op.name == "hint":
+            return max(op.attrs["multiple_of"][0], self.divisor(op.operands[0]))
         if op.name == "cast" and op.operands[0].type.dtype.is_int:
             return self.divisor(op.operands[0])
         return 1

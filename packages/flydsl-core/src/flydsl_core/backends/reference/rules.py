@@ -183,6 +183,28 @@ def _invert(op, S):
     return step
 
 
+@rule("hint")
+def _hint(op, S):
+    # A false hint would make GPU code silently wrong: the reference checks it.
+    a, r = S[op.operands[0]], S[op.results[0]]
+    contiguous, multiple_of = op.attrs["contiguous"], op.attrs["multiple_of"]
+
+    def step(env, state):
+        x = env[a]
+        env[r] = x
+        v = x.reshape(1) if x.dim() == 0 else x
+        for d, (c, m) in enumerate(zip(contiguous, multiple_of)):
+            runs = v.movedim(d, -1).unflatten(-1, (-1, c)).long()
+            if c > 1 and not bool((runs.diff(dim=-1) == 1).all()):
+                _fail(op, f"hint: axis {d} is not made of runs of {c} consecutive values", state)
+            if m > 1 and not bool((runs[..., 0] % m == 0).all()):
+                _fail(
+                    op, f"hint: axis {d} has a run starting at a value not divisible by {m}", state
+                )
+
+    return step
+
+
 @rule("cast")
 def _cast(op, S):
     a, r = S[op.operands[0]], S[op.results[0]]

@@ -717,6 +717,26 @@ def cast_expr(cx: Lowering, x: str, src: dt.DType, to: dt.DType) -> str:
     return f"{x}.to({t})"
 
 
+@lower("hint")
+def _hint_op(cx: Lowering, op: Op):
+    # tl.multiple_of / tl.max_contiguous set AxisInfo divisibility and contiguity, which
+    # decide vector widths where Triton's own analysis cannot see them (xor swizzles).
+    (a,) = op.operands
+    c, m = op.attrs["contiguous"], op.attrs["multiple_of"]
+    if a.type.shape == ():
+        expr = cx.full(a)
+        if m[0] > 1:
+            expr = f"tl.multiple_of({expr}, {m[0]})"
+        cx.define(op.results[0], expr, (), op.loc)
+        return
+    expr = cx.full(a)
+    if any(x > 1 for x in m):
+        expr = f"tl.multiple_of({expr}, {list(m)})"
+    if any(x > 1 for x in c):
+        expr = f"tl.max_contiguous({expr}, {list(c)})"
+    cx.define(op.results[0], expr, loc=op.loc)
+
+
 @lower("cast")
 def _cast(cx: Lowering, op: Op):
     (a,) = op.operands
