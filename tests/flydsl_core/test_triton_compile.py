@@ -263,12 +263,11 @@ def test_dot_scaled_compiles(target):
     )
     exe = scaled_kernel.compile(*args, target=target).executable
     r = exe.report
+    assert r.matrix_ops
     if target == "sm90":
-        # emulated (bf16 wgmma); read the PTX: the report's parser misses wgmma after an
-        # inline-asm block here
-        assert "wgmma.mma_async" in exe.stages()["ptx"]
-    else:
-        assert r.matrix_ops
+        # emulated: the scales applied in registers, then bf16 wgmma (the PTX closes its
+        # inline-asm blocks in column 0, which the parser must not take for the entry's end)
+        assert all(op.startswith("wgmma.mma_async") for op in r.matrix_ops), r.matrix_ops
     if target == "gfx950":  # native MX on CDNA4
         assert set(r.matrix_ops) <= {
             "v_mfma_scale_f32_32x32x64_f8f6f4",

@@ -808,9 +808,14 @@ def _ptx_statements(ptx: str):
     if start is not None:
         open_ = next((i for i in range(start, len(lines)) if lines[i].rstrip() == "{"), None)
         if open_ is not None:
-            close = next(
-                (i for i in range(open_ + 1, len(lines)) if lines[i].rstrip() == "}"), len(lines)
-            )
+            # Count braces: inline-asm blocks open indented but may close in column 0.
+            close, depth = len(lines), 0
+            for i in range(open_ + 1, len(lines)):
+                code = lines[i].split("//", 1)[0]
+                depth += code.count("{") - code.count("}")
+                if depth < 0:
+                    close = i
+                    break
             lines = lines[open_ + 1 : close]
     kept = []
     for l in lines:
