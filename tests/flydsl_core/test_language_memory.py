@@ -651,3 +651,20 @@ def test_run_time_sizes_and_strides(make):
     out = torch.full((5,), SENTINEL, dtype=torch.int32)
     sizes_kernel[(1,)](x, out, target=T)
     assert out.tolist() == [x.shape[0], x.shape[1], x.numel(), x.stride(0), x.stride(1)]
+
+
+@fly.kernel
+def report_static_strides(x: fly.Tensor, out: fly.Tensor):
+    known = [x.static_stride(d) for d in range(2)]
+    vals = [-1 if s is None else s for s in known]
+    out[fly.ds(0, 2)].store(fly.where(fly.arange(0, 2) == 0, vals[0], vals[1]))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_static_stride_reports_the_specialized_unit_stride(transpose):
+    x = torch.randn(6, 10)
+    x = x.t() if transpose else x
+    out = torch.zeros(2, dtype=torch.int32)
+    report_static_strides[(1,)](x, out)
+    # only a stride of 1 is specialized into a constant; the other is a run-time value
+    assert out.tolist() == ([1, -1] if transpose else [-1, 1])

@@ -385,9 +385,18 @@ class TensorRef(View):
     """A kernel's tensor argument as seen while tracing."""
 
     def __init__(
-        self, name: str, value, dtype: dt.DType, shape: tuple, stride: tuple, index_dtype: dt.DType
+        self,
+        name: str,
+        value,
+        dtype: dt.DType,
+        shape: tuple,
+        stride: tuple,
+        index_dtype: dt.DType,
+        static_strides: tuple = (),
     ):
         self.name = name
+        # strides the specialization fixed (a stride of 1), as ints; None where run-time
+        self._static_strides = tuple(static_strides) or (None,) * len(stride)
         self._v = value
         self._dtype = dtype
         self._shape = tuple(shape)  # scalar tiles or ints
@@ -409,6 +418,13 @@ class TensorRef(View):
 
     def size(self, dim: int):
         return self._shape[dim]
+
+    def static_stride(self, dim: int) -> int | None:
+        """The stride of ``dim`` if the specialization made it a compile-time constant (the
+        launcher specializes a stride of 1), else None: lets a kernel choose its access per
+        layout at trace time."""
+        s = self.stride[dim]
+        return s if isinstance(s, int) else self._static_strides[dim]
 
     def numel(self):
         n = 1

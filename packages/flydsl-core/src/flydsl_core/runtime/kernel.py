@@ -375,7 +375,8 @@ def _tensor_param(name: str, s: ArgSpec, params: list[Param]) -> TensorRef:
             Param(f"{name}.stride{d}", "stride", v, of=name, dim=d, facts=dict(s.stride_facts[d]))
         )
         strides.append(Tile(v))
-    return TensorRef(name, tv, s.dtype, tuple(sizes), tuple(strides), idx)
+    known = tuple(dict(f).get("value") for f in s.stride_facts)
+    return TensorRef(name, tv, s.dtype, tuple(sizes), tuple(strides), idx, static_strides=known)
 
 
 def kernel(fn=None, *, name: str | None = None, static_dims: dict | None = None, pipeline=None):

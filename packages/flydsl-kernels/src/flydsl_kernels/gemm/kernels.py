@@ -122,16 +122,39 @@ def _epilogue(
     out[bz, fly.ds(m0, BM), fly.ds(n0, BN)].store(acc, mask, bounds_check=False)
 
 
-def _mainloop(acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES):
-    """``acc += a[ab, m0:+BM, k0:k1] @ b[bb, k0:k1, n0:+BN]`` (masks: rows, columns, K tail)."""
+def _rows(t, dim, start, size, end, mask):
+    """Index and load mask of ``size`` rows (or columns) from ``start`` along ``dim`` of ``t``.
+
+    Off the contiguous axis the indices are clamped to ``end - 1``: the reads stay in bounds,
+    the rows past ``end`` compute values the store masks off, and the K loop carries no mask
+    (on gfx950 a masked buffer load costs a ``v_cndmask`` per load per K tile). Along the
+    unit-stride axis clamping would break the 128-bit loads, so that axis keeps its mask.
+    """
+    if end is None or t.static_stride(dim) == 1:
+        return fly.ds(start, size), mask
+    return fly.minimum(start + fly.arange(0, size), end - 1), None
+
+
+def _mainloop(
+    acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES,
+    m_end=None, n_end=None,
+):  # fmt: skip
+    """``acc += a[ab, m0:+BM, k0:k1] @ b[bb, k0:k1, n0:+BN]`` (masks: rows, columns, K tail).
+
+    With ``m_end`` / ``n_end`` (the row / column bounds) the operand rows are clamped
+    instead of masked where that keeps the loads wide (``_rows``).
+    """
+    ri, ma0 = _rows(a, 1, m0, BM, m_end, rmask)
+    ci, mb0 = _rows(b, 2, n0, BN, n_end, cmask)
     for k in fly.range(k0, k1, BK, stages=STAGES):
-        ma, mb = rmask[:, None], cmask[None, :]
+        ma = None if ma0 is None else ma0[:, None]
+        mb = None if mb0 is None else mb0[None, :]
         if not EVEN_K:
             kk = k + fly.arange(0, BK)
-            ma = ma & (kk < K)[None, :]
-            mb = mb & (kk < K)[:, None]
-        at = a[ab, fly.ds(m0, BM), fly.ds(k, BK)].load(ma, bounds_check=False)
-        bt = b[bb, fly.ds(k, BK), fly.ds(n0, BN)].load(mb, bounds_check=False)
+            ma = _and(ma, (kk < K)[None, :])
+            mb = _and(mb, (kk < K)[:, None])
+        at = a[ab, ri, fly.ds(k, BK)].load(ma, bounds_check=False)
+        bt = b[bb, fly.ds(k, BK), ci].load(mb, bounds_check=False)
         acc += fly.dot(at, bt)
 
 
@@ -180,7 +203,9 @@ def gemm_kernel(
     cmask = n0 + fly.arange(0, BN) < N
     acc = fly.zeros((BM, BN), fly.fp32)
     if SPLIT_K == 1:
-        _mainloop(acc, a, b, bz, bz, m0, n0, rmask, cmask, 0, K, K, BM, BN, BK, EVEN_K, STAGES)
+        _mainloop(
+            acc, a, b, bz, bz, m0, n0, rmask, cmask, 0, K, K, BM, BN, BK, EVEN_K, STAGES, M, N
+        )
         _epilogue(
             acc, out, bz, m0, n0, rmask, cmask, c, bias, res, alpha, beta,
             BM, BN, HAS_ALPHA, BIAS, ACT,
@@ -191,7 +216,9 @@ def gemm_kernel(
         chunk = (((K + (BK - 1)) // BK + (SPLIT_K - 1)) // SPLIT_K) * BK
         k0 = s * chunk
         k1 = fly.minimum(k0 + chunk, K)
-        _mainloop(acc, a, b, bz, bz, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES)
+        _mainloop(
+            acc, a, b, bz, bz, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES, M, N
+        )
         mask = rmask[:, None] & cmask[None, :]
         out[bz * SPLIT_K + s, fly.ds(m0, BM), fly.ds(n0, BN)].store(acc, mask, bounds_check=False)
 
@@ -310,7 +337,10 @@ def grouped_gemm_kernel(
         cmask = n0 + fly.arange(0, BN) < n_end
         acc = fly.zeros((BM, BN), fly.fp32)
         # ragged K: the group's K chunk ends anywhere, so its tail is masked against k1
-        _mainloop(acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, k1, BM, BN, BK, EVEN_K, STAGES)
+        _mainloop(
+            acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, k1, BM, BN, BK, EVEN_K, STAGES,
+            m_end, n_end,
+        )  # fmt: skip
         mask = rmask[:, None] & cmask[None, :]
         if HAS_BIAS:
             # bias is (G, N): one row per group (2-D x 3-D and 3-D x 3-D forms)
