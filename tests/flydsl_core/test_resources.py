@@ -391,3 +391,40 @@ def test_amd_occupancy_model():
     )
     # more than a workgroup may have: does not fit at all
     assert amd_occupancy(g950, vgprs=32, lds_bytes=161 * 1024, num_warps=4)[0]["lds"] == 0
+
+
+_NESTED = """\
+\t.text
+\t.globl\tk
+\t.type\tk,@function
+k:
+\ts_mov_b32 s0, 0
+.LBB0_1:
+\ts_add_i32 s0, s0, 1
+.LBB0_2:
+\tds_read_b128 v[0:3], v4
+\tv_mfma_f32_32x32x16_bf16 v[8:23], v[0:3], v[0:3], v[8:23]
+\ts_cmp_lt_i32 s1, 4
+\ts_cbranch_scc1 .LBB0_2
+\tbuffer_store_dword v8, off, s[4:7], 0
+\ts_cmp_lt_i32 s0, 8
+\ts_cbranch_scc1 .LBB0_1
+\ts_endpgm
+.Lfunc_end0:
+"""
+
+
+def test_loops_are_counted_and_the_matrix_loop_is_the_innermost_with_mfma():
+    r = parse_amdgcn(_NESTED, "gfx950", shared_bytes=0)
+    assert r.loop_instructions == [4, 8]  # inner (ds_read..branch), outer (includes inner)
+    assert r.matrix_loop_instructions == 4
+    copy = _report("gfx950/copy")
+    assert copy.matrix_loop_instructions is None
+
+
+@pytest.mark.parametrize("target", ["gfx950", "sm90"])
+def test_a_matmul_k_loop_holds_its_matrix_ops(target):
+    r = _report(f"{target}/loop")
+    assert r.loop_instructions, r.loop_instructions
+    assert 0 < r.matrix_loop_instructions <= r.instruction_count
+    assert _report(f"{target}/mm128").loop_instructions == []  # one tile: no loop

@@ -109,6 +109,10 @@ class ResourceReport:
     load_widths_bits: dict[int, int] = field(default_factory=dict)  # bits per lane -> count
     store_widths_bits: dict[int, int] = field(default_factory=dict)
     direct_to_lds_loads: int = 0  # global->LDS without registers (AMD *_lds*, NVIDIA cp.async)
+    # loops: a label and a later branch back to it; an outer loop's count includes its inner ones
+    loop_instructions: list[int] = field(default_factory=list)  # per loop, in code order
+    # the smallest loop holding a matrix op: a GEMM's K loop (also inside a persistent tile loop)
+    matrix_loop_instructions: int | None = None
     # ds_read*/ds_load* (AMD); ld.shared, ldmatrix (NVIDIA)
     lds_reads: dict[str, int] = field(default_factory=dict)
     lds_writes: dict[str, int] = field(default_factory=dict)
@@ -148,6 +152,40 @@ def _align(n: int, g: int) -> int:
 
 def _hist(c: Counter) -> dict:
     return dict(sorted(c.items(), key=lambda kv: (str(type(kv[0])), kv[0])))
+
+
+class _Loops:
+    """Loops of an instruction stream: fed labels and instructions in order, a branch to an
+    earlier label closes a loop spanning from that label to the branch."""
+
+    def __init__(self):
+        self.labels: dict[str, int] = {}
+        self.n = 0
+        self.matrix_at: list[int] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def label(self, name: str):
+        self.labels[name] = self.n
+
+    def instruction(self, matrix: bool = False, branch_to: str | None = None):
+        if matrix:
+            self.matrix_at.append(self.n)
+        self.n += 1
+        start = self.labels.get(branch_to) if branch_to else None
+        if start is not None:
+            self.spans.append((start, self.n))
+
+    def fields(self) -> dict:
+        sizes = [b - a for a, b in self.spans]
+        with_mma = [b - a for a, b in self.spans if any(a <= i < b for i in self.matrix_at)]
+        return {
+            "loop_instructions": sizes,
+            "matrix_loop_instructions": min(with_mma) if with_mma else None,
+        }
+
+
+_AMD_LABEL = re.compile(r"^\s*([.\w$]+):")
+_AMD_BRANCH = re.compile(r"^s_(?:c?branch)\w*$")
 
 
 class _Mix:
@@ -381,10 +419,14 @@ def _amd_body(lines: list[str], name: str | None) -> list[str]:
     return lines[start + 1 : end]
 
 
-def _amd_instructions(body: list[str]):
-    """(mnemonic, operands) of each real instruction: no directives, labels or comments."""
+def _amd_instructions(body: list[str], labels: bool = False):
+    """(mnemonic, operands) of each real instruction: no directives, labels or comments
+    (with ``labels``, a label is yielded as ``(None, name)``)."""
     for raw in body:
         line = raw.split(";", 1)[0].split("//", 1)[0].strip()
+        if labels and (m := _AMD_LABEL.match(line)):
+            yield None, m.group(1)
+            continue
         if not line or line.startswith(".") or line.endswith(":"):
             continue
         mnem, _, ops = line.partition(" ")
@@ -560,6 +602,13 @@ def parse_amdgcn(
 
     # -- instruction mix ---------------------------------------------------
     body = _amd_body(lines, name)
+    loops = _Loops()
+    for mnem, ops in _amd_instructions(body, labels=True):
+        if mnem is None:
+            loops.label(ops)
+        else:
+            target = ops.split(",")[-1].strip() if _AMD_BRANCH.match(mnem) else None
+            loops.instruction(mnem.startswith(("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")), target)
     n_instr = 0
     mix = _Mix()
     matrix, gl, gs, lw, sw, dr, dw, drw, dww = mix.counters
@@ -640,6 +689,7 @@ def parse_amdgcn(
         code_bytes=comments.get("codeLenInByte"),
         direct_to_lds_loads=direct,
         **mix.fields(),
+        **loops.fields(),
         reasons={
             **reasons,
             "spill_store_bytes": "AMD reports spill counts, not bytes",
@@ -801,8 +851,9 @@ def _ptx_width(parts: list[str]) -> int | None:
     return None if bits is None else vec * bits
 
 
-def _ptx_statements(ptx: str):
-    """(opcode, operands) of each statement in the body of the (first) .entry."""
+def _ptx_statements(ptx: str, labels: bool = False):
+    """(opcode, operands) of each statement in the body of the (first) .entry (with
+    ``labels``, each label as ``(None, name)`` before the statement it marks)."""
     lines = ptx.splitlines()
     start = next((i for i, l in enumerate(lines) if ".entry" in l.split("//")[0]), None)
     if start is not None:
@@ -827,7 +878,9 @@ def _ptx_statements(ptx: str):
     text = re.sub(r"/\*.*?\*/", "", "\n".join(kept), flags=re.S)
     for stmt in text.split(";"):
         s = stmt.strip().lstrip("{}").strip()
-        while _PTX_LABEL.match(s):
+        while m := _PTX_LABEL.match(s):
+            if labels:
+                yield None, m.group(0)[:-1]
             s = _PTX_LABEL.sub("", s, count=1).strip()
         s = s.lstrip("{}").strip()
         if not s or s.startswith("."):
@@ -935,6 +988,13 @@ def parse_ptx(
     elif lds is None:
         reasons["occupancy"] = "shared-memory limit not applied (dynamic shared memory unknown)"
 
+    loops = _Loops()
+    for op, ops in _ptx_statements(ptx_text, labels=True):
+        if op is None:
+            loops.label(ops)
+        else:
+            mma = op.startswith(("wgmma.mma_async", "tcgen05.mma")) or op.split(".")[0] == "mma"
+            loops.instruction(mma, ops.strip() if op.split(".")[0] == "bra" else None)
     n_instr = 0
     mix = _Mix()
     matrix, gl, gs, lw, sw, dr, dw, drw, dww = mix.counters
@@ -1009,6 +1069,7 @@ def parse_ptx(
         code_bytes=code_bytes,
         direct_to_lds_loads=direct,
         **mix.fields(),
+        **loops.fields(),
         reasons=reasons,
         warnings=tuple(warnings),
     )
