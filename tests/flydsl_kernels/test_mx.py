@@ -181,6 +181,88 @@ def test_round_trip_within_element_precision(elem):
     assert torch.isnan(from_mx(q, s2, elem)[0, :32]).all()
 
 
+# -- the FlyDSL dequantizer: bit-exact against the reference -----------------------------------
+
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dequant_inputs(m: int, k: int, elem, seed: int = 0):
+    """Random element and scale bytes (every code, NaN / Inf elements and 0xFF scales among
+    them), with a row of edge cases when there is room: every element code under the extreme
+    scales, blocks of zeros and -0."""
+    fmt = elem_format(elem)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 256, (m, k // fmt.per_byte), generator=g, dtype=torch.uint8)
+    s = torch.randint(0, 256, (m, k // 32), generator=g, dtype=torch.uint8)
+    if m and k:
+        edge = torch.tensor([0, 1, 2, 0xFE, 0xFF, 127, 127 - 16, 127 + 16], dtype=torch.uint8)
+        s[0, : min(k // 32, 8)] = edge[: k // 32]
+        codes = torch.arange(0, 256 if fmt.per_byte == 1 else 16, dtype=torch.uint8)
+        if fmt.per_byte == 2:
+            codes = codes[0::2] | (codes[1::2] << 4)
+        row = q[0].view(-1)
+        row[: min(len(row), len(codes))] = codes[: len(row)]
+        if k >= 64:
+            q[-1, : 32 // fmt.per_byte] = 0  # a block of zeros ...
+            q[-1, 32 // fmt.per_byte : 64 // fmt.per_byte] = 0x80 if fmt.per_byte == 1 else 0x88
+    return q.view(elem), s.view(torch.float8_e8m0fnu)
+
+
+def assert_same_values(got, want):
+    """Same dtype, shape and bits, except that NaNs need only sit at the same places."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bad = reference.mismatches(got, want).nonzero()
+    assert bad.numel() == 0, (
+        f"values differ at {bad[:4].tolist()}: got {got[tuple(bad[0])].item()!r}, "
+        f"want {want[tuple(bad[0])].item()!r}"
+    )
+
+
+DEQUANT_SHAPES = ((1, 32), (3, 96), (5, 256), (2, 4096), (0, 64))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=("fp32", "bf16", "fp16"))
+@pytest.mark.parametrize("elem", ELEMS, ids=("e4m3", "e5m2", "e2m1"))
+@pytest.mark.parametrize("shape", DEQUANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_from_mx_bit_exact(shape, elem, out_dtype, target):
+    q, s = dequant_inputs(*shape, elem, seed=shape[0] * 7 + shape[1])
+    got = from_mx(q, s, elem, out_dtype=out_dtype, target=target)
+    want = reference.from_mx(q, s, elem, out_dtype=out_dtype)
+    assert_same_values(got, want)
+    if shape[0] and shape[1] >= 256:
+        # the bytes reach what the test is about: NaN, Inf and subnormal results
+        tiny = (want != 0) & (want.abs() < torch.finfo(out_dtype).tiny)
+        assert torch.isnan(want).any() and torch.isinf(want).any() and tiny.any()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("elem", ELEMS, ids=("e4m3", "e5m2", "e2m1"))
+def test_from_mx_of_to_mx_hard_inputs(elem, target):
+    """Blocks of zeros, subnormals, ties and the saturation edge, as the quantizer stores them;
+    leading dims and uint8 views are accepted."""
+    x = hard_inputs(6, 128, elem, seed=11)
+    q, s = reference.to_mx(x, elem)
+    for out_dtype in OUT_DTYPES:
+        got = from_mx(q.view(2, 3, -1), s.view(2, 3, -1), elem, out_dtype=out_dtype, target=target)
+        want = reference.from_mx(q, s, elem, out_dtype=out_dtype).view(2, 3, 128)
+        assert_same_values(got, want)
+    got = from_mx(q.view(torch.uint8), s.view(torch.uint8), elem, target=target)
+    assert_same_values(got, reference.from_mx(q, s, elem))
+
+
+def test_from_mx_rejects_what_it_does_not_support():
+    q, s = to_mx(torch.randn(2, 64), torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="out_dtype must be fp32, bf16 or fp16"):
+        from_mx(q, s, torch.float8_e4m3fn, out_dtype=torch.float64)
+    with pytest.raises(ValueError, match="do not match elements"):
+        from_mx(q, s[:, :1], torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="e2m1 elements must be"):
+        from_mx(q, s, FP4)
+    with pytest.raises(ValueError, match="block size 16 is not supported"):
+        from_mx(q, s, torch.float8_e4m3fn, block=16)
+
+
 # -- the MX GEMM ----------------------------------------------------------------------------------
 
 GEMM_FORMATS = (("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"), ("e5m2", "e4m3"))

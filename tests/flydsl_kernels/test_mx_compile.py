@@ -18,6 +18,11 @@ scales in, 128 x v_mfma_f32_32x32x8_bf16 per K tile, 256 VGPR (occupancy 1),
 The quantizer (bf16 in, 2048 elements per program, 4 warps): 128-bit loads,
 64-bit fp8 stores (32-bit for packed fp4), 59 VGPR, no LDS beyond the
 reduction's few bytes, about 440 instructions.
+
+The dequantizer (M=32, K=4096, same tiling): 64-bit fp8 element loads (32-bit
+for packed fp4), 128-bit stores; to bf16 40 VGPR, 428-458 instructions, no
+LDS; to fp32 45 VGPR, 479 instructions, 8 KiB LDS (a layout conversion before
+the stores); no scratch.
 """
 
 from __future__ import annotations
@@ -66,8 +71,22 @@ def test_quantizer_on_gfx950(fmt):
     assert max(r.store_widths_bits) >= (64 if fmt == "e4m3" else 32)
 
 
+@pytest.mark.parametrize("fmt, out", [("e4m3", "bf16"), ("e2m1", "bf16"), ("e4m3", "fp32")])
+def test_dequantizer_on_gfx950(fmt, out):
+    r = configs.compile_dequant(32, 4096, fmt, out_dtype=out).executable.report
+    print(
+        f"dequant {fmt} -> {out}: vgpr={r.vgpr} instr={r.instruction_count} "
+        f"loads={dict(r.load_widths_bits)} stores={dict(r.store_widths_bits)} lds={r.lds_bytes}"
+    )
+    assert not r.scratch_bytes and not r.vgpr_spill_count
+    assert not r.matrix_ops  # integer and bit ops only
+    assert max(r.load_widths_bits) >= (64 if fmt == "e4m3" else 32)  # 8 elements per lane
+    assert max(r.store_widths_bits) == 128  # 16-byte stores
+    assert r.vgpr <= 64 and r.instruction_count <= 600
+
+
 def test_family_cases_compile_for_gfx950():
     cases = list(FAMILY.cases())
-    assert {c.kernel for c in cases} == {"mx_quantize", "mx_gemm_nt"}
+    assert {c.kernel for c in cases} == {"mx_quantize", "mx_dequantize", "mx_gemm_nt"}
     for c in cases[:1] + [c for c in cases if "14336" in c.shape][:1]:
         assert c.compile("gfx950").executable.report.instruction_count > 0

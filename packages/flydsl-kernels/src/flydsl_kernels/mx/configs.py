@@ -47,6 +47,14 @@ class QuantConfig:
         return {"kernel": "quantize", **asdict(self)}
 
 
+@dataclass(frozen=True)
+class DequantConfig(QuantConfig):
+    """The dequantizer's tile: the quantizer's, (R rows, NB 32-blocks) per program."""
+
+    def as_dict(self) -> dict:
+        return {"kernel": "dequantize", **asdict(self)}
+
+
 def _pow2_at_most(n: int, cap: int) -> int:
     p = 1
     while p * 2 <= min(n, cap):
@@ -69,6 +77,14 @@ def select_quant(m: int, k: int) -> QuantConfig:
     rows = _pow2_at_most(max(1, 2048 // (nb * 32)), 16) if m > 1 else 1
     warps = max(1, min(4, rows * nb * 32 // 512))
     return QuantConfig(R=rows, NB=nb, num_warps=warps)
+
+
+def select_dequant(m: int, k: int) -> DequantConfig:
+    """The quantizer's rule (2048 elements per program). Static gfx950 figures (M=32, K=4096,
+    4 warps; test_mx_compile.py): 64-bit element loads for fp8 (32-bit for packed fp4),
+    128-bit stores, 38-45 VGPR, no scratch."""
+    c = select_quant(m, k)
+    return DequantConfig(R=c.R, NB=c.NB, num_warps=c.num_warps)
 
 
 _EPB = {"e4m3": 1, "e5m2": 1, "e2m1": 2}
@@ -125,4 +141,23 @@ def compile_quant(m, k, elem, cfg: QuantConfig | None = None, in_dtype="bf16", t
         K=k,
         **cfg.constexprs(),
         **quant_constexprs(fmt),
+    )
+
+
+def compile_dequant(m, k, elem, cfg: DequantConfig | None = None, out_dtype="bf16", target=TARGET):
+    from flydsl_core import TensorSpec
+
+    from .formats import elem_format
+    from .kernels import mx_dequantize
+    from .quant import dequant_constexprs
+
+    fmt = elem_format(elem)
+    cfg = cfg or select_dequant(m, k)
+    args = [
+        TensorSpec("uint8", (m, k // fmt.per_byte)),
+        TensorSpec("uint8", (m, k // 32)),
+        TensorSpec(out_dtype, (m, k)),
+    ]
+    return mx_dequantize.compile(
+        *args, target=target, options=cfg.options(), **cfg.constexprs(), **dequant_constexprs(fmt)
     )

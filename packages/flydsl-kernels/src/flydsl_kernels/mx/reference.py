@@ -125,6 +125,18 @@ def from_mx(q, scales, elem_dtype, block: int = BLOCK, out_dtype=torch.float32):
     return (v * s.repeat_interleave(block, dim=-1)).to(out_dtype)
 
 
+def mismatches(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Where two float tensors of one dtype and shape differ in their bits, NaNs aside: a NaN
+    matches any NaN (payloads are not part of the semantics) and nothing else."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        raise ValueError(
+            f"cannot compare {got.dtype}{list(got.shape)} with {want.dtype}{list(want.shape)}"
+        )
+    gn, wn = torch.isnan(got), torch.isnan(want)
+    it = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    return (gn != wn) | ((got.view(it) != want.view(it)) & ~wn)
+
+
 def mx_gemm(a_q, a_scale, b_q, b_scale, a_format, b_format, *, bias=None, out_dtype=torch.bfloat16):
     """``dequant(a) @ dequant(b).T (+ bias)``: a is [M, K], b is [N, K] (NT), fp32 matmul."""
     a = from_mx(a_q, a_scale, a_format, out_dtype=torch.float32)
