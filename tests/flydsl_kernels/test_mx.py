@@ -321,6 +321,47 @@ def test_mx_gemm_fp16_out_and_errors():
         mx_gemm(aq, sa, aq, sa, "e4m3", "e2m1")
 
 
+# -- the baseline of the report and the benchmark (mx/baseline.py) --------------------------------
+
+
+@pytest.mark.parametrize("elem", ELEMS, ids=("e4m3", "e5m2", "e2m1"))
+def test_baseline_dequant_is_the_reference_in_bf16(elem):
+    from flydsl_kernels.mx import baseline
+
+    q, s = dequant_inputs(4, 256, elem, seed=9)
+    want = reference.from_mx(q, s, elem, out_dtype=torch.bfloat16)
+    assert not reference.mismatches(baseline.dequant_bf16(q, s, elem), want).any()
+
+
+def test_baseline_cublas_scale_layout_is_torchs():
+    from torch.testing._internal.common_quantized import to_blocked
+
+    from flydsl_kernels.mx import baseline
+
+    for rows, cols in ((128, 4), (300, 7), (32, 128)):
+        s = torch.randint(0, 256, (rows, cols), generator=torch.Generator().manual_seed(rows))
+        s = s.to(torch.uint8)
+        got = baseline.cublas_blocked_scales(s)
+        assert got.dtype == torch.float8_e8m0fnu
+        assert torch.equal(got.view(torch.uint8), to_blocked(s))
+
+
+def test_baseline_on_cpu_is_dequant_matmul_and_correct():
+    from flydsl_kernels.mx import FAMILY, baseline
+
+    (aq, sa, bq, sb), _ = gemm_inputs(5, 24, 128, "e4m3", "e2m1", seed=4)
+    assert baseline.choose("cpu", "e4m3", "e2m1") == "dequant_matmul"
+    assert baseline.choose("cpu", "e4m3", "e4m3") == "dequant_matmul"  # no MX MMA on the CPU
+    got = baseline.thunk("dequant_matmul", aq, sa, bq, sb, "e4m3", "e2m1")()
+    assert got.dtype == torch.bfloat16
+    assert_gemm_close(got, reference.mx_gemm(aq, sa, bq, sb, "e4m3", "e2m1"))
+    with pytest.raises(ValueError, match="unknown MX GEMM baseline"):
+        baseline.thunk("cublas", aq, sa, bq, sb, "e4m3", "e2m1")
+    gemm_cases = [c for c in FAMILY.cases() if c.kernel == "mx_gemm_nt"]
+    assert gemm_cases and all(c.aten is not None for c in gemm_cases)
+    assert {c.baseline("cpu") for c in gemm_cases} == {baseline.NAMES["dequant_matmul"]}
+
+
 def test_family_checks_pass_on_cpu():
     from flydsl_kernels.mx import FAMILY
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from . import configs, reference
+from . import baseline, configs, reference
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .gemm import mx_gemm
 from .kernels import KERNELS
@@ -136,6 +136,10 @@ def _gemm_case(m, n, k, fa, fb):
         ops = operands((m, n, k), device, 0)
         return lambda: mx_gemm(*ops, fa, fb)
 
+    def aten(device):
+        kind = baseline.choose(_dev(device), fa, fb)
+        return baseline.thunk(kind, *operands((m, n, k), device, 0), fa, fb)
+
     return registry.ReportCase(
         family="mx",
         kernel=KERNELS["gemm"].name,
@@ -144,9 +148,11 @@ def _gemm_case(m, n, k, fa, fb):
         compile=lambda target: configs.compile_gemm(m, n, k, fa, fb, cfg=cfg, target=target),
         check=check,
         run=run,
-        # no ATen baseline yet: torch._scaled_mm's MX (e8m0 block scale) path is unverified on
-        # ROCm here, and a failing baseline would also drop our timing from the report
-        notes="MX GEMM (fly.dot_scaled, fp32 accumulation, bf16 out); untimed defaults",
+        aten=aten,
+        baseline=lambda device: baseline.NAMES[baseline.choose(_dev(device), fa, fb)],
+        notes="MX GEMM (fly.dot_scaled, fp32 accumulation, bf16 out); baseline "
+        "torch._scaled_mm where the device has MX MMA, else torch dequant + bf16 matmul "
+        "(mx/baseline.py); untimed defaults",
     )
 
 
@@ -184,6 +190,7 @@ __all__ = [
     "FAMILY",
     "KERNELS",
     "SCALE_DTYPE",
+    "baseline",
     "configs",
     "elem_format",
     "from_mx",
