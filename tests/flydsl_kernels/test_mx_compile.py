@@ -51,6 +51,21 @@ def test_gemm_uses_the_native_scaled_mfma_on_gfx950(fa, fb):
     assert r.lds_bytes <= 160 * 1024
 
 
+def test_gemm_scale_loads_on_gfx950_are_bytes_staged_through_lds():
+    """The evidence behind shipping no pre-shuffled scale layout (mx/configs.py): a K step's
+    scales are 1-2 bytes per lane, read back from LDS a byte at a time. If this changes (a
+    new Triton), the shuffled-layout investigation is worth redoing."""
+    from collections import Counter
+
+    from flydsl_kernels.gemm.configs import k_loop_body
+
+    body = k_loop_body(configs.compile_gemm(32, 4096, 4096, "e4m3", "e4m3").stages()["amdgcn"])
+    ops = Counter(line.split()[0] for line in body)
+    print(f"K loop: {len(body)} instructions, {dict(ops)}")
+    assert ops["buffer_load_ubyte"] == 1 and ops["buffer_load_ushort"] == 1  # A and B scales
+    assert ops["ds_read_u8"] == 12
+
+
 @pytest.mark.parametrize("fa, fb", FORMATS[:1])
 def test_gemm_is_emulated_on_gfx942(fa, fb):
     """Recorded, not asserted: what Triton does without block-scaled MFMA."""

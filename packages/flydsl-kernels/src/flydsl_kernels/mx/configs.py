@@ -12,6 +12,28 @@ from dataclasses import asdict, dataclass
 
 TARGET = "gfx950"
 
+# Pre-shuffled scales: investigated, not shipped (static gfx950 figures, Triton 3.9, no GPU).
+# A K step loads a (BM, BK/32) E8M0 tile per operand: 32 x 8 = 256 bytes of A scales and
+# 64 x 8 = 512 bytes of B scales at the decode config, for 256 lanes. Row-major today, that is
+# one buffer_load_ubyte (A) and one buffer_load_ushort (B) per lane, staged through LDS by the
+# pipeliner (ds_write_b8 + ds_write_b16) and read back as 12 ds_read_u8 per K step. A variant
+# that reads the gfx950 32x8-tiled layout (hipBLASLt BLK32_UE8M0_32_8, Triton's
+# GFX950MXScaleLayout: per 32 rows x 8 scales, bytes (r, c), (r+16, c), (r, c+4), (r+16, c+4)
+# adjacent), loading (BM/32, BK) contiguous bytes and un-shuffling in registers (reshape /
+# permute), compiled to the same global loads, the same LDS staging and the same 12
+# ds_read_u8: K-loop instructions / total / VGPR, row-major -> shuffled, M=32 N=4096 K=4096:
+#   fp8 x fp8 246 / 824 / 126 -> 244 / 835 / 128; fp4 x fp4 139 / 527 / 96 -> 138 / 541 / 102;
+#   fp8 x fp4 179 / 656 / 134 -> 178 / 672 / 136; and 1024x8192x8192 fp8 (BM 64, BN 128)
+#   295 / 823 / 212 -> 293 / 826 / 218 (ushort + dword scale loads either way).
+# Off the shipped config it only moves LDS reads: STAGES=1 165 -> 156 K-loop instructions
+# (ds_read_u8 x4 + ds_read_u16 x4 -> ds_read_u16 x2 + ds_read_b32 x2, global loads unchanged);
+# 16x16 MFMA, 2 stages 180 -> 180 (494 -> 652 instructions). Wider K steps widen the row-major
+# loads by themselves (fp4, BK 1024: 4 scale bytes per lane, buffer_load_dword), and there too
+# the shuffled order changes nothing (389 -> 380 K-loop instructions, 48 ds_read_u8 both):
+# Triton stages the scale operand of dot_scaled through LDS and reads it back a byte at a time
+# whatever the global order. So no shuffle_scales helpers: they would pay off only if the
+# scale load could feed the scaled MFMA without the LDS round trip.
+
 
 @dataclass(frozen=True)
 class GemmConfig:
