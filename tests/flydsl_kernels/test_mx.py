@@ -151,6 +151,13 @@ def test_to_mx_16bit_inputs_and_leading_dims(dtype, target):
         assert_same_bits(got, reference.to_mx(x, elem))
 
 
+@pytest.mark.parametrize("shape", ((2, 0), (0, 64), (2, 0, 32)), ids=str)
+def test_to_mx_empty(shape):
+    for elem in ELEMS:
+        x = torch.randn(*shape)
+        assert_same_bits(to_mx(x, elem, target="cpu-reference"), reference.to_mx(x, elem))
+
+
 def test_to_mx_rejects_what_it_does_not_support():
     with pytest.raises(ValueError, match="multiple of the block 32"):
         to_mx(torch.randn(2, 48), torch.float8_e4m3fn)
@@ -218,7 +225,7 @@ def assert_same_values(got, want):
     )
 
 
-DEQUANT_SHAPES = ((1, 32), (3, 96), (5, 256), (2, 4096), (0, 64))
+DEQUANT_SHAPES = ((1, 32), (3, 96), (5, 256), (2, 4096), (2, 3104), (0, 64), (2, 0))
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -13,6 +13,8 @@ Inf) are those of ``reference.to_mx`` / ``reference.from_mx``, bit for bit
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .configs import DequantConfig, QuantConfig, select_dequant, select_quant
@@ -69,7 +71,7 @@ def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK, *, target=None, confi
     if k % block:
         raise ValueError(f"to_mx needs the last dim ({k}) to be a multiple of the block {block}")
     lead = tuple(x.shape[:-1])
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = x.reshape(math.prod(lead), k).contiguous()  # not -1: K may be 0
     m = x2.shape[0]
     q = torch.empty(m, k // fmt.per_byte, dtype=torch.uint8, device=x.device)
     s = torch.empty(m, k // block, dtype=torch.uint8, device=x.device)
@@ -117,8 +119,9 @@ def from_mx(
             f"scales of shape {list(sb.shape)} do not match elements of shape {list(u.shape)} "
             f"(expected {[*lead, k // block]}, K={k} a multiple of {block})"
         )
-    u2 = u.reshape(-1, u.shape[-1]).contiguous()
-    s2 = sb.reshape(-1, k // block).contiguous()
+    rows = math.prod(lead)  # not -1: K may be 0
+    u2 = u.reshape(rows, u.shape[-1]).contiguous()
+    s2 = sb.reshape(rows, k // block).contiguous()
     m = u2.shape[0]
     y = torch.empty(m, k, dtype=out_dtype, device=u.device)
     if m and k:

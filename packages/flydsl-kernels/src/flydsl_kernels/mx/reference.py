@@ -24,6 +24,8 @@ independent route from the kernels' integer bit manipulation).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .formats import (
@@ -74,7 +76,7 @@ def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK):
     if k % block:
         raise ValueError(f"to_mx needs the last dim ({k}) to be a multiple of the block {block}")
     lead = x.shape[:-1]
-    xb = x.detach().to(torch.float32).reshape(-1, k // block, block).double()
+    xb = x.detach().to(torch.float32).reshape(math.prod(lead), k // block, block).double()
     amax = xb.abs().amax(-1)  # NaN propagates
     special = ~torch.isfinite(amax)
     fl = torch.where(amax > 0, _floor_log2(torch.where(amax > 0, amax, 1.0)), -1000)
