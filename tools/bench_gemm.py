@@ -7,7 +7,11 @@ from decode (1-64) through prefill (8192) and (N, K) from Llama-3.1-8B, Qwen3-32
 and gpt-oss-120b projections; grouped GEMMs (``torch._grouped_mm``, 2-D x 3-D,
 ragged M) for Qwen3-30B-A3B (128 experts, top-8), gpt-oss-120b (128, top-4) and
 DeepSeek-V3 (256, top-8) routing: uniform (every expert the same rows),
-projection (few tokens, decode-like) and ragged (seeded multinomial routing).
+projection (few tokens, decode-like) and ragged (seeded multinomial routing);
+MX block-scaled GEMMs (``mx_gemm``, mxfp8, mxfp4 and a8w4) at decode M=32 with
+Llama-3.1-8B's 4096x4096 and 14336x4096 projections, against the baseline of
+``flydsl_kernels.mx.baseline`` (``torch._scaled_mm`` where the device has MX
+MMA, else torch dequantize + bf16 matmul; the row names which).
 
 Every output is checked against the fp32 reference before it is timed. On a GPU:
 device-event medians (``bench_ops.time_gpu``), TFLOP/s, fraction of the target's
@@ -27,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_ops import geomean, time_cpu, time_gpu
+from flydsl_kernels import mx
 from flydsl_kernels.gemm import gemm, grouped_mm, reference
 
 #: (N, K) of the dense projections: name -> (N, K)
@@ -61,6 +66,17 @@ def grouped_cases(quick: bool):
         for tokens, kind in ((4096, "uniform"), (64, "projection"), (4096, "ragged")):
             out.append((f"{name} {kind}", e, tokens * top, n, k, kind))
     return out
+
+
+#: MX GEMMs (M, N, K) at decode M from Llama-3.1-8B, each as mxfp8, mxfp4 and a8w4
+MX_SHAPES = ((32, 4096, 4096), (32, 14336, 4096))
+MX_FORMATS = (("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
+_MX_TORCH = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.float4_e2m1fn_x2}
+
+
+def mx_cases(quick: bool):
+    shapes = ((4, 64, 256),) if quick else MX_SHAPES
+    return [(m, n, k, fa, fb) for m, n, k in shapes for fa, fb in MX_FORMATS]
 
 
 def _offs(rows, experts, kind, g):
@@ -99,12 +115,12 @@ def main(argv=None) -> int:
     label = "CPU figures (reference backend)" if cpu else torch.cuda.get_device_name(0)
     print(f"# FlyDSL GEMM vs ATen on {label}; peak bf16 {peak or '-'} TFLOP/s")
     print(
-        f"{'case':32} {'shape':>22} {'ours ms':>9} {'aten ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'speedup':>7}"
+        f"{'case':44} {'shape':>22} {'ours ms':>9} {'aten ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'speedup':>7}"
     )
     g = torch.Generator().manual_seed(0)
     speedups, failed = [], 0
 
-    def report(name, shape, flops, ours, theirs, out, ref):
+    def report(name, shape, flops, ours, theirs, out, ref, peak=peak):
         nonlocal failed
         err = (out.double() - ref.double()).abs().max().item() if out.numel() else 0.0
         scale = max(1.0, ref.double().abs().max().item()) if ref.numel() else 1.0
@@ -116,7 +132,7 @@ def main(argv=None) -> int:
         speedups.append(sp)
         pct = f"{100 * tf / peak:5.1f}%" if peak else "-"
         print(
-            f"{name:32} {shape:>22} {t_ours * 1e3:9.3f} {t_aten * 1e3:9.3f} {tf:8.2f} {pct:>6} "
+            f"{name:44} {shape:>22} {t_ours * 1e3:9.3f} {t_aten * 1e3:9.3f} {tf:8.2f} {pct:>6} "
             f"{sp:6.2f}x" + ("" if ok else "  MISMATCH")
         )
 
@@ -133,6 +149,17 @@ def main(argv=None) -> int:
         ours, aten = partial(grouped_mm, a, w, offs), partial(torch._grouped_mm, a, w, offs)
         ref = reference.grouped_mm(a, w, offs)
         report(name, f"{rows}x{n}x{k} E{e}", 2 * rows * n * k, ours, aten, ours(), ref)
+    for m, n, k, fa, fb in mx_cases(quick):
+        a = torch.randn(m, k, generator=g).to(device)
+        w = (torch.randn(n, k, generator=g) * 0.05).to(device)
+        ops = (*mx.to_mx(a, _MX_TORCH[fa]), *mx.to_mx(w, _MX_TORCH[fb]))
+        kind = mx.baseline.choose(device, fa, fb)
+        ours = partial(mx.mx_gemm, *ops, fa, fb)
+        theirs = mx.baseline.thunk(kind, *ops, fa, fb)
+        ref = mx.reference.mx_gemm(*ops, fa, fb, out_dtype=torch.float32)
+        name = f"mx {fa}x{fb} vs {mx.baseline.NAMES[kind]}"
+        # no %peak: the bf16 peak is not the MX one
+        report(name, f"{m}x{n}x{k}", 2 * m * n * k, ours, theirs, ours(), ref, peak=None)
     gm = geomean(speedups)
     print(f"# geomean speedup vs ATen: {gm:.2f}x" if gm else "# no timings")
     return 1 if failed else 0

@@ -151,6 +151,13 @@ def test_to_mx_16bit_inputs_and_leading_dims(dtype, target):
         assert_same_bits(got, reference.to_mx(x, elem))
 
 
+@pytest.mark.parametrize("shape", ((2, 0), (0, 64), (2, 0, 32)), ids=str)
+def test_to_mx_empty(shape):
+    for elem in ELEMS:
+        x = torch.randn(*shape)
+        assert_same_bits(to_mx(x, elem, target="cpu-reference"), reference.to_mx(x, elem))
+
+
 def test_to_mx_rejects_what_it_does_not_support():
     with pytest.raises(ValueError, match="multiple of the block 32"):
         to_mx(torch.randn(2, 48), torch.float8_e4m3fn)
@@ -179,6 +186,88 @@ def test_round_trip_within_element_precision(elem):
     s2 = s.view(torch.uint8).clone()
     s2[0, 0] = 0xFF
     assert torch.isnan(from_mx(q, s2, elem)[0, :32]).all()
+
+
+# -- the FlyDSL dequantizer: bit-exact against the reference -----------------------------------
+
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dequant_inputs(m: int, k: int, elem, seed: int = 0):
+    """Random element and scale bytes (every code, NaN / Inf elements and 0xFF scales among
+    them), with a row of edge cases when there is room: every element code under the extreme
+    scales, blocks of zeros and -0."""
+    fmt = elem_format(elem)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 256, (m, k // fmt.per_byte), generator=g, dtype=torch.uint8)
+    s = torch.randint(0, 256, (m, k // 32), generator=g, dtype=torch.uint8)
+    if m and k:
+        edge = torch.tensor([0, 1, 2, 0xFE, 0xFF, 127, 127 - 16, 127 + 16], dtype=torch.uint8)
+        s[0, : min(k // 32, 8)] = edge[: k // 32]
+        codes = torch.arange(0, 256 if fmt.per_byte == 1 else 16, dtype=torch.uint8)
+        if fmt.per_byte == 2:
+            codes = codes[0::2] | (codes[1::2] << 4)
+        row = q[0].view(-1)
+        row[: min(len(row), len(codes))] = codes[: len(row)]
+        if k >= 64:
+            q[-1, : 32 // fmt.per_byte] = 0  # a block of zeros ...
+            q[-1, 32 // fmt.per_byte : 64 // fmt.per_byte] = 0x80 if fmt.per_byte == 1 else 0x88
+    return q.view(elem), s.view(torch.float8_e8m0fnu)
+
+
+def assert_same_values(got, want):
+    """Same dtype, shape and bits, except that NaNs need only sit at the same places."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bad = reference.mismatches(got, want).nonzero()
+    assert bad.numel() == 0, (
+        f"values differ at {bad[:4].tolist()}: got {got[tuple(bad[0])].item()!r}, "
+        f"want {want[tuple(bad[0])].item()!r}"
+    )
+
+
+DEQUANT_SHAPES = ((1, 32), (3, 96), (5, 256), (2, 4096), (2, 3104), (0, 64), (2, 0))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=("fp32", "bf16", "fp16"))
+@pytest.mark.parametrize("elem", ELEMS, ids=("e4m3", "e5m2", "e2m1"))
+@pytest.mark.parametrize("shape", DEQUANT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_from_mx_bit_exact(shape, elem, out_dtype, target):
+    q, s = dequant_inputs(*shape, elem, seed=shape[0] * 7 + shape[1])
+    got = from_mx(q, s, elem, out_dtype=out_dtype, target=target)
+    want = reference.from_mx(q, s, elem, out_dtype=out_dtype)
+    assert_same_values(got, want)
+    if shape[0] and shape[1] >= 256:
+        # the bytes reach what the test is about: NaN, Inf and subnormal results
+        tiny = (want != 0) & (want.abs() < torch.finfo(out_dtype).tiny)
+        assert torch.isnan(want).any() and torch.isinf(want).any() and tiny.any()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("elem", ELEMS, ids=("e4m3", "e5m2", "e2m1"))
+def test_from_mx_of_to_mx_hard_inputs(elem, target):
+    """Blocks of zeros, subnormals, ties and the saturation edge, as the quantizer stores them;
+    leading dims and uint8 views are accepted."""
+    x = hard_inputs(6, 128, elem, seed=11)
+    q, s = reference.to_mx(x, elem)
+    for out_dtype in OUT_DTYPES:
+        got = from_mx(q.view(2, 3, -1), s.view(2, 3, -1), elem, out_dtype=out_dtype, target=target)
+        want = reference.from_mx(q, s, elem, out_dtype=out_dtype).view(2, 3, 128)
+        assert_same_values(got, want)
+    got = from_mx(q.view(torch.uint8), s.view(torch.uint8), elem, target=target)
+    assert_same_values(got, reference.from_mx(q, s, elem))
+
+
+def test_from_mx_rejects_what_it_does_not_support():
+    q, s = to_mx(torch.randn(2, 64), torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="out_dtype must be fp32, bf16 or fp16"):
+        from_mx(q, s, torch.float8_e4m3fn, out_dtype=torch.float64)
+    with pytest.raises(ValueError, match="do not match elements"):
+        from_mx(q, s[:, :1], torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="e2m1 elements must be"):
+        from_mx(q, s, FP4)
+    with pytest.raises(ValueError, match="block size 16 is not supported"):
+        from_mx(q, s, torch.float8_e4m3fn, block=16)
 
 
 # -- the MX GEMM ----------------------------------------------------------------------------------
@@ -237,6 +326,47 @@ def test_mx_gemm_fp16_out_and_errors():
         mx_gemm(aq, sa, bq, sb, "e4m3", "e2m1", out_dtype=torch.int32)
     with pytest.raises(ValueError, match="e2m1 elements must be"):
         mx_gemm(aq, sa, aq, sa, "e4m3", "e2m1")
+
+
+# -- the baseline of the report and the benchmark (mx/baseline.py) --------------------------------
+
+
+@pytest.mark.parametrize("elem", ELEMS, ids=("e4m3", "e5m2", "e2m1"))
+def test_baseline_dequant_is_the_reference_in_bf16(elem):
+    from flydsl_kernels.mx import baseline
+
+    q, s = dequant_inputs(4, 256, elem, seed=9)
+    want = reference.from_mx(q, s, elem, out_dtype=torch.bfloat16)
+    assert not reference.mismatches(baseline.dequant_bf16(q, s, elem), want).any()
+
+
+def test_baseline_cublas_scale_layout_is_torchs():
+    from torch.testing._internal.common_quantized import to_blocked
+
+    from flydsl_kernels.mx import baseline
+
+    for rows, cols in ((128, 4), (300, 7), (32, 128)):
+        s = torch.randint(0, 256, (rows, cols), generator=torch.Generator().manual_seed(rows))
+        s = s.to(torch.uint8)
+        got = baseline.cublas_blocked_scales(s)
+        assert got.dtype == torch.float8_e8m0fnu
+        assert torch.equal(got.view(torch.uint8), to_blocked(s))
+
+
+def test_baseline_on_cpu_is_dequant_matmul_and_correct():
+    from flydsl_kernels.mx import FAMILY, baseline
+
+    (aq, sa, bq, sb), _ = gemm_inputs(5, 24, 128, "e4m3", "e2m1", seed=4)
+    assert baseline.choose("cpu", "e4m3", "e2m1") == "dequant_matmul"
+    assert baseline.choose("cpu", "e4m3", "e4m3") == "dequant_matmul"  # no MX MMA on the CPU
+    got = baseline.thunk("dequant_matmul", aq, sa, bq, sb, "e4m3", "e2m1")()
+    assert got.dtype == torch.bfloat16
+    assert_gemm_close(got, reference.mx_gemm(aq, sa, bq, sb, "e4m3", "e2m1"))
+    with pytest.raises(ValueError, match="unknown MX GEMM baseline"):
+        baseline.thunk("cublas", aq, sa, bq, sb, "e4m3", "e2m1")
+    gemm_cases = [c for c in FAMILY.cases() if c.kernel == "mx_gemm_nt"]
+    assert gemm_cases and all(c.aten is not None for c in gemm_cases)
+    assert {c.baseline("cpu") for c in gemm_cases} == {baseline.NAMES["dequant_matmul"]}
 
 
 def test_family_checks_pass_on_cpu():

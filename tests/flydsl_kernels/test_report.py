@@ -120,6 +120,20 @@ def test_raising_cases_are_error_rows_and_exit_nonzero(fake_families, tmp_path, 
     assert "3.5 FAIL" in text and "5 cases, 4 failed" in text
 
 
+def test_named_baseline_column(fake_families, capsys):
+    named = _case("named")
+    named.aten = lambda device: lambda: None
+    named.baseline = lambda device: f"dequant + matmul on {device}"
+    plain = _case("plain")
+    plain.aten = lambda device: lambda: None
+    fake_families([named, plain, _case("none")])
+    rows = {r["kernel"]: r for r in report.collect(["fake"], device="cpu")}
+    assert rows["named"]["baseline"] == "dequant + matmul on cpu"
+    assert rows["plain"]["baseline"] == "ATen" and rows["none"]["baseline"] is None
+    assert report.main(["fake", "--device", "cpu"]) == 0
+    assert "dequant + matmul on cpu" in capsys.readouterr().out
+
+
 def test_family_whose_cases_raise_is_an_error_row(fake_families):
     fake_families([_case("first"), _case("second")], break_after=1)
     rows = report.collect(["fake"], device="cpu")

@@ -10,7 +10,8 @@ and default config, each able to
   ``device`` and return the largest error against the PyTorch reference,
   normalized so that <= 1 means within the stated tolerance;
 * ``aten(device)``: optionally, a callable timing the ATen op on the same
-  inputs, for speedups where a GPU is present.
+  inputs, for speedups where a GPU is present; ``baseline(device)`` names
+  what it times where that is not simply "the ATen op" (e.g. a fallback).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class ReportCase:
     check: Callable[[str], float]  # device -> normalized max error (<= 1 passes)
     run: Callable[[str], Callable[[], Any]] | None = None  # device -> a thunk launching ours
     aten: Callable[[str], Callable[[], Any]] | None = None  # device -> a thunk launching ATen's
+    baseline: Callable[[str], str] | None = None  # device -> what aten(device) runs (a label)
     notes: str = ""
 
 

@@ -11,7 +11,9 @@ For each selected case of each family (``flydsl_kernels.families()``) it
 * checks correctness on ``--device`` (auto: the GPU if torch sees one, else
   the CPU reference backend); the error is normalized so <= 1 passes;
 * where the check device is a GPU, times ours and the ATen op on the same
-  inputs (median of CUDA-event timings) and reports the speedup aten / ours.
+  inputs (median of CUDA-event timings) and reports the speedup aten / ours;
+  a case that names its baseline (``ReportCase.baseline``, e.g. a dequantize
+  + matmul fallback) shows the name in a ``baseline`` column.
 
 ``collect()`` builds the rows (plain dicts, JSON-serializable); ``render_table()``
 draws them; ``main()`` is the command line. The exit status is 0 when every
@@ -201,6 +203,7 @@ def _blank_row(family, kernel, shape, config, notes, target, device, check) -> d
         "ok": None,
         "ours_us": None,
         "aten_us": None,
+        "baseline": None,
         "speedup": None,
         "error": None,
         "resources": None,
@@ -266,6 +269,12 @@ def collect(
         for c in cases
     ]
     step = progress or (lambda *a: None)
+    for case, row in zip(cases, rows):
+        if case.aten is not None:
+            try:
+                row["baseline"] = case.baseline(device) if case.baseline else "ATen"
+            except Exception as e:
+                _add_error(row, "baseline", e)
 
     # compile first (the slow, GPU-free part), so its progress bar is one phase
     for i, (case, row) in enumerate(zip(cases, rows)):
@@ -347,9 +356,12 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
     from rich.table import Table
 
     timed = any(r["ours_us"] is not None for r in rows)
+    named = any(r.get("baseline") not in (None, "ATen") for r in rows)
     t = Table(title=title)
     cols = ["kernel", "shape", "config", "VGPR", "LDS", "scratch", "occupancy", "load"]
     cols += ["matrix instr", "check err"]
+    if named:
+        cols += ["baseline"]
     if timed:
         cols += ["ours", "ATen", "speedup"]
     for c in cols:
@@ -379,6 +391,8 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
             escape(r["matrix"]) or "-",
             err_cell,
         ]
+        if named:
+            row += [escape(r.get("baseline") or "-")]
         if timed:
             sp = r["speedup"]
             row += [

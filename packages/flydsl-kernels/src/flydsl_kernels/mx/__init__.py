@@ -3,11 +3,13 @@
     from flydsl_kernels.mx import to_mx, from_mx, mx_gemm
 
     q, s = to_mx(x, torch.float8_e4m3fn)          # or torch.float8_e5m2, torch.float4_e2m1fn_x2
-    x2 = from_mx(q, s, torch.float8_e4m3fn)
+    x2 = from_mx(q, s, torch.float8_e4m3fn)       # fp32 (or out_dtype=bf16 / fp16)
     c = mx_gemm(aq, sa, wq, sw, "e4m3", "e2m1", bias=None, out_dtype=torch.bfloat16)  # a8w4, NT
 
 Kernels (kernels.py): ``mx_quantize`` (integer bit manipulation on the fp32
-bits; one program per row chunk of 32-blocks) and ``mx_gemm_nt`` (tiles with
+bits; one program per row chunk of 32-blocks), ``mx_dequantize`` (the same
+tiling; elements and scales decoded and the product rounded to fp32 / bf16 /
+fp16 with integer ops) and ``mx_gemm_nt`` (tiles with
 ``fly.dot_scaled`` in a K loop: the native scaled MFMA on gfx950). The
 semantics are pinned by reference.py (the spec, in float64 PyTorch).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from . import configs, reference
+from . import baseline, configs, reference
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .gemm import mx_gemm
 from .kernels import KERNELS
@@ -74,6 +76,44 @@ def _quant_case(m, k, fmt, in_dtype=torch.bfloat16):
     )
 
 
+def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
+    cfg = configs.select_dequant(m, k)
+    elem = _TORCH[fmt]
+    fmt_ = elem_format(fmt)
+    oname = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[out_dtype]
+
+    def operands(shape, device, seed):
+        mm, kk = shape
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randint(0, 256, (mm, kk // fmt_.per_byte), generator=g, dtype=torch.uint8)
+        s = torch.randint(0, 256, (mm, kk // BLOCK), generator=g, dtype=torch.uint8)
+        return q.view(elem).to(device), s.view(SCALE_DTYPE).to(device)
+
+    def check(device):
+        # random bytes: every element code and scale, NaN / Inf and subnormal results among them
+        q, s = operands(_CHECK_QUANT, _dev(device), 3)
+        got = from_mx(q, s, elem, out_dtype=out_dtype, target=_check_target(device))
+        want = reference.from_mx(q.cpu(), s.cpu(), elem, out_dtype=out_dtype)
+        return 2.0 if reference.mismatches(got.cpu(), want).any() else 0.0
+
+    def run(device):
+        q, s = operands((m, k), device, 0)
+        return lambda: from_mx(q, s, elem, out_dtype=out_dtype)
+
+    return registry.ReportCase(
+        family="mx",
+        kernel=KERNELS["dequantize"].name,
+        shape=f"{m}x{k} {_NAME[fmt]} -> {oname}",
+        config=cfg.as_dict(),
+        compile=lambda target: configs.compile_dequant(
+            m, k, fmt, cfg=cfg, out_dtype=oname, target=target
+        ),
+        check=check,
+        run=run,
+        notes="OCP MX v1.0 dequantization, bit-exact vs reference.py; untimed",
+    )
+
+
 def _gemm_case(m, n, k, fa, fb):
     cfg = configs.select_gemm(m, n, k, fa, fb)
 
@@ -96,6 +136,10 @@ def _gemm_case(m, n, k, fa, fb):
         ops = operands((m, n, k), device, 0)
         return lambda: mx_gemm(*ops, fa, fb)
 
+    def aten(device):
+        kind = baseline.choose(_dev(device), fa, fb)
+        return baseline.thunk(kind, *operands((m, n, k), device, 0), fa, fb)
+
     return registry.ReportCase(
         family="mx",
         kernel=KERNELS["gemm"].name,
@@ -104,9 +148,11 @@ def _gemm_case(m, n, k, fa, fb):
         compile=lambda target: configs.compile_gemm(m, n, k, fa, fb, cfg=cfg, target=target),
         check=check,
         run=run,
-        # no ATen baseline yet: torch._scaled_mm's MX (e8m0 block scale) path is unverified on
-        # ROCm here, and a failing baseline would also drop our timing from the report
-        notes="MX GEMM (fly.dot_scaled, fp32 accumulation, bf16 out); untimed defaults",
+        aten=aten,
+        baseline=lambda device: baseline.NAMES[baseline.choose(_dev(device), fa, fb)],
+        notes="MX GEMM (fly.dot_scaled, fp32 accumulation, bf16 out); baseline "
+        "torch._scaled_mm where the device has MX MMA, else torch dequant + bf16 matmul "
+        "(mx/baseline.py); untimed defaults",
     )
 
 
@@ -120,11 +166,14 @@ GEMM_CASES = (
     (1024, 8192, 8192, "e2m1", "e2m1"),
 )
 QUANT_CASES = ((32, 4096, "e4m3"), (32, 4096, "e2m1"), (8192, 4096, "e4m3"), (8192, 4096, "e2m1"))
+DEQUANT_CASES = ((8192, 4096, "e4m3"), (8192, 4096, "e2m1"))
 
 
 def _cases():
     for m, k, f in QUANT_CASES:
         yield _quant_case(m, k, f)
+    for m, k, f in DEQUANT_CASES:
+        yield _dequant_case(m, k, f)
     for m, n, k, fa, fb in GEMM_CASES:
         yield _gemm_case(m, n, k, fa, fb)
 
@@ -141,6 +190,7 @@ __all__ = [
     "FAMILY",
     "KERNELS",
     "SCALE_DTYPE",
+    "baseline",
     "configs",
     "elem_format",
     "from_mx",

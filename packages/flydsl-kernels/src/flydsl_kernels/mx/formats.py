@@ -34,6 +34,12 @@ class ElemFormat:
     def sign_shift(self) -> int:
         return 7 if self.per_byte == 1 else 3
 
+    @property
+    def has_inf(self) -> bool:
+        """E5M2 encodes Inf (magnitude bits ``max_bits + 1``) and NaN above; E4M3 has only
+        NaN (``0x7F``), E2M1 neither."""
+        return self.name == "e5m2"
+
 
 E4M3 = ElemFormat("e4m3", torch.float8_e4m3fn, 3, 7, 8, 0x7E, 448.0, 1)
 E5M2 = ElemFormat("e5m2", torch.float8_e5m2, 2, 15, 15, 0x7B, 57344.0, 1)

@@ -21,16 +21,38 @@ def _fp32_bits(x):
     return x.to(fly.fp32).to(fly.int32, bitcast=True)
 
 
+def _round_to_format(sig, ev, MB, BIAS):
+    """``sig * 2^ev`` (``sig`` an int32 tile in ``[1, 2^24)``) rounded to nearest-even in the
+    float format with ``MB`` mantissa bits and exponent bias ``BIAS``: ``(magnitude bits,
+    floor(log2 value))``, without saturation or overflow handling (the callers add them).
+
+    The quantum of the value in the format is ``2^q`` with ``q = max(floor(log2 v), 1 - BIAS)
+    - MB``, so the rounded significand is ``n = RNE(sig / 2^sh)``, ``sh = q - ev``, and the
+    bits are ``((q + MB + BIAS - 1) << MB) + n`` (valid for subnormals, normals and a rounding
+    carry into the next binade alike). A ``sig = 0`` gives no meaningful bits.
+    """
+    # floor(log2 sig) from the exponent of its exact fp32 conversion
+    top = (sig.to(fly.fp32).to(fly.int32, bitcast=True) >> 23) - 127 + ev
+    q = fly.maximum(top, 1 - BIAS) - MB
+    sh = q - ev
+    shr = fly.minimum(fly.maximum(sh, 0), 30)  # sig < 2^24: any shift >= 25 rounds to 0
+    n0 = sig >> shr
+    rem = sig - (n0 << shr)
+    half = (1 << shr) >> 1
+    up = (rem > half) | ((rem == half) & (shr > 0) & ((n0 & 1) == 1))
+    n = fly.where(up, n0 + 1, n0)
+    # fewer significant bits than the format holds: an exact left shift (-sh <= MB)
+    n = fly.where(sh < 0, sig << fly.minimum(-sh, MB), n)
+    return ((q + MB + BIAS - 1) << MB) + n, top
+
+
 def _quantize(bits, EMAX, MB, BIAS, MAXB, SIGN):
     """``bits`` the fp32 bits (int32) of an ``(R, NB, 32)`` tile -> ``(element bits (R, NB, 32), scale bytes (R, NB))``.
 
     With the magnitude ``|x| = sig * 2^(E2 - 150)`` (``sig`` the significand
-    with its hidden bit, ``E2 = max(exponent field, 1)``), ``v = x / 2^X`` has
-    ``floor(log2 v) = floor(log2 sig) + E2 - 150 - X``; its quantum in the
-    element format is ``2^q`` with ``q = max(floor(log2 v), 1 - BIAS) - MB``,
-    so the rounded element is ``n = RNE(sig / 2^sh)``, ``sh = q + 150 + X - E2``,
-    and its bits are ``((q + MB + BIAS - 1) << MB) + n`` (valid for subnormals,
-    normals and a rounding carry into the next binade alike).
+    with its hidden bit, ``E2 = max(exponent field, 1)``), ``v = x / 2^X`` is
+    the value ``sig * 2^(E2 - 150 - X)``: ``_round_to_format`` rounds it to the
+    element format (a zero ``sig`` gives 0 there: its log2 is -127 and ``X >= -127``).
     """
     mag = bits & 0x7FFFFFFF
     # non-negative floats order like their bits: the int max is the amax (NaN above Inf)
@@ -40,22 +62,11 @@ def _quantize(bits, EMAX, MB, BIAS, MAXB, SIGN):
     sbyte = fly.maximum((amax >> 23) - EMAX, 0)
     X = (sbyte - 127)[:, :, None]
     e = mag >> 23
-    E2 = fly.maximum(e, 1)
     frac = mag & 0x7FFFFF
     sig = fly.where(e == 0, frac, frac | 0x800000)
-    # floor(log2 sig) from the exponent of its exact fp32 conversion (sig = 0 gives -127)
-    lg = (sig.to(fly.fp32).to(fly.int32, bitcast=True) >> 23) - 127
-    q = fly.maximum(lg + E2 - 150 - X, 1 - BIAS) - MB
-    sh = q + 150 + X - E2
-    shr = fly.minimum(fly.maximum(sh, 0), 30)  # sig < 2^24: any shift >= 25 rounds to 0
-    n0 = sig >> shr
-    rem = sig - (n0 << shr)
-    half = (1 << shr) >> 1
-    up = (rem > half) | ((rem == half) & (shr > 0) & ((n0 & 1) == 1))
-    n = fly.where(up, n0 + 1, n0)
-    # a tiny subnormal input can have fewer significant bits than the element: exact left shift
-    n = fly.where(sh < 0, sig << fly.minimum(-sh, 3), n)
-    out = fly.minimum(((q + MB + BIAS - 1) << MB) + n, MAXB)  # saturate to the largest finite
+    # v = sig * 2^(max(e, 1) - 150 - X)
+    out, _ = _round_to_format(sig, fly.maximum(e, 1) - 150 - X, MB, BIAS)
+    out = fly.minimum(out, MAXB)  # saturate to the largest finite
     out = out | (((bits >> 31) & 1) << SIGN)
     out = fly.where(special[:, :, None], 0, out)
     return out, fly.where(special, 255, sbyte)
@@ -92,6 +103,72 @@ def mx_quantize(
         q.tile((R, C // 2), (i, j)).store(packed.to(fly.uint8))
     else:
         q.tile((R, C), (i, j)).store(elems.reshape(R, C).to(fly.uint8))
+
+
+#: float outputs of the dequantizer: (mantissa bits, exponent bias, int dtype of the bits, sign bit)
+_OUT_FORMATS = {
+    "fp32": (23, 127, "int32", 31),
+    "bf16": (7, 127, "int16", 15),
+    "fp16": (10, 15, "int16", 15),
+}
+
+
+def _dequantize(u, sx, MB, BIAS, MAXB, SIGN, INF, OM, OB, OS):
+    """Element bytes ``u`` (int32, one element each) times ``2^sx`` (``sx`` the scale byte,
+    broadcast) -> the bits (int32) of the product rounded once, to nearest-even, in the float
+    format with ``OM`` mantissa bits, bias ``OB`` and sign bit ``OS``: overflow gives Inf, a NaN scale (0xFF)
+    or a NaN element NaN, an Inf element (e5m2) Inf; signs kept (``-0`` too).
+
+    The element is ``sig * 2^(max(e, 1) - BIAS - MB)`` (``sig`` the significand with its hidden
+    bit), so the product is ``sig * 2^ev`` with ``ev = max(e, 1) - BIAS - MB + sx - 127``.
+    """
+    mag = u & ((1 << SIGN) - 1)
+    e = mag >> MB
+    m = mag & ((1 << MB) - 1)
+    sig = fly.where(e == 0, m, m | (1 << MB))
+    out, top = _round_to_format(sig, fly.maximum(e, 1) - BIAS - MB + sx - 127, OM, OB)
+    inf = (2 * OB + 1) << OM
+    out = fly.where(sig == 0, 0, fly.where(top > OB, inf, out))
+    if INF:
+        out = fly.where(mag == MAXB + 1, inf, out)
+    out = out | (((u >> SIGN) & 1) << OS)
+    nan = (mag > MAXB + (1 if INF else 0)) | (sx == 255)
+    return fly.where(nan, inf | (1 << (OM - 1)), out)
+
+
+@fly.kernel
+def mx_dequantize(
+    q,
+    s,
+    y,
+    R: fly.constexpr,
+    NB: fly.constexpr,
+    MB: fly.constexpr,
+    BIAS: fly.constexpr,
+    MAXB: fly.constexpr,
+    PACK: fly.constexpr,
+    INF: fly.constexpr,
+):
+    """Program ``(i, j)`` dequantizes rows ``[i*R, (i+1)*R)``, blocks ``[j*NB, (j+1)*NB)``.
+
+    ``q`` is ``(M, K / PACK)`` uint8 (PACK = 2: two E2M1 nibbles per byte, the even element
+    low), ``s`` ``(M, K / 32)`` E8M0 bytes, ``y`` ``(M, K)`` fp32, bf16 or fp16. Integer ops
+    only: the result is the same on every backend, whatever its denormal handling.
+    """
+    i, j = fly.program_id(0), fly.program_id(1)
+    C = NB * BLOCK
+    OM, OB, OI, OS = _OUT_FORMATS[y.dtype.name]
+    if PACK == 2:
+        b = q.tile((R, C // 2), (i, j)).load().to(fly.int32)
+        shift = (fly.arange(0, 2) * 4)[None, None, :]
+        u = ((b[:, :, None] >> shift) & 0xF).reshape(R, C)
+    else:
+        u = q.tile((R, C), (i, j)).load().to(fly.int32)
+    sx = s.tile((R, NB), (i, j)).load().to(fly.int32)[:, :, None]
+    sign = 3 if PACK == 2 else 7
+    bits = _dequantize(u.reshape(R, NB, BLOCK), sx, MB, BIAS, MAXB, sign, INF, OM, OB, OS)
+    out = bits.reshape(R, C).to(getattr(fly, OI))
+    y.tile((R, C), (i, j)).store(out.to(y.dtype, bitcast=True))
 
 
 @fly.kernel
@@ -132,4 +209,4 @@ def mx_gemm_nt(
     c.tile((BM, BN), (pm, pn)).store(acc)
 
 
-KERNELS = {"quantize": mx_quantize, "gemm": mx_gemm_nt}
+KERNELS = {"quantize": mx_quantize, "dequantize": mx_dequantize, "gemm": mx_gemm_nt}

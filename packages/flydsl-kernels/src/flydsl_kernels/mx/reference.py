@@ -24,6 +24,8 @@ independent route from the kernels' integer bit manipulation).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .formats import (
@@ -74,7 +76,7 @@ def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK):
     if k % block:
         raise ValueError(f"to_mx needs the last dim ({k}) to be a multiple of the block {block}")
     lead = x.shape[:-1]
-    xb = x.detach().to(torch.float32).reshape(-1, k // block, block).double()
+    xb = x.detach().to(torch.float32).reshape(math.prod(lead), k // block, block).double()
     amax = xb.abs().amax(-1)  # NaN propagates
     special = ~torch.isfinite(amax)
     fl = torch.where(amax > 0, _floor_log2(torch.where(amax > 0, amax, 1.0)), -1000)
@@ -123,6 +125,18 @@ def from_mx(q, scales, elem_dtype, block: int = BLOCK, out_dtype=torch.float32):
             f"(expected {[*v.shape[:-1], k // block]})"
         )
     return (v * s.repeat_interleave(block, dim=-1)).to(out_dtype)
+
+
+def mismatches(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Where two float tensors of one dtype and shape differ in their bits, NaNs aside: a NaN
+    matches any NaN (payloads are not part of the semantics) and nothing else."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        raise ValueError(
+            f"cannot compare {got.dtype}{list(got.shape)} with {want.dtype}{list(want.shape)}"
+        )
+    gn, wn = torch.isnan(got), torch.isnan(want)
+    it = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+    return (gn != wn) | ((got.view(it) != want.view(it)) & ~wn)
 
 
 def mx_gemm(a_q, a_scale, b_q, b_scale, a_format, b_format, *, bias=None, out_dtype=torch.bfloat16):
