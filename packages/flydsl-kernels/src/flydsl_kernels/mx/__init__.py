@@ -20,6 +20,7 @@ from .. import registry
 from . import configs, reference
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .gemm import mx_gemm
+from .grouped import mx_grouped_mm
 from .kernels import KERNELS
 from .quant import from_mx, to_mx
 
@@ -145,6 +146,7 @@ __all__ = [
     "elem_format",
     "from_mx",
     "mx_gemm",
+    "mx_grouped_mm",
     "reference",
     "to_mx",
 ]

@@ -126,3 +126,54 @@ def compile_quant(m, k, elem, cfg: QuantConfig | None = None, in_dtype="bf16", t
         **cfg.constexprs(),
         **quant_constexprs(fmt),
     )
+
+
+# -- the grouped MX GEMM (MoE forward) ------------------------------------------------------------
+
+
+def select_grouped(m_per_group: int, n: int, k: int, a_format: str, b_format: str) -> GemmConfig:
+    """The grouped MX GEMM's tile by the rows a group has on average (MoE: tokens per expert)."""
+    return GROUPED_SHIPPED["decode" if m_per_group <= 32 else "prefill"]
+
+
+GROUPED_SHIPPED = {
+    "decode": GemmConfig(BM=32, BN=64, BK=256, STAGES=2, num_warps=4),
+    "prefill": GemmConfig(BM=64, BN=128, BK=256, STAGES=2, num_warps=4),
+}
+
+
+def grouped_compile_args(tokens, experts, n, k, a_format, b_format, out_dtype="bf16"):
+    """``(args, constexprs)`` to compile the ragged-M grouped MX GEMM (2-D a, 3-D weights)."""
+    from flydsl_core import TensorSpec
+
+    def elems(lead, rows, fmt):
+        return TensorSpec(_FP8.get(fmt, "uint8"), (lead, rows, k // _EPB[fmt]))
+
+    args = [
+        elems(1, tokens, a_format),
+        TensorSpec("uint8", (1, tokens, k // 32)),
+        elems(experts, n, b_format),
+        TensorSpec("uint8", (experts, n, k // 32)),
+        TensorSpec(out_dtype, (1, tokens, n)),
+        TensorSpec("int32", (experts,)),
+        None,  # bias
+        experts,
+        tokens,
+        n,
+        k,
+    ]
+    gb = max(16, 1 << (experts - 1).bit_length())
+    fixed = {"FA": a_format, "FB": b_format, "GB": gb, "RAGGED": 1, "HAS_BIAS": False}
+    return args, fixed
+
+
+def compile_grouped(
+    tokens, experts, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET
+):
+    from .kernels import mx_grouped_gemm_nt
+
+    cfg = cfg or select_grouped(max(1, tokens // experts), n, k, a_format, b_format)
+    args, fixed = grouped_compile_args(tokens, experts, n, k, a_format, b_format)
+    return mx_grouped_gemm_nt.compile(
+        *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
+    )

@@ -1,0 +1,155 @@
+"""The MX grouped GEMM over torch tensors (the MoE forward): ``torch._grouped_mm`` on MX operands.
+
+    out = mx_grouped_mm(a_q, a_scale, w_q, w_scale, "e4m3", "e4m3", offs)   # (total_M, N)
+
+Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
+
+* 2-D x 3-D, ragged M (MoE forward): ``a_q (total_M, K)``, ``b_q (G, N, K)``
+  -> ``(total_M, N)``; rows ``offs[g-1]:offs[g]`` use ``b[g]``. Rows past
+  ``offs[-1]`` are not written (as ``torch._grouped_mm``, they are undefined).
+* 3-D x 3-D, batched: ``a_q (G, M, K)``, ``b_q (G, N, K)`` -> ``(G, M, N)``, no ``offs``.
+
+The weights are in the NT layout (K contiguous), as ``to_mx`` of ``(G, N, K)``
+weights gives; fp4 operands hold ``K / 2`` bytes per row (``float4_e2m1fn_x2``).
+Scales are E8M0 (``float8_e8m0fnu`` or uint8), one per 32 elements along K:
+``(..., rows, K/32)``. ``out = dequant(a) @ dequant(b[g]).T (+ bias[g])``
+with fp32 accumulation, rounded once to ``out_dtype`` (bf16, fp16, fp32);
+``bias`` is ``(G, N)``, one row per group.
+
+Formats: ``e4m3`` / ``e5m2`` (mxfp8) and ``e2m1`` (mxfp4) on either side:
+mxfp8 x mxfp8, mxfp4 x mxfp4, a8w4. Any M, N, group sizes (empty groups,
+groups smaller than a tile); any K that is a multiple of 32. Ragged K (the
+2-D x 2-D weight-gradient form) is not supported: it raises ``ValueError``.
+
+One persistent launch covers every group (``kernels.mx_grouped_gemm_nt``);
+``offs`` is read in-kernel, so there is no host sync on it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..gemm.api import persistent_grid
+from ..gemm.kernels import RAGGED_M, RAGGED_NONE
+from .configs import GemmConfig, select_grouped
+from .formats import BLOCK, elem_bytes, elem_format, scale_bytes
+from .gemm import OUT_DTYPES
+from .kernels import mx_grouped_gemm_nt
+from .quant import _target
+
+FORMS = "2-D x 3-D (ragged M, with offs) or 3-D x 3-D (batched, no offs)"
+
+
+def _operand(q, s, fmt_name, what):
+    """``(format, elements as 3-D, scales as 3-D uint8)`` of one operand."""
+    fmt = elem_format(fmt_name)
+    t = elem_bytes(q, fmt)
+    t = t.view(fmt.torch_dtype) if fmt.per_byte == 1 else t
+    sb = scale_bytes(s)
+    if t.dim() != sb.dim():
+        raise ValueError(
+            f"mx_grouped_mm: {what} has shape {list(q.shape)} but its scales {list(s.shape)}"
+        )
+    return fmt, t.contiguous(), sb.contiguous()
+
+
+def _check_offs(offs, G, device):
+    if offs is None:
+        raise ValueError("mx_grouped_mm: a 2-D a_q (ragged M) needs offs, int32 cumulative ends")
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+        what = f"{offs.dtype} {offs.dim()}-D" if isinstance(offs, torch.Tensor) else type(offs)
+        raise ValueError(f"mx_grouped_mm offs must be a 1-D int32 tensor, got {what}")
+    if offs.shape[0] != G:
+        raise ValueError(f"mx_grouped_mm: b_q has {G} groups but offs has {offs.shape[0]} entries")
+    if offs.device != device:
+        raise ValueError(f"mx_grouped_mm: offs is on {offs.device}, the operands on {device}")
+    return offs.contiguous()
+
+
+def mx_grouped_mm(
+    a_q,
+    a_scale,
+    b_q,
+    b_scale,
+    a_format,
+    b_format,
+    offs=None,
+    *,
+    bias=None,
+    out_dtype=torch.bfloat16,
+    target=None,
+    config: GemmConfig | None = None,
+):
+    """``torch._grouped_mm(dequant(a), dequant(b).mT, offs, bias, out_dtype)`` (module docstring)."""
+    fa, a, sa = _operand(a_q, a_scale, a_format, "a_q")
+    fb, b, sb = _operand(b_q, b_scale, b_format, "b_q")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"mx_grouped_mm out_dtype must be bf16, fp16 or fp32; got {out_dtype}")
+    if (a.dim(), b.dim()) == (2, 2):
+        raise ValueError(
+            "mx_grouped_mm: 2-D x 2-D (ragged K, the weight gradient) is not supported for MX "
+            f"operands; supported: {FORMS}"
+        )
+    if a.dim() not in (2, 3) or b.dim() != 3:
+        raise ValueError(
+            f"mx_grouped_mm takes {FORMS}; got a_q {list(a_q.shape)} and b_q {list(b_q.shape)}"
+        )
+    if a.device != b.device:
+        raise ValueError(f"mx_grouped_mm: a_q is on {a.device}, b_q on {b.device}")
+    G, n = b.shape[0], b.shape[1]
+    m, k = a.shape[-2], a.shape[-1] * fa.per_byte
+    kb = b.shape[2] * fb.per_byte
+    if kb != k:
+        raise ValueError(f"mx_grouped_mm: a holds K={k} elements per row, b K={kb}")
+    if k % BLOCK:
+        raise ValueError(f"mx_grouped_mm needs K ({k}) to be a multiple of the MX block {BLOCK}")
+    if a.dim() == 2:
+        ragged = RAGGED_M
+        offs = _check_offs(offs, G, a.device)
+        a, sa = a[None], sa[None]
+    else:
+        ragged = RAGGED_NONE
+        if offs is not None:
+            raise ValueError("mx_grouped_mm: 3-D x 3-D is a batched matmul and takes no offs")
+        if a.shape[0] != G:
+            raise ValueError(f"mx_grouped_mm: a_q has {a.shape[0]} groups, b_q {G}")
+    if tuple(sa.shape) != (a.shape[0], m, k // BLOCK) or tuple(sb.shape) != (G, n, k // BLOCK):
+        raise ValueError(
+            f"mx_grouped_mm scales must be (..., rows, K/32): a {[a.shape[0], m, k // BLOCK]}, "
+            f"b {[G, n, k // BLOCK]}; got {list(a_scale.shape)} and {list(b_scale.shape)}"
+        )
+    if bias is not None:
+        if tuple(bias.shape) != (G, n) or not bias.is_floating_point():
+            raise ValueError(
+                f"mx_grouped_mm bias must be a float (G, N) = ({G}, {n}) tensor, "
+                f"got {bias.dtype} {list(bias.shape)}"
+            )
+        bias = bias.contiguous()
+    out = torch.empty((m, n) if ragged == RAGGED_M else (G, m, n), dtype=out_dtype, device=a.device)
+    if out.numel() == 0 or G == 0:
+        return out
+    if k == 0:
+        # no K: bias (or zero) rows; ragged M writes only the rows the groups cover, as the kernel
+        return _no_k(out, bias, offs, ragged)
+    cfg = config or select_grouped(
+        max(1, m // G) if ragged == RAGGED_M else m, n, k, fa.name, fb.name
+    )
+    tgt = _target(a, target)
+    programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, tgt)
+    mx_grouped_gemm_nt[(programs,)](
+        a, sa, b, sb, out if ragged == RAGGED_NONE else out[None], offs, bias, G, m, n, k,
+        FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,
+        **cfg.constexprs(), target=tgt, options=cfg.options(),
+    )  # fmt: skip
+    return out
+
+
+def _no_k(out, bias, offs, ragged):
+    if bias is None:
+        return out.zero_()
+    if ragged == RAGGED_NONE:
+        return out.copy_(bias.float()[:, None, :].expand_as(out))
+    # each row's group: how many group ends lie at or before it
+    rows = torch.arange(out.shape[0], device=out.device)
+    g = torch.searchsorted(offs.long(), rows, right=True).clamp_(max=bias.shape[0] - 1)
+    return out.copy_(bias.float()[g])
