@@ -32,25 +32,12 @@ import torch
 from ..gemm.api import persistent_grid
 from ..gemm.kernels import RAGGED_M, RAGGED_NONE
 from .configs import GemmConfig, select_grouped
-from .formats import BLOCK, elem_bytes, elem_format, scale_bytes
-from .gemm import OUT_DTYPES
+from .formats import BLOCK
+from .gemm import operands
 from .kernels import mx_grouped_gemm_nt
 from .quant import _target
 
 FORMS = "2-D x 3-D (ragged M, with offs) or 3-D x 3-D (batched, no offs)"
-
-
-def _operand(q, s, fmt_name, what):
-    """``(format, elements as 3-D, scales as 3-D uint8)`` of one operand."""
-    fmt = elem_format(fmt_name)
-    t = elem_bytes(q, fmt)
-    t = t.view(fmt.torch_dtype) if fmt.per_byte == 1 else t
-    sb = scale_bytes(s)
-    if t.dim() != sb.dim():
-        raise ValueError(
-            f"mx_grouped_mm: {what} has shape {list(q.shape)} but its scales {list(s.shape)}"
-        )
-    return fmt, t.contiguous(), sb.contiguous()
 
 
 def _check_offs(offs, G, device):
@@ -81,28 +68,21 @@ def mx_grouped_mm(
     config: GemmConfig | None = None,
 ):
     """``torch._grouped_mm(dequant(a), dequant(b).mT, offs, bias, out_dtype)`` (module docstring)."""
-    fa, a, sa = _operand(a_q, a_scale, a_format, "a_q")
-    fb, b, sb = _operand(b_q, b_scale, b_format, "b_q")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"mx_grouped_mm out_dtype must be bf16, fp16 or fp32; got {out_dtype}")
-    if (a.dim(), b.dim()) == (2, 2):
+    if (a_q.dim(), b_q.dim()) == (2, 2):
         raise ValueError(
             "mx_grouped_mm: 2-D x 2-D (ragged K, the weight gradient) is not supported for MX "
             f"operands; supported: {FORMS}"
         )
-    if a.dim() not in (2, 3) or b.dim() != 3:
+    if a_q.dim() not in (2, 3) or b_q.dim() != 3:
         raise ValueError(
             f"mx_grouped_mm takes {FORMS}; got a_q {list(a_q.shape)} and b_q {list(b_q.shape)}"
         )
+    fa, a, sa, fb, b, sb, k = operands(
+        a_q, a_scale, b_q, b_scale, a_format, b_format, out_dtype, "mx_grouped_mm", (2, 3)
+    )
     if a.device != b.device:
         raise ValueError(f"mx_grouped_mm: a_q is on {a.device}, b_q on {b.device}")
-    G, n = b.shape[0], b.shape[1]
-    m, k = a.shape[-2], a.shape[-1] * fa.per_byte
-    kb = b.shape[2] * fb.per_byte
-    if kb != k:
-        raise ValueError(f"mx_grouped_mm: a holds K={k} elements per row, b K={kb}")
-    if k % BLOCK:
-        raise ValueError(f"mx_grouped_mm needs K ({k}) to be a multiple of the MX block {BLOCK}")
+    G, n, m = b.shape[0], b.shape[1], a.shape[-2]
     if a.dim() == 2:
         ragged = RAGGED_M
         offs = _check_offs(offs, G, a.device)
