@@ -161,3 +161,14 @@ def test_rejects_what_it_does_not_support():
         mx_grouped_mm(aq, sa, bq, sb, "e4m3", "int8", offs)
     with pytest.raises(ValueError, match="takes 2-D x 3-D"):
         mx_grouped_mm(aq, sa, bq[0, 0], sb[0, 0], "e4m3", "e4m3", offs)
+
+
+def test_family_grouped_checks_pass_on_cpu():
+    from flydsl_kernels.mx import FAMILY
+
+    cases = [c for c in FAMILY.cases() if c.kernel == "mx_grouped_gemm_nt"]
+    assert any("mxfp4 x mxfp4" in c.shape for c in cases) and len(cases) == 5
+    # each check runs its case's shipped config: mxfp8 decode tile, mxfp8 down and a8w4 large tile
+    for c in cases[::2]:
+        assert c.check("cpu") <= 1.0, c.shape
+    assert cases[0].check("cpu-interpret") <= 1.0
