@@ -7,7 +7,11 @@ from decode (1-64) through prefill (8192) and (N, K) from Llama-3.1-8B, Qwen3-32
 and gpt-oss-120b projections; grouped GEMMs (``torch._grouped_mm``, 2-D x 3-D,
 ragged M) for Qwen3-30B-A3B (128 experts, top-8), gpt-oss-120b (128, top-4) and
 DeepSeek-V3 (256, top-8) routing: uniform (every expert the same rows),
-projection (few tokens, decode-like) and ragged (seeded multinomial routing).
+projection (few tokens, decode-like) and ragged (seeded multinomial routing);
+MX grouped GEMMs (``mx_grouped_mm``, the MoE forward on MX operands) for
+Qwen3-30B-A3B (mxfp8) and gpt-oss-120b (MXFP4 experts: a8w4 and mxfp4 x
+mxfp4), against ATen's bf16 ``torch._grouped_mm`` of the dequantized operands
+(%peak is of the dense BF16 peak on every row, MX rows included).
 
 Every output is checked against the fp32 reference before it is timed. On a GPU:
 device-event medians (``bench_ops.time_gpu``), TFLOP/s, fraction of the target's
@@ -27,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_ops import geomean, time_cpu, time_gpu
+from flydsl_kernels import mx
 from flydsl_kernels.gemm import gemm, grouped_mm, reference
 
 #: (N, K) of the dense projections: name -> (N, K)
@@ -39,6 +44,13 @@ PROJ = {
     "gpt-oss.qkv": (5120, 2880),
 }
 DENSE_M = (1, 16, 64, 256, 1024, 4096, 8192)
+#: MX MoE: model -> (experts, top-k, N, K, activation format, weight format) of the up projection
+MX_MOE = {
+    "qwen3-30b-a3b mxfp8": (128, 8, 1536, 2048, "e4m3", "e4m3"),
+    "gpt-oss-120b a8w4": (128, 4, 5760, 2880, "e4m3", "e2m1"),
+    "gpt-oss-120b mxfp4": (128, 4, 5760, 2880, "e2m1", "e2m1"),
+}
+_MX_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.float4_e2m1fn_x2}
 #: model -> (experts, top-k, N, K) of the expert up projection
 MOE = {
     "qwen3-30b-a3b": (128, 8, 1536, 2048),
@@ -60,6 +72,16 @@ def grouped_cases(quick: bool):
     for name, (e, top, n, k) in MOE.items():
         for tokens, kind in ((4096, "uniform"), (64, "projection"), (4096, "ragged")):
             out.append((f"{name} {kind}", e, tokens * top, n, k, kind))
+    return out
+
+
+def mx_grouped_cases(quick: bool):
+    if quick:
+        return [("tiny mx ragged", 4, 40, 48, 160, "ragged", "e4m3", "e4m3")]
+    out = []
+    for name, (e, top, n, k, fa, fb) in MX_MOE.items():
+        for tokens, kind in ((4096, "ragged"), (64, "projection")):
+            out.append((f"{name} {kind}", e, tokens * top, n, k, kind, fa, fb))
     return out
 
 
@@ -132,6 +154,17 @@ def main(argv=None) -> int:
         w = torch.randn(e, n, k, generator=g).to(torch.bfloat16).to(device).transpose(1, 2)
         ours, aten = partial(grouped_mm, a, w, offs), partial(torch._grouped_mm, a, w, offs)
         ref = reference.grouped_mm(a, w, offs)
+        report(name, f"{rows}x{n}x{k} E{e}", 2 * rows * n * k, ours, aten, ours(), ref)
+    for name, e, rows, n, k, kind, fa, fb in mx_grouped_cases(quick):
+        offs = _offs(rows, e, kind, g).to(device)
+        a = torch.randn(rows, k, generator=g).to(device)
+        w = (torch.randn(e, n, k, generator=g) * 0.05).to(device)
+        ops = (*mx.to_mx(a, _MX_DTYPE[fa]), *mx.to_mx(w, _MX_DTYPE[fb]))
+        ad = mx.from_mx(*ops[:2], fa, out_dtype=torch.bfloat16)
+        wd = mx.from_mx(*ops[2:], fb, out_dtype=torch.bfloat16).transpose(1, 2)
+        ours = partial(mx.mx_grouped_mm, *ops, fa, fb, offs)
+        aten = partial(torch._grouped_mm, ad, wd, offs)  # bf16, on the dequantized operands
+        ref = mx.reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
         report(name, f"{rows}x{n}x{k} E{e}", 2 * rows * n * k, ours, aten, ours(), ref)
     gm = geomean(speedups)
     print(f"# geomean speedup vs ATen: {gm:.2f}x" if gm else "# no timings")
