@@ -102,6 +102,26 @@ def test_batched_3d_3d_matches_reference(fa, fb, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fa, fb", FORMATS[::2])
+def test_ragged_k_matches_reference(fa, fb, target):
+    """2-D x 2-D (weight gradient): groups split K at multiples of 32, empty ones give zeros;
+    the 64 tile straddles group boundaries, so the K mask at each group's end is exercised."""
+    offs = offsets([32, 0, 96, 32, 0])
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(11, int(offs[-1]), generator=g)  # (M, K): e.g. activations^T
+    dy = torch.randn(9, int(offs[-1]), generator=g)  # (N, K): gradients^T
+    ops = (*to_mx(x, _TORCH[fa]), *to_mx(dy, _TORCH[fb]))
+    got = mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32, target=target, config=SMALL)
+    want = reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
+    assert got.shape == (5, 11, 9)
+    assert_gemm_close(got, want)
+    assert not got[1].any() and not got[4].any()
+    a = reference.from_mx(*ops[:2], fa)
+    b = reference.from_mx(*ops[2:], fb)
+    assert_gemm_close(want, torch._grouped_mm(a, b.T, offs))  # the reference is torch's
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_all_groups_empty_and_no_rows(target):
     ops, _ = operands(0, 16, 64, 3, "e4m3", "e4m3", seed=1)
     out = mx_grouped_mm(*ops, "e4m3", "e4m3", offsets([0, 0, 0]), target=target)
@@ -131,8 +151,13 @@ def test_fp16_out_uint8_storage_and_k_zero():
 def test_rejects_what_it_does_not_support():
     offs = offsets([2, 3])
     (aq, sa, bq, sb), bias = operands(5, 8, 64, 2, "e4m3", "e4m3", seed=7)
-    with pytest.raises(ValueError, match=r"2-D x 2-D \(ragged K.* not supported"):
-        mx_grouped_mm(aq, sa, bq[0], sb[0], "e4m3", "e4m3", offs)
+    kq, ks = to_mx(torch.randn(5, 64), FP8)  # ragged K: 2-D x 2-D
+    with pytest.raises(
+        ValueError, match=r"ragged K .* multiple of the MX block 32.*offs\[1\] = 34"
+    ):
+        mx_grouped_mm(kq, ks, kq, ks, "e4m3", "e4m3", offsets([32, 2]))
+    with pytest.raises(ValueError, match="bias is for the 2-D x 3-D and 3-D x 3-D forms"):
+        mx_grouped_mm(kq, ks, kq, ks, "e4m3", "e4m3", offsets([32, 32]), bias=bias)
     with pytest.raises(ValueError, match="needs offs"):
         mx_grouped_mm(aq, sa, bq, sb, "e4m3", "e4m3")
     with pytest.raises(ValueError, match=r"offs must be a 1-D int32 tensor, got torch\.int64"):

@@ -8,6 +8,11 @@ Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
   -> ``(total_M, N)``; rows ``offs[g-1]:offs[g]`` use ``b[g]``. Rows past
   ``offs[-1]`` are not written (as ``torch._grouped_mm``, they are undefined).
 * 3-D x 3-D, batched: ``a_q (G, M, K)``, ``b_q (G, N, K)`` -> ``(G, M, N)``, no ``offs``.
+* 2-D x 2-D, ragged K (weight gradient): ``a_q (M, K)``, ``b_q (N, K)`` -> ``(G, M, N)``;
+  group ``g`` contracts K ``offs[g-1]:offs[g]`` (an empty group gives zeros).
+  The MX blocks run along K, so every ``offs`` must be a multiple of 32: this
+  is checked on the host (one sync on ``offs``, in this form only) and a
+  ``ValueError`` says which offset is not.
 
 The weights are in the NT layout (K contiguous), as ``to_mx`` of ``(G, N, K)``
 weights gives; fp4 operands hold ``K / 2`` bytes per row (``float4_e2m1fn_x2``).
@@ -18,11 +23,12 @@ with fp32 accumulation, rounded once to ``out_dtype`` (bf16, fp16, fp32);
 
 Formats: ``e4m3`` / ``e5m2`` (mxfp8) and ``e2m1`` (mxfp4) on either side:
 mxfp8 x mxfp8, mxfp4 x mxfp4, a8w4. Any M, N, group sizes (empty groups,
-groups smaller than a tile); any K that is a multiple of 32. Ragged K (the
-2-D x 2-D weight-gradient form) is not supported: it raises ``ValueError``.
+groups smaller than a tile); any K that is a multiple of 32. ``bias`` is for
+the 2-D x 3-D and 3-D x 3-D forms.
 
 One persistent launch covers every group (``kernels.mx_grouped_gemm_nt``);
-``offs`` is read in-kernel, so there is no host sync on it.
+``offs`` is read in-kernel, so there is no host sync on it (but for the
+ragged-K validation above).
 """
 
 from __future__ import annotations
@@ -30,19 +36,22 @@ from __future__ import annotations
 import torch
 
 from ..gemm.api import persistent_grid
-from ..gemm.kernels import RAGGED_M, RAGGED_NONE
+from ..gemm.kernels import RAGGED_K, RAGGED_M, RAGGED_NONE
 from .configs import GemmConfig, select_grouped
 from .formats import BLOCK
 from .gemm import operands
 from .kernels import mx_grouped_gemm_nt
 from .quant import _target
 
-FORMS = "2-D x 3-D (ragged M, with offs) or 3-D x 3-D (batched, no offs)"
+FORMS = (
+    "2-D x 3-D (ragged M, with offs), 3-D x 3-D (batched, no offs) or 2-D x 2-D (ragged K, "
+    "offs multiples of 32)"
+)
 
 
 def _check_offs(offs, G, device):
     if offs is None:
-        raise ValueError("mx_grouped_mm: a 2-D a_q (ragged M) needs offs, int32 cumulative ends")
+        raise ValueError("mx_grouped_mm: a 2-D a_q needs offs, int32 cumulative group ends")
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
         what = f"{offs.dtype} {offs.dim()}-D" if isinstance(offs, torch.Tensor) else type(offs)
         raise ValueError(f"mx_grouped_mm offs must be a 1-D int32 tensor, got {what}")
@@ -68,12 +77,7 @@ def mx_grouped_mm(
     config: GemmConfig | None = None,
 ):
     """``torch._grouped_mm(dequant(a), dequant(b).mT, offs, bias, out_dtype)`` (module docstring)."""
-    if (a_q.dim(), b_q.dim()) == (2, 2):
-        raise ValueError(
-            "mx_grouped_mm: 2-D x 2-D (ragged K, the weight gradient) is not supported for MX "
-            f"operands; supported: {FORMS}"
-        )
-    if a_q.dim() not in (2, 3) or b_q.dim() != 3:
+    if (a_q.dim(), b_q.dim()) not in ((2, 3), (3, 3), (2, 2)):
         raise ValueError(
             f"mx_grouped_mm takes {FORMS}; got a_q {list(a_q.shape)} and b_q {list(b_q.shape)}"
         )
@@ -82,21 +86,32 @@ def mx_grouped_mm(
     )
     if a.device != b.device:
         raise ValueError(f"mx_grouped_mm: a_q is on {a.device}, b_q on {b.device}")
-    G, n, m = b.shape[0], b.shape[1], a.shape[-2]
-    if a.dim() == 2:
-        ragged = RAGGED_M
+    n, m = b.shape[-2], a.shape[-2]
+    if b.dim() == 2:
+        ragged = RAGGED_K
+        G = offs.shape[0] if isinstance(offs, torch.Tensor) and offs.dim() == 1 else 0
+        offs = _check_offs(offs, G, a.device)
+        _check_k_offsets(offs)
+        a, sa, b, sb = a[None], sa[None], b[None], sb[None]
+    elif a.dim() == 2:
+        ragged, G = RAGGED_M, b.shape[0]
         offs = _check_offs(offs, G, a.device)
         a, sa = a[None], sa[None]
     else:
-        ragged = RAGGED_NONE
+        ragged, G = RAGGED_NONE, b.shape[0]
         if offs is not None:
             raise ValueError("mx_grouped_mm: 3-D x 3-D is a batched matmul and takes no offs")
         if a.shape[0] != G:
             raise ValueError(f"mx_grouped_mm: a_q has {a.shape[0]} groups, b_q {G}")
-    if tuple(sa.shape) != (a.shape[0], m, k // BLOCK) or tuple(sb.shape) != (G, n, k // BLOCK):
+    want_a, want_b = (*a.shape[:2], k // BLOCK), (*b.shape[:2], k // BLOCK)
+    if tuple(sa.shape) != want_a or tuple(sb.shape) != want_b:
         raise ValueError(
-            f"mx_grouped_mm scales must be (..., rows, K/32): a {[a.shape[0], m, k // BLOCK]}, "
-            f"b {[G, n, k // BLOCK]}; got {list(a_scale.shape)} and {list(b_scale.shape)}"
+            f"mx_grouped_mm scales must be (..., rows, K/32): a {list(want_a)}, b {list(want_b)} "
+            f"(a leading 1 for a 2-D operand); got {list(a_scale.shape)} and {list(b_scale.shape)}"
+        )
+    if bias is not None and ragged == RAGGED_K:
+        raise ValueError(
+            "mx_grouped_mm bias is for the 2-D x 3-D and 3-D x 3-D forms, not ragged K"
         )
     if bias is not None:
         if tuple(bias.shape) != (G, n) or not bias.is_floating_point():
@@ -117,11 +132,22 @@ def mx_grouped_mm(
     tgt = _target(a, target)
     programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, tgt)
     mx_grouped_gemm_nt[(programs,)](
-        a, sa, b, sb, out if ragged == RAGGED_NONE else out[None], offs, bias, G, m, n, k,
+        a, sa, b, sb, out if out.dim() == 3 else out[None], offs, bias, G, m, n, k,
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,
         **cfg.constexprs(), target=tgt, options=cfg.options(),
     )  # fmt: skip
     return out
+
+
+def _check_k_offsets(offs):
+    """Ragged K: every group boundary on an MX block boundary (a host sync on ``offs``)."""
+    bad = (offs % BLOCK != 0).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(
+            f"mx_grouped_mm ragged K (2-D x 2-D) needs every offs to be a multiple of the MX "
+            f"block {BLOCK} (scales are per 32 elements along K); offs[{i}] = {int(offs[i])}"
+        )
 
 
 def _no_k(out, bias, offs, ragged):
