@@ -21,6 +21,10 @@ large 16 x v_mfma_scale_f32_32x32x64_f8f6f4. gfx942 has no block-scaled MFMA:
 Triton upcasts to bf16 (large: 128 x v_mfma_f32_32x32x8_bf16, 256 VGPR, 360 B of
 scratch, 6306 instructions; decode: 32 x v_mfma_f32_16x16x16_bf16, 166 VGPR,
 2491 instructions), recorded here, not asserted.
+
+Ragged K (the weight gradient, Qwen3-30B-A3B gate_up dW: M=2048, N=1536, 128 K
+groups over K=32768) with the large tile: 128 VGPR / 91 AGPR, 102384 B LDS, no
+scratch, 1249 instructions, 208 in the K loop, 128-bit loads.
 """
 
 from __future__ import annotations
@@ -57,6 +61,24 @@ def test_grouped_uses_the_native_scaled_mfma_on_gfx950(cls, fa, fb):
     assert not r.scratch_bytes and not r.vgpr_spill_count
     assert r.lds_bytes <= 160 * 1024
     assert r.occupancy >= 2  # the static model's floor
+
+
+def test_grouped_ragged_k_uses_the_scaled_mfma_on_gfx950():
+    """The weight-gradient form (K masked at each group's end) still lowers to the scaled MFMA."""
+    cfg = configs.select_grouped(2048, 1536, 4096 * 8, "e4m3", "e4m3")  # M = hidden 2048: large
+    ck = configs.compile_grouped(
+        *configs.WGRAD_MODEL_SHAPE, "e4m3", "e4m3", cfg=cfg, ragged_k=True, target="gfx950"
+    )
+    r = ck.executable.report
+    print(
+        f"gfx950 ragged K: {dict(r.matrix_ops)} vgpr={r.vgpr} agpr={r.agpr} lds={r.lds_bytes} "
+        f"loads={dict(r.load_widths_bits)}"
+    )
+    assert r.matrix_ops and set(r.matrix_ops) <= SCALED_MFMA, r.matrix_ops
+    assert not r.scratch_bytes and r.lds_bytes <= 160 * 1024
+    # the group ends are rounded to multiples of 32 in the kernel, so the masked K loads stay
+    # 128-bit (without that hint they were byte loads, and every tile spilled)
+    assert max(r.load_widths_bits) == 128
 
 
 def test_select_grouped_follows_the_shape_classes():

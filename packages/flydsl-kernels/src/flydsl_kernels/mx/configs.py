@@ -11,7 +11,7 @@ gfx950 (no GPU needed) and ranked from its code object's resource report as
 the GEMM family's model does (``gemm.configs``: no spills / scratch, LDS
 within 160 KiB, 2+ waves per SIMD; widest loads, then instructions of the
 inner K loop per MAC, then occupancy). ``python -m flydsl_kernels.mx.configs``
-reprints the ranking.
+reprints the ranking (``--wgrad``: the ragged-K form).
 """
 
 from __future__ import annotations
@@ -159,14 +159,22 @@ def grouped_space() -> list[GemmConfig]:
     return out
 
 
-def rank_grouped(candidates=None, target=TARGET, fmt=("e4m3", "e4m3")):
+#: the weight-gradient model shape: Qwen3-30B-A3B's gate_up dW, (M, experts, N, K) =
+#: (hidden 2048, 128 experts, 1536, 32768 routed rows split into 128 K groups)
+WGRAD_MODEL_SHAPE = (2048, 128, 1536, 4096 * 8)
+
+
+def rank_grouped(candidates=None, target=TARGET, fmt=("e4m3", "e4m3"), ragged_k=False):
     """The static model over ``grouped_space()``: every candidate cross-compiled for ``target``
-    at ``GROUPED_MODEL_SHAPE`` (mxfp8), judged and ranked as the GEMM family's model does
-    (``gemm.configs.rank``), the K loop being the persistent kernel's inner loop. Untimed."""
+    at ``GROUPED_MODEL_SHAPE`` (``WGRAD_MODEL_SHAPE`` with ``ragged_k``; mxfp8), judged and
+    ranked as the GEMM family's model does (``gemm.configs.rank``), the K loop being the
+    persistent kernel's inner loop. Untimed."""
     from ..gemm.configs import inner_mfma_loop_instructions, rank
 
+    shape = WGRAD_MODEL_SHAPE if ragged_k else GROUPED_MODEL_SHAPE
+
     def compile_fn(cfg, target):
-        return compile_grouped(*GROUPED_MODEL_SHAPE, *fmt, cfg=cfg, target=target)
+        return compile_grouped(*shape, *fmt, cfg=cfg, target=target, ragged_k=ragged_k)
 
     return rank(
         grouped_space() if candidates is None else candidates,
@@ -192,25 +200,32 @@ GROUPED_SHIPPED: dict[str, GemmConfig] = {
 
 def select_grouped(m_per_group: int, n: int, k: int, a_format: str, b_format: str) -> GemmConfig:
     """The grouped MX GEMM's tile by the rows a group has on average (MoE: tokens per expert),
-    in the GEMM family's shape classes (decode <= 16 rows, small <= 64, large)."""
+    in the GEMM family's shape classes (decode <= 16 rows, small <= 64, large). Ragged K (the
+    weight gradient) passes its M and takes the same classes: it was not modelled apart
+    (``rank_grouped(ragged_k=True)`` / ``--wgrad`` would), the compile tier checks its tile."""
     from ..gemm.configs import shape_class
 
     return GROUPED_SHIPPED[shape_class(m_per_group)]
 
 
-def grouped_compile_args(tokens, experts, n, k, a_format, b_format, out_dtype="bf16"):
-    """``(args, constexprs)`` to compile the ragged-M grouped MX GEMM (2-D a, 3-D weights)."""
+def grouped_compile_args(
+    tokens, experts, n, k, a_format, b_format, out_dtype="bf16", ragged_k=False
+):
+    """``(args, constexprs)`` to compile the grouped MX GEMM: ragged M (2-D a ``(tokens, k)``,
+    3-D weights ``(experts, n, k)``), or with ``ragged_k`` the weight gradient (``a (tokens, k)``,
+    ``b (n, k)``, ``experts`` K groups, out ``(experts, tokens, n)``)."""
     from flydsl_core import TensorSpec
 
     def elems(lead, rows, fmt):
         return TensorSpec(_FP8.get(fmt, "uint8"), (lead, rows, k // _EPB[fmt]))
 
+    gb_ = 1 if ragged_k else experts
     args = [
         elems(1, tokens, a_format),
         TensorSpec("uint8", (1, tokens, k // 32)),
-        elems(experts, n, b_format),
-        TensorSpec("uint8", (experts, n, k // 32)),
-        TensorSpec(out_dtype, (1, tokens, n)),
+        elems(gb_, n, b_format),
+        TensorSpec("uint8", (gb_, n, k // 32)),
+        TensorSpec(out_dtype, (experts if ragged_k else 1, tokens, n)),
         TensorSpec("int32", (experts,)),
         None,  # bias
         experts,
@@ -219,26 +234,29 @@ def grouped_compile_args(tokens, experts, n, k, a_format, b_format, out_dtype="b
         k,
     ]
     gb = max(16, 1 << (experts - 1).bit_length())
-    fixed = {"FA": a_format, "FB": b_format, "GB": gb, "RAGGED": 1, "HAS_BIAS": False}
-    return args, fixed
+    fixed = {"FA": a_format, "FB": b_format, "GB": gb, "RAGGED": 2 if ragged_k else 1}
+    return args, {**fixed, "HAS_BIAS": False}
 
 
 def compile_grouped(
-    tokens, experts, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET
-):
+    tokens, experts, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET,
+    ragged_k=False,
+):  # fmt: skip
     from .kernels import mx_grouped_gemm_nt
 
     cfg = cfg or select_grouped(max(1, tokens // experts), n, k, a_format, b_format)
-    args, fixed = grouped_compile_args(tokens, experts, n, k, a_format, b_format)
+    args, fixed = grouped_compile_args(tokens, experts, n, k, a_format, b_format, ragged_k=ragged_k)
     return mx_grouped_gemm_nt.compile(
         *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
     )
 
 
 if __name__ == "__main__":  # pragma: no cover - a developer tool
+    import sys
+
     from ..gemm.configs import best_per_class
 
-    ranked = rank_grouped()
+    ranked = rank_grouped(ragged_k="--wgrad" in sys.argv)
     for cfg, fig, why in ranked:
         print(cfg, fig if fig else why)
     print("per class:", best_per_class(ranked))
