@@ -37,7 +37,7 @@ def offsets(sizes):
     return torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32)
 
 
-def operands(m, n, k, groups, fa, fb, seed, batched=False):
+def operands(m, n, k, groups, fa, fb, seed, batched=False, device="cpu"):
     """Fresh random MX operands: a ``(m, k)`` (``(groups, m, k)`` if batched), b ``(groups, n, k)``,
     blocks at different scales; and a ``(groups, n)`` bias."""
     g = torch.Generator().manual_seed(seed)
@@ -45,7 +45,8 @@ def operands(m, n, k, groups, fa, fb, seed, batched=False):
     w = torch.randn(groups, n, k, generator=g) * 0.1
     a[..., : min(k, 32)] *= 8.0
     w[..., -32:] *= 0.25
-    bias = torch.randn(groups, n, generator=g)
+    bias = torch.randn(groups, n, generator=g).to(device)
+    a, w = a.to(device), w.to(device)
     return (*to_mx(a, _TORCH[fa]), *to_mx(w, _TORCH[fb])), bias
 
 
@@ -197,3 +198,17 @@ def test_family_grouped_checks_pass_on_cpu():
     for c in cases[::2]:
         assert c.check("cpu") <= 1.0, c.shape
     assert cases[0].check("cpu-interpret") <= 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fa, fb", FORMATS)
+def test_ragged_m_on_gpu_with_the_shipped_configs(fa, fb):
+    """On a GPU (skipped without one): every shipped tile class against the reference."""
+    g = torch.Generator().manual_seed(21)
+    for rows, experts in ((40, 16), (3000, 8)):  # decode-like and large-tile rows per expert
+        counts = torch.bincount(torch.randint(0, experts, (rows,), generator=g), minlength=experts)
+        offs = counts.cumsum(0).to(torch.int32)
+        ops, bias = operands(rows, 200, 544, experts, fa, fb, seed=rows, device="cuda")
+        got = mx_grouped_mm(*ops, fa, fb, offs.cuda(), bias=bias)
+        want = reference.mx_grouped_mm(*(t.cpu() for t in ops), fa, fb, offs, bias=bias.cpu())
+        assert_gemm_close(got.cpu(), want)
