@@ -201,8 +201,9 @@ GROUPED_SHIPPED: dict[str, GemmConfig] = {
 def select_grouped(m_per_group: int, n: int, k: int, a_format: str, b_format: str) -> GemmConfig:
     """The grouped MX GEMM's tile by the rows a group has on average (MoE: tokens per expert),
     in the GEMM family's shape classes (decode <= 16 rows, small <= 64, large). Ragged K (the
-    weight gradient) passes its M and takes the same classes: it was not modelled apart
-    (``rank_grouped(ragged_k=True)`` / ``--wgrad`` would), the compile tier checks its tile."""
+    weight gradient) passes its M and takes the same classes: the model run on that form
+    (``--wgrad``, at ``WGRAD_MODEL_SHAPE``) ranks the same small and large tiles first (its
+    decode pick differs, but a weight gradient's M is a hidden size, never decode-like)."""
     from ..gemm.configs import shape_class
 
     return GROUPED_SHIPPED[shape_class(m_per_group)]

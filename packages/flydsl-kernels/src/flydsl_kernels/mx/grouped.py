@@ -6,7 +6,8 @@ Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
 
 * 2-D x 3-D, ragged M (MoE forward): ``a_q (total_M, K)``, ``b_q (G, N, K)``
   -> ``(total_M, N)``; rows ``offs[g-1]:offs[g]`` use ``b[g]``. Rows past
-  ``offs[-1]`` are not written (as ``torch._grouped_mm``, they are undefined).
+  ``offs[-1]`` belong to no group and are left unwritten (``torch.empty``), as
+  ``gemm.grouped_mm`` leaves them; the MoE routing makes ``offs[-1] == total_M``.
 * 3-D x 3-D, batched: ``a_q (G, M, K)``, ``b_q (G, N, K)`` -> ``(G, M, N)``, no ``offs``.
 * 2-D x 2-D, ragged K (weight gradient): ``a_q (M, K)``, ``b_q (N, K)`` -> ``(G, M, N)``;
   group ``g`` contracts K ``offs[g-1]:offs[g]`` (an empty group gives zeros).
