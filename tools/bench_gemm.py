@@ -12,6 +12,10 @@ MX block-scaled GEMMs (``mx_gemm``, mxfp8, mxfp4 and a8w4) at decode M=32 with
 Llama-3.1-8B's 4096x4096 and 14336x4096 projections, against the baseline of
 ``flydsl_kernels.mx.baseline`` (``torch._scaled_mm`` where the device has MX
 MMA, else torch dequantize + bf16 matmul; the row names which).
+MX grouped GEMMs (``mx_grouped_mm``, the MoE forward on MX operands) for
+Qwen3-30B-A3B (mxfp8) and gpt-oss-120b (MXFP4 experts: a8w4 and mxfp4 x
+mxfp4), against ATen's bf16 ``torch._grouped_mm`` of the dequantized operands.
+MX rows print no %peak (the dense BF16 peak is not the MX one).
 
 Every output is checked against the fp32 reference before it is timed. On a GPU:
 device-event medians (``bench_ops.time_gpu``), TFLOP/s, fraction of the target's
@@ -44,6 +48,13 @@ PROJ = {
     "gpt-oss.qkv": (5120, 2880),
 }
 DENSE_M = (1, 16, 64, 256, 1024, 4096, 8192)
+#: MX MoE: model -> (experts, top-k, N, K, activation format, weight format) of the up projection
+MX_MOE = {
+    "qwen3-30b-a3b mxfp8": (128, 8, 1536, 2048, "e4m3", "e4m3"),
+    "gpt-oss-120b a8w4": (128, 4, 5760, 2880, "e4m3", "e2m1"),
+    "gpt-oss-120b mxfp4": (128, 4, 5760, 2880, "e2m1", "e2m1"),
+}
+_MX_DTYPE = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.float4_e2m1fn_x2}
 #: model -> (experts, top-k, N, K) of the expert up projection
 MOE = {
     "qwen3-30b-a3b": (128, 8, 1536, 2048),
@@ -71,12 +82,21 @@ def grouped_cases(quick: bool):
 #: MX GEMMs (M, N, K) at decode M from Llama-3.1-8B, each as mxfp8, mxfp4 and a8w4
 MX_SHAPES = ((32, 4096, 4096), (32, 14336, 4096))
 MX_FORMATS = (("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
-_MX_TORCH = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.float4_e2m1fn_x2}
 
 
 def mx_cases(quick: bool):
     shapes = ((4, 64, 256),) if quick else MX_SHAPES
     return [(m, n, k, fa, fb) for m, n, k in shapes for fa, fb in MX_FORMATS]
+
+
+def mx_grouped_cases(quick: bool):
+    if quick:
+        return [("tiny mx ragged", 4, 40, 48, 160, "ragged", "e4m3", "e4m3")]
+    out = []
+    for name, (e, top, n, k, fa, fb) in MX_MOE.items():
+        for tokens, kind in ((4096, "ragged"), (64, "projection")):
+            out.append((f"{name} {kind}", e, tokens * top, n, k, kind, fa, fb))
+    return out
 
 
 def _offs(rows, experts, kind, g):
@@ -152,7 +172,7 @@ def main(argv=None) -> int:
     for m, n, k, fa, fb in mx_cases(quick):
         a = torch.randn(m, k, generator=g).to(device)
         w = (torch.randn(n, k, generator=g) * 0.05).to(device)
-        ops = (*mx.to_mx(a, _MX_TORCH[fa]), *mx.to_mx(w, _MX_TORCH[fb]))
+        ops = (*mx.to_mx(a, _MX_DTYPE[fa]), *mx.to_mx(w, _MX_DTYPE[fb]))
         kind = mx.baseline.choose(device, fa, fb)
         ours = partial(mx.mx_gemm, *ops, fa, fb)
         theirs = mx.baseline.thunk(kind, *ops, fa, fb)
@@ -160,6 +180,18 @@ def main(argv=None) -> int:
         name = f"mx {fa}x{fb} vs {mx.baseline.NAMES[kind]}"
         # no %peak: the bf16 peak is not the MX one
         report(name, f"{m}x{n}x{k}", 2 * m * n * k, ours, theirs, ours(), ref, peak=None)
+    for name, e, rows, n, k, kind, fa, fb in mx_grouped_cases(quick):
+        offs = _offs(rows, e, kind, g).to(device)
+        a = torch.randn(rows, k, generator=g).to(device)
+        w = (torch.randn(e, n, k, generator=g) * 0.05).to(device)
+        ops = (*mx.to_mx(a, _MX_DTYPE[fa]), *mx.to_mx(w, _MX_DTYPE[fb]))
+        ad = mx.from_mx(*ops[:2], fa, out_dtype=torch.bfloat16)
+        wd = mx.from_mx(*ops[2:], fb, out_dtype=torch.bfloat16).transpose(1, 2)
+        ours = partial(mx.mx_grouped_mm, *ops, fa, fb, offs)
+        aten = partial(torch._grouped_mm, ad, wd, offs)  # bf16, on the dequantized operands
+        ref = mx.reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
+        label = f"{name} vs dequant + bf16 _grouped_mm"
+        report(label, f"{rows}x{n}x{k} E{e}", 2 * rows * n * k, ours, aten, ours(), ref, peak=None)
     gm = geomean(speedups)
     print(f"# geomean speedup vs ATen: {gm:.2f}x" if gm else "# no timings")
     return 1 if failed else 0

@@ -102,6 +102,11 @@ def test_dequantizer_on_gfx950(fmt, out):
 
 def test_family_cases_compile_for_gfx950():
     cases = list(FAMILY.cases())
-    assert {c.kernel for c in cases} == {"mx_quantize", "mx_dequantize", "mx_gemm_nt"}
+    assert {c.kernel for c in cases} == {
+        "mx_quantize",
+        "mx_dequantize",
+        "mx_gemm_nt",
+        "mx_grouped_gemm_nt",
+    }
     for c in cases[:1] + [c for c in cases if "14336" in c.shape][:1]:
         assert c.compile("gfx950").executable.report.instruction_count > 0

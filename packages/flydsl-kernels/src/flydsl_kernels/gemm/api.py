@@ -204,6 +204,21 @@ def _xcds(target, t) -> int:
 # -- grouped ---------------------------------------------------------------------------------------
 
 
+def persistent_grid(ragged, G, M, N, BM, BN, target) -> tuple[int, int]:
+    """``(programs, GB)`` of a persistent grouped launch (``kernels.group_schedule``).
+
+    Programs: at most the tile count (an upper bound without reading
+    ``offs``: every group may have a partial tail tile along the ragged
+    dimension), at most a few per CU. ``GB``: the power of two >= ``G`` (>= 16)
+    the kernel loads ``offs`` with.
+    """
+    tn = math.ceil(N / BN) + (G if ragged == RAGGED_N else 0)
+    tm = math.ceil(M / BM) + (G if ragged == RAGGED_M else 0)
+    tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
+    programs = max(1, min(tiles, configs.grouped_programs(target)))
+    return programs, max(16, 1 << (G - 1).bit_length())
+
+
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None):
     """``torch._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)`` in one persistent launch.
 
@@ -267,16 +282,10 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     o3 = out if out.dim() == 3 else out[None]
     cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K)
     tgt = _target(mat_a, target)
-    # persistent grid: at most the tile count (an upper bound: every group's tail tile),
-    # at most a few programs per CU
-    tn = math.ceil(N / cfg.BN) + (G if ragged == RAGGED_N else 0)
-    tm = math.ceil(M / cfg.BM) + (G if ragged == RAGGED_M else 0)
-    tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
-    programs = max(1, min(tiles, configs.grouped_programs(tgt)))
+    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt)
     grouped_gemm_kernel[(programs,)](
         a3, b3, o3, offs, bias, G, M, N, K,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=max(16, 1 << (G - 1).bit_length()),
-        RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
         HAS_BIAS=bias is not None, target=tgt, options=_options(cfg, tgt),
     )  # fmt: skip
     return out

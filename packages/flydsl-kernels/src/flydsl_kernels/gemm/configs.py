@@ -154,12 +154,12 @@ _LABEL = re.compile(r"^(\.?L\w+):")
 _BRANCH = re.compile(r"^\s*s_cbranch_\w+\s+(\.?L\w+)")
 
 
-def k_loop_body(amdgcn: str) -> list[str]:
-    """Instructions of the innermost loop of ``amdgcn``: the lines from a label to the last
-    conditional branch back to it (a backward branch); the longest such loop if several."""
+def loop_bodies(amdgcn: str) -> list[list[str]]:
+    """Instructions of each loop of ``amdgcn``: the lines from a label to a conditional branch
+    back to it (a backward branch); an outer loop's body includes its inner loops."""
     lines = amdgcn.splitlines()
     labels: dict[str, int] = {}
-    best: list[str] = []
+    out: list[list[str]] = []
     for i, line in enumerate(lines):
         m = _LABEL.match(line.strip())
         if m:
@@ -167,20 +167,32 @@ def k_loop_body(amdgcn: str) -> list[str]:
             continue
         b = _BRANCH.match(line)
         if b and b.group(1) in labels:
-            body = [
-                ln.strip()
-                for ln in lines[labels[b.group(1)] + 1 : i + 1]
-                if ln.strip()
-                and not ln.strip().startswith((";", ".", "//"))
-                and ":" not in ln.split()[0]
-            ]
-            if len(body) > len(best):
-                best = body
-    return best
+            out.append(
+                [
+                    ln.strip()
+                    for ln in lines[labels[b.group(1)] + 1 : i + 1]
+                    if ln.strip()
+                    and not ln.strip().startswith((";", ".", "//"))
+                    and ":" not in ln.split()[0]
+                ]
+            )
+    return out
+
+
+def k_loop_body(amdgcn: str) -> list[str]:
+    """The K loop of a one-loop GEMM kernel: the longest loop of ``amdgcn``."""
+    return max(loop_bodies(amdgcn), key=len, default=[])
 
 
 def k_loop_instructions(amdgcn: str) -> int:
     return len(k_loop_body(amdgcn))
+
+
+def inner_mfma_loop_instructions(amdgcn: str) -> int:
+    """Instructions of the shortest loop holding a matrix op: the K loop of a persistent kernel,
+    whose outer tile loop contains it."""
+    mfma = [b for b in loop_bodies(amdgcn) if any(ln.startswith("v_mfma") for ln in b)]
+    return min((len(b) for b in mfma), default=0)
 
 
 # -- the static model ------------------------------------------------------------------------------
@@ -215,22 +227,31 @@ def score(cfg: Config, fig: dict) -> tuple:
 OCCUPANCY_FLOOR = 2
 
 
-def rank(candidates=None, target=TARGET, M=4096, N=4096, K=4096):
-    """``[(Config, figures or None, rejected or None)]``, survivors best first."""
+def rank(candidates=None, target=TARGET, M=4096, N=4096, K=4096, *, compile_fn=None, k_loop=None):
+    """``[(Config, figures or None, rejected or None)]``, survivors best first.
+
+    ``compile_fn(cfg, target)`` compiles another kernel than the dense GEMM at
+    ``(M, N, K)`` (its configs need the fields ``score`` reads); ``k_loop(amdgcn)``
+    counts its K-loop instructions (default ``k_loop_instructions``).
+    """
     from flydsl_core.autotune.prune import Candidate, judge
     from flydsl_core.exc import FlyDSLError
     from flydsl_core.targets import get_target
 
     tgt = get_target(target)
+    compile_fn = compile_fn or (lambda cfg, target: compile_config(cfg, M, N, K, target=target))
     rows = []
     for cfg in candidates if candidates is not None else space():
         try:
-            ck = compile_config(cfg, M, N, K, target=target)
+            ck = compile_fn(cfg, target)
         except FlyDSLError as e:
             rows.append((cfg, None, f"compile failed: {e.msg}"))
             continue
         cand = judge(Candidate(None, ck.executable.report.to_dict()), tgt, OCCUPANCY_FLOOR)
-        rows.append((cfg, figures(ck), cand.rejected))
+        fig = figures(ck)
+        if k_loop is not None:
+            fig["k_loop"] = k_loop(ck.stages()["amdgcn"])
+        rows.append((cfg, fig, cand.rejected))
     ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
     return ok + [r for r in rows if r[2] is not None]
 

@@ -22,6 +22,7 @@ once to the output dtype on store.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import flydsl_core as fly
 
@@ -265,6 +266,84 @@ def splitk_reduce_kernel(
 RAGGED_NONE, RAGGED_M, RAGGED_K, RAGGED_N = 0, 1, 2, 3
 
 
+class GroupSchedule(NamedTuple):
+    """Every group's tile grid, laid end to end (trace-time values, see ``group_schedule``)."""
+
+    gi: object  # (GB,) group indices
+    gmask: object  # (GB,) g < G
+    starts: object  # (GB,) first row / column / K index of each group along the ragged dim
+    ends: object  # (GB,) its end (offs)
+    tiles_n: object  # (GB,) tiles along N per group
+    tiles: object  # (GB,) tiles per group (0 for an empty group or g >= G)
+    tile_end: object  # (GB,) inclusive prefix sum of ``tiles``
+    total: object  # scalar: the tiles of all groups
+
+
+class GroupTile(NamedTuple):
+    """Where global tile ``t`` of a ``GroupSchedule`` lies (see ``group_tile``)."""
+
+    g: object  # its group
+    m0: object  # first row / column of the tile in the (3-D) operands' coordinates
+    n0: object
+    m_end: object  # row / column bounds of the group (masks)
+    n_end: object
+    k0: object  # the group's K range
+    k1: object
+    ab: object  # batch of a, b and out the tile reads / writes
+    bb: object
+    ob: object
+
+
+def group_schedule(offs, G, M, N, BM, BN, GB, RAGGED) -> GroupSchedule:
+    """Load ``offs`` once (``GB >= G``, a power of two) and derive every group's tile count and
+    their prefix sum: a tile's group is then found by counting prefix ends (``group_tile``),
+    with no host loop and no host sync on ``offs``. Empty groups own no tiles."""
+    gi = fly.arange(0, GB)
+    gmask = gi < G
+    if RAGGED == RAGGED_NONE:
+        ends = fly.zeros((GB,), fly.int32)
+        starts = ends
+    else:
+        ends = offs[fly.ds(0, GB)].load(gmask, bounds_check=False).to(fly.int32)
+        # a group's start is the previous group's end (0 for the first): a gather of offs[g - 1]
+        prev = offs[fly.maximum(gi - 1, 0)].load(gmask & (gi >= 1), bounds_check=False)
+        starts = prev.to(fly.int32)
+    sizes = ends - starts
+    gm = sizes if RAGGED == RAGGED_M else fly.full((GB,), 0, fly.int32) + M
+    gn = sizes if RAGGED == RAGGED_N else fly.full((GB,), 0, fly.int32) + N
+    tiles_n = (gn + (BN - 1)) // BN
+    tiles = fly.where(gmask, ((gm + (BM - 1)) // BM) * tiles_n, 0)
+    tile_end = fly.cumsum(tiles, 0)
+    return GroupSchedule(gi, gmask, starts, ends, tiles_n, tiles, tile_end, fly.sum(tiles, 0))
+
+
+def group_tile(t, s: GroupSchedule, M, N, K, BM, BN, RAGGED) -> GroupTile:
+    """Tile ``t`` of schedule ``s``: its group, origin, the group's bounds and operand batches.
+
+    Group ``g`` reads batch ``g`` of a 3-D operand and batch 0 of a 2-D one
+    (passed as ``(1, rows, cols)``); the ragged dimension's origin is offset
+    by the group's start and bounded by its end.
+    """
+    # the group of tile t: how many groups end at or before it
+    g = fly.sum(fly.where(s.gmask & (s.tile_end <= t), 1, 0), 0)
+    sel = s.gi == g
+    first = fly.sum(fly.where(sel, s.tile_end - s.tiles, 0), 0)
+    tn = fly.sum(fly.where(sel, s.tiles_n, 0), 0)
+    g0 = fly.sum(fly.where(sel, s.starts, 0), 0)
+    g1 = fly.sum(fly.where(sel, s.ends, 0), 0)
+    local = t - first
+    m0, n0 = (local // tn) * BM, (local % tn) * BN
+    m_end, n_end, k0, k1 = M, N, 0, K
+    ab, bb, ob = g, g, g
+    if RAGGED == RAGGED_M:
+        m0, m_end, ab, ob = m0 + g0, g1, 0, 0
+    elif RAGGED == RAGGED_N:
+        n0, n_end, bb, ob = n0 + g0, g1, 0, 0
+    elif RAGGED == RAGGED_K:
+        k0, k1, ab, bb = g0, g1, 0, 0
+    return GroupTile(g, m0, n0, m_end, n_end, k0, k1, ab, bb, ob)
+
+
 @fly.kernel
 def grouped_gemm_kernel(
     a,
@@ -286,66 +365,30 @@ def grouped_gemm_kernel(
     HAS_BIAS: fly.constexpr,
 ):
     """Every group's tiles in one persistent launch: program ``p`` of ``P`` takes global tiles
-    ``p, p + P, ...`` of the concatenation of all groups' tile grids.
+    ``p, p + P, ...`` of the concatenation of all groups' tile grids (``group_schedule``).
 
     Operands are 3-D; group ``g`` reads batch ``g`` of a 3-D operand and
     batch 0 of a 2-D one (passed as ``(1, rows, cols)``). ``offs`` (int32,
     ``G`` cumulative end offsets) splits the ``RAGGED`` dimension; ``M``, ``N``,
-    ``K`` are the full extents (the ragged one is the total). Each program
-    loads ``offs`` once (``GB >= G``, a power of two), derives every group's
-    tile count and their prefix sum, and finds a tile's group by counting the
-    prefix ends at or below it: no host loop, no host sync on ``offs``.
-    Empty groups own no tiles; a group smaller than a tile is masked.
+    ``K`` are the full extents (the ragged one is the total). Empty groups
+    own no tiles; a group smaller than a tile is masked.
     """
-    gi = fly.arange(0, GB)
-    gmask = gi < G
-    if RAGGED == RAGGED_NONE:
-        ends = fly.zeros((GB,), fly.int32)
-        starts = ends
-    else:
-        ends = offs[fly.ds(0, GB)].load(gmask, bounds_check=False).to(fly.int32)
-        # a group's start is the previous group's end (0 for the first): a gather of offs[g - 1]
-        prev = offs[fly.maximum(gi - 1, 0)].load(gmask & (gi >= 1), bounds_check=False)
-        starts = prev.to(fly.int32)
-    sizes = ends - starts
-    gm = sizes if RAGGED == RAGGED_M else fly.full((GB,), 0, fly.int32) + M
-    gn = sizes if RAGGED == RAGGED_N else fly.full((GB,), 0, fly.int32) + N
-    tiles_n = (gn + (BN - 1)) // BN
-    tiles = fly.where(gmask, ((gm + (BM - 1)) // BM) * tiles_n, 0)
-    tile_end = fly.cumsum(tiles, 0)
-    total = fly.sum(tiles, 0)
-    for t in fly.range(fly.program_id(0), total, fly.num_programs(0)):
-        # the group of tile t: how many groups end at or before it
-        g = fly.sum(fly.where(gmask & (tile_end <= t), 1, 0), 0)
-        sel = gi == g
-        first = fly.sum(fly.where(sel, tile_end - tiles, 0), 0)
-        tn = fly.sum(fly.where(sel, tiles_n, 0), 0)
-        g0 = fly.sum(fly.where(sel, starts, 0), 0)
-        g1 = fly.sum(fly.where(sel, ends, 0), 0)
-        local = t - first
-        pm, pn = local // tn, local % tn
-        m0, n0 = pm * BM, pn * BN
-        m_end, n_end, k0, k1 = M, N, 0, K
-        ab, bb, ob = g, g, g
-        if RAGGED == RAGGED_M:
-            m0, m_end, ab, ob = m0 + g0, g1, 0, 0
-        elif RAGGED == RAGGED_N:
-            n0, n_end, bb, ob = n0 + g0, g1, 0, 0
-        elif RAGGED == RAGGED_K:
-            k0, k1, ab, bb = g0, g1, 0, 0
-        rmask = m0 + fly.arange(0, BM) < m_end
-        cmask = n0 + fly.arange(0, BN) < n_end
+    s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
+    for t in fly.range(fly.program_id(0), s.total, fly.num_programs(0)):
+        w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
+        rmask = w.m0 + fly.arange(0, BM) < w.m_end
+        cmask = w.n0 + fly.arange(0, BN) < w.n_end
         acc = fly.zeros((BM, BN), fly.fp32)
         # ragged K: the group's K chunk ends anywhere, so its tail is masked against k1
         _mainloop(
-            acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, k1, BM, BN, BK, EVEN_K, STAGES,
-            m_end, n_end,
+            acc, a, b, w.ab, w.bb, w.m0, w.n0, rmask, cmask, w.k0, w.k1, w.k1,
+            BM, BN, BK, EVEN_K, STAGES, w.m_end, w.n_end,
         )  # fmt: skip
         mask = rmask[:, None] & cmask[None, :]
         if HAS_BIAS:
             # bias is (G, N): one row per group (2-D x 3-D and 3-D x 3-D forms)
-            acc += bias[g, fly.ds(n0, BN)].load(cmask, bounds_check=False).to(fly.fp32)[None, :]
-        out[ob, fly.ds(m0, BM), fly.ds(n0, BN)].store(acc, mask, bounds_check=False)
+            acc += bias[w.g, fly.ds(w.n0, BN)].load(cmask, bounds_check=False).to(fly.fp32)[None, :]
+        out[w.ob, fly.ds(w.m0, BM), fly.ds(w.n0, BN)].store(acc, mask, bounds_check=False)
 
 
 KERNELS = {

@@ -1,16 +1,19 @@
-"""The MX (OCP Microscaling v1.0) family: quantization and the block-scaled GEMM.
+"""The MX (OCP Microscaling v1.0) family: quantization, the block-scaled GEMM and its grouped form.
 
-    from flydsl_kernels.mx import to_mx, from_mx, mx_gemm
+    from flydsl_kernels.mx import to_mx, from_mx, mx_gemm, mx_grouped_mm
 
     q, s = to_mx(x, torch.float8_e4m3fn)          # or torch.float8_e5m2, torch.float4_e2m1fn_x2
     x2 = from_mx(q, s, torch.float8_e4m3fn)       # fp32 (or out_dtype=bf16 / fp16)
     c = mx_gemm(aq, sa, wq, sw, "e4m3", "e2m1", bias=None, out_dtype=torch.bfloat16)  # a8w4, NT
+    y = mx_grouped_mm(xq, sx, wq3, sw3, "e4m3", "e4m3", offs)  # MoE forward: (G, N, K) experts
 
 Kernels (kernels.py): ``mx_quantize`` (integer bit manipulation on the fp32
 bits; one program per row chunk of 32-blocks), ``mx_dequantize`` (the same
 tiling; elements and scales decoded and the product rounded to fp32 / bf16 /
-fp16 with integer ops) and ``mx_gemm_nt`` (tiles with
-``fly.dot_scaled`` in a K loop: the native scaled MFMA on gfx950). The
+fp16 with integer ops), ``mx_gemm_nt`` (tiles with ``fly.dot_scaled`` in a K
+loop: the native scaled MFMA on gfx950) and ``mx_grouped_gemm_nt`` (the same
+K loop in one persistent launch over all groups' tiles, ``torch._grouped_mm``
+forms; grouped.py). The
 semantics are pinned by reference.py (the spec, in float64 PyTorch).
 """
 
@@ -22,6 +25,7 @@ from .. import registry
 from . import baseline, configs, reference
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .gemm import mx_gemm
+from .grouped import mx_grouped_mm
 from .kernels import KERNELS
 from .quant import from_mx, to_mx
 
@@ -30,6 +34,8 @@ _NAME = {"e4m3": "mxfp8", "e5m2": "mxfp8 e5m2", "e2m1": "mxfp4"}
 #: (M, K) of the CPU checks: the reference backend runs one program per Python loop iteration
 _CHECK_QUANT = (4, 256)
 _CHECK_GEMM = (5, 48, 256)
+#: (rows, experts, N, K) of the grouped CPU check
+_CHECK_GROUPED = (24, 5, 40, 160)
 
 
 def _check_target(device):
@@ -114,23 +120,32 @@ def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
     )
 
 
+def _mx_operands(a_shape, w_shape, fa, fb, device, seed):
+    """``(a_q, a_scale, w_q, w_scale)`` of random activations and 0.05-scaled weights."""
+    a = _randn(a_shape, device, seed)
+    w = _randn(w_shape, device, seed + 1).mul_(0.05)
+    return (*to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
+            *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None))  # fmt: skip
+
+
+def _check_error(got, want):
+    """One bf16 rounding of an fp32 sum that matches to fp32 precision: error <= 1 passes."""
+    tol = 2**-8 * want.abs() + 1e-2 * float(want.abs().max())
+    return float(((got.cpu().float() - want).abs() / tol).max()) if want.numel() else 0.0
+
+
 def _gemm_case(m, n, k, fa, fb):
     cfg = configs.select_gemm(m, n, k, fa, fb)
 
     def operands(shape, device, seed):
         mm, nn, kk = shape
-        a = _randn((mm, kk), device, seed)
-        w = _randn((nn, kk), device, seed + 1).mul_(0.05)
-        return (*to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
-                *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None))  # fmt: skip
+        return _mx_operands((mm, kk), (nn, kk), fa, fb, device, seed)
 
     def check(device):
         ops = operands(_CHECK_GEMM, _dev(device), 2)
         got = mx_gemm(*ops, fa, fb, out_dtype=torch.bfloat16, target=_check_target(device))
         want = reference.mx_gemm(*(t.cpu() for t in ops), fa, fb, out_dtype=torch.float32)
-        # one bf16 rounding of an fp32 sum that matches to fp32 precision
-        tol = 2**-8 * want.abs() + 1e-2 * float(want.abs().max())
-        return float(((got.cpu().float() - want).abs() / tol).max())
+        return _check_error(got, want)
 
     def run(device):
         ops = operands((m, n, k), device, 0)
@@ -156,6 +171,48 @@ def _gemm_case(m, n, k, fa, fb):
     )
 
 
+def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
+    rows = tokens * top
+    cfg = configs.select_grouped(max(1, rows // experts), n, k, fa, fb)
+
+    def inputs(device, rows, experts, nn, kk, seed):
+        ops = _mx_operands((rows, kk), (experts, nn, kk), fa, fb, device, seed)
+        # ragged routing: expert sizes from a seeded multinomial, some empty
+        g = torch.Generator().manual_seed(seed)
+        counts = torch.bincount(torch.randint(0, experts, (rows,), generator=g), minlength=experts)
+        return ops, counts.cumsum(0).to(torch.int32).to(device)
+
+    def check(device):
+        shape = _CHECK_GROUPED if _dev(device) == "cpu" else (rows, experts, n, k)
+        ops, offs = inputs(_dev(device), *shape, seed=3)
+        got = mx_grouped_mm(
+            *ops, fa, fb, offs, out_dtype=torch.bfloat16, target=_check_target(device), config=cfg
+        )
+        want = reference.mx_grouped_mm(
+            *(t.cpu() for t in ops), fa, fb, offs.cpu(), out_dtype=torch.float32
+        )
+        return _check_error(got, want)
+
+    def run(device):
+        ops, offs = inputs(device, rows, experts, n, k, seed=0)
+        return lambda: mx_grouped_mm(*ops, fa, fb, offs)
+
+    return registry.ReportCase(
+        family="mx",
+        kernel=KERNELS["grouped"].name,
+        shape=f"{tokens} tokens x top-{top} of {experts} experts, N={n} K={k} "
+        f"{_NAME[fa]} x {_NAME[fb]} (NT)",
+        config={**cfg.as_dict(), "kernel": "grouped"},
+        compile=lambda target: configs.compile_grouped(
+            rows, experts, n, k, fa, fb, cfg=cfg, target=target
+        ),
+        check=check,
+        run=run,
+        notes=f"{model}; persistent MX grouped GEMM, ragged M (MoE forward); "
+        "static-model default (cross-compiled), untimed",
+    )
+
+
 #: MX shapes (M, N, K) from /work/shared/reference/gfx950.md's models: Llama-3.1-8B projections
 GEMM_CASES = (
     (32, 4096, 4096, "e4m3", "e4m3"),
@@ -164,6 +221,16 @@ GEMM_CASES = (
     (32, 14336, 4096, "e2m1", "e2m1"),
     (32, 14336, 4096, "e4m3", "e2m1"),  # a8w4
     (1024, 8192, 8192, "e2m1", "e2m1"),
+)
+#: MoE expert GEMMs (tokens, top-k, experts, N, K, formats, model) from gfx950.md: Qwen3-30B-A3B
+#: (hidden 2048, moe_intermediate 768: gate+up N = 1536, down K = 768) and gpt-oss-120b (hidden
+#: = intermediate = 2880, MXFP4 experts), decode and prefill token counts
+GROUPED_CASES = (
+    (64, 8, 128, 1536, 2048, "e4m3", "e4m3", "Qwen3-30B-A3B gate_up"),
+    (4096, 8, 128, 1536, 2048, "e4m3", "e4m3", "Qwen3-30B-A3B gate_up"),
+    (4096, 8, 128, 2048, 768, "e4m3", "e4m3", "Qwen3-30B-A3B down"),
+    (64, 4, 128, 5760, 2880, "e2m1", "e2m1", "gpt-oss-120b gate_up"),
+    (4096, 4, 128, 5760, 2880, "e4m3", "e2m1", "gpt-oss-120b gate_up"),  # a8w4
 )
 QUANT_CASES = ((32, 4096, "e4m3"), (32, 4096, "e2m1"), (8192, 4096, "e4m3"), (8192, 4096, "e2m1"))
 DEQUANT_CASES = ((8192, 4096, "e4m3"), (8192, 4096, "e2m1"))
@@ -176,12 +243,14 @@ def _cases():
         yield _dequant_case(m, k, f)
     for m, n, k, fa, fb in GEMM_CASES:
         yield _gemm_case(m, n, k, fa, fb)
+    for case in GROUPED_CASES:
+        yield _grouped_case(*case)
 
 
 FAMILY = registry.Family(
     "mx",
     _cases,
-    description="OCP MX quantization (mxfp8 / mxfp4) and the block-scaled MX GEMM",
+    description="OCP MX quantization (mxfp8 / mxfp4), the block-scaled MX GEMM and its grouped (MoE) form",
     tags=("quantization", "gemm", "mx"),
 )
 
@@ -195,6 +264,7 @@ __all__ = [
     "elem_format",
     "from_mx",
     "mx_gemm",
+    "mx_grouped_mm",
     "reference",
     "to_mx",
 ]

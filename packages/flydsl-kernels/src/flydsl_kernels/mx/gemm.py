@@ -27,14 +27,28 @@ from .quant import _target
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _operand(q, s, fmt_name, what):
-    fmt = elem_format(fmt_name)
-    if q.dim() != 2:
-        raise ValueError(f"mx_gemm: {what} must be 2-D, got shape {list(q.shape)}")
-    # fp8 moves as its own dtype (dot_scaled wants fp8 tiles); fp4 as uint8 bytes
-    t = elem_bytes(q, fmt)
-    t = t.view(fmt.torch_dtype) if fmt.per_byte == 1 else t
-    return fmt, t.contiguous(), scale_bytes(s).contiguous()
+def operands(a_q, a_scale, b_q, b_scale, a_format, b_format, out_dtype, api, dims=(2,)):
+    """Validate both MX operands of ``api``: ``(fa, a, sa, fb, b, sb, K)`` with the elements as
+    dot_scaled wants them (fp8 as its own dtype, fp4 as uint8 bytes) and the scales as uint8,
+    contiguous. ``dims``: the ranks ``a_q`` may have (b_q: ``api``'s own check)."""
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"{api} out_dtype must be bf16, fp16 or fp32; got {out_dtype}")
+    out = []
+    for q, s, name, what in ((a_q, a_scale, a_format, "a_q"), (b_q, b_scale, b_format, "b_q")):
+        fmt = elem_format(name)
+        t = elem_bytes(q, fmt)
+        t = t.view(fmt.torch_dtype) if fmt.per_byte == 1 else t
+        if what == "a_q" and t.dim() not in dims:
+            want = " or ".join(f"{d}-D" for d in dims)
+            raise ValueError(f"{api}: {what} must be {want}, got shape {list(q.shape)}")
+        out += [fmt, t.contiguous(), scale_bytes(s).contiguous()]
+    fa, a, _, fb, b, _ = out
+    k, kb = a.shape[-1] * fa.per_byte, b.shape[-1] * fb.per_byte
+    if kb != k:
+        raise ValueError(f"{api}: a holds K={k} elements per row, b K={kb}")
+    if k % BLOCK:
+        raise ValueError(f"{api} needs K ({k}) to be a multiple of the MX block {BLOCK}")
+    return (*out, k)
 
 
 def mx_gemm(
@@ -51,16 +65,12 @@ def mx_gemm(
     config: GemmConfig | None = None,
 ):
     """``(dequant(a) @ dequant(b).T + bias).to(out_dtype)`` (see the module docstring)."""
-    fa, a, sa = _operand(a_q, a_scale, a_format, "a_q")
-    fb, b, sb = _operand(b_q, b_scale, b_format, "b_q")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"mx_gemm out_dtype must be bf16, fp16 or fp32; got {out_dtype}")
-    m, k = a.shape[0], a.shape[1] * fa.per_byte
-    n, kb = b.shape[0], b.shape[1] * fb.per_byte
-    if kb != k:
-        raise ValueError(f"mx_gemm: a holds K={k} elements per row, b K={kb}")
-    if k % BLOCK:
-        raise ValueError(f"mx_gemm needs K ({k}) to be a multiple of the MX block {BLOCK}")
+    fa, a, sa, fb, b, sb, k = operands(
+        a_q, a_scale, b_q, b_scale, a_format, b_format, out_dtype, "mx_gemm"
+    )
+    if b.dim() != 2:
+        raise ValueError(f"mx_gemm: b_q must be 2-D, got shape {list(b_q.shape)}")
+    m, n = a.shape[0], b.shape[0]
     if tuple(sa.shape) != (m, k // BLOCK) or tuple(sb.shape) != (n, k // BLOCK):
         raise ValueError(
             f"mx_gemm scales must be (M, K/32)={(m, k // BLOCK)} and (N, K/32)={(n, k // BLOCK)}; "

@@ -1,4 +1,4 @@
-"""FlyDSL kernels of the MX family: quantization to MX and the block-scaled GEMM.
+"""FlyDSL kernels of the MX family: quantization to MX, the block-scaled GEMM and its grouped form.
 
 The quantizer works on the fp32 bits with integer ops only (no float divide
 or multiply by the scale): the result is the same on every backend whatever
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import flydsl_core as fly
 
+from ..gemm.kernels import RAGGED_K, group_schedule, group_tile
 from .formats import BLOCK
 
 
@@ -171,6 +172,38 @@ def mx_dequantize(
     y.tile((R, C), (i, j)).store(out.to(y.dtype, bitcast=True))
 
 
+def _mx_tile(a, sa, b, sb, m0, n0, k0, k1, MASK_K, FA, FB, BM, BN, BK, STAGES):
+    """The fp32 tile ``(a * sa)[m0:+BM, k0:k1] @ (b * sb)[n0:+BN, k0:k1].T``, from 2-D views.
+
+    a is ``(rows, K / epb)`` (fp8, or uint8 holding two fp4 per byte along K),
+    b ``(cols, K / epb)`` (the NT layout of weights), scales ``(rows, K/32)``
+    and ``(cols, K/32)`` E8M0 bytes; ``k0`` and ``k1`` are multiples of 32. The
+    views mask rows, columns and the tail of the tensors' K: a masked element
+    reads 0 and a masked scale 2^-127, so it adds exactly 0. ``MASK_K`` also
+    masks elements and scales at ``k1`` (a K chunk that ends inside the tensor,
+    ragged K): a scale too, since 0 times a NaN scale would not add 0.
+    """
+    EA = 2 if FA == "e2m1" else 1
+    EB = 2 if FB == "e2m1" else 1
+    acc = fly.zeros((BM, BN), fly.fp32)
+    if MASK_K:
+        # the K chunk's ends are multiples of 32 (the host checks): say so, so that the compiler
+        # sees aligned, 32-element constant-mask runs and keeps wide loads
+        k0, k1 = (k0 // BLOCK) * BLOCK, (k1 // BLOCK) * BLOCK
+    for k in fly.range(k0, k1, BK, stages=STAGES):
+        ma = mb = ms = None
+        if MASK_K:
+            ma = (k + fly.arange(0, BK // EA) * EA < k1)[None, :]
+            mb = (k + fly.arange(0, BK // EB) * EB < k1)[None, :]
+            ms = (k + fly.arange(0, BK // BLOCK) * BLOCK < k1)[None, :]
+        at = a[fly.ds(m0, BM), fly.ds(k // EA, BK // EA)].load(ma)
+        bt = b[fly.ds(n0, BN), fly.ds(k // EB, BK // EB)].load(mb)
+        sat = sa[fly.ds(m0, BM), fly.ds(k // BLOCK, BK // BLOCK)].load(ms)
+        sbt = sb[fly.ds(n0, BN), fly.ds(k // BLOCK, BK // BLOCK)].load(ms)
+        acc.set(fly.dot_scaled(at, sat, FA, bt.T, sbt, FB, acc))
+    return acc
+
+
 @fly.kernel
 def mx_gemm_nt(
     a,
@@ -187,26 +220,69 @@ def mx_gemm_nt(
     BK: fly.constexpr,
     STAGES: fly.constexpr,
 ):
-    """``c = (a * sa) @ (b * sb).T (+ bias)`` with fp32 accumulation, one (BM, BN) tile per program.
-
-    a is ``(M, K / epb)`` (fp8, or uint8 holding two fp4 per byte along K), b
-    ``(N, K / epb)`` (the NT layout of weights), scales ``(M, K/32)`` and
-    ``(N, K/32)`` E8M0 bytes. The views mask M, N and the K tail: a masked
-    element reads 0 and a masked scale 2^-127, so it adds exactly 0.
-    """
+    """``c = (a * sa) @ (b * sb).T (+ bias)`` with fp32 accumulation, one (BM, BN) tile per program
+    (operands as ``_mx_tile``'s)."""
     pm, pn = fly.program_id(0), fly.program_id(1)
-    EA = 2 if FA == "e2m1" else 1
-    EB = 2 if FB == "e2m1" else 1
-    acc = fly.zeros((BM, BN), fly.fp32)
-    for k in fly.range(0, K, BK, stages=STAGES):
-        at = a[fly.ds(pm * BM, BM), fly.ds(k // EA, BK // EA)].load()
-        bt = b[fly.ds(pn * BN, BN), fly.ds(k // EB, BK // EB)].load()
-        sat = sa[fly.ds(pm * BM, BM), fly.ds(k // BLOCK, BK // BLOCK)].load()
-        sbt = sb[fly.ds(pn * BN, BN), fly.ds(k // BLOCK, BK // BLOCK)].load()
-        acc.set(fly.dot_scaled(at, sat, FA, bt.T, sbt, FB, acc))
+    acc = _mx_tile(a, sa, b, sb, pm * BM, pn * BN, 0, K, False, FA, FB, BM, BN, BK, STAGES)
     if bias is not None:
         acc += bias.tile((BN,), pn).load().to(fly.fp32)[None, :]
     c.tile((BM, BN), (pm, pn)).store(acc)
 
 
-KERNELS = {"quantize": mx_quantize, "dequantize": mx_dequantize, "gemm": mx_gemm_nt}
+@fly.kernel
+def mx_grouped_gemm_nt(
+    a,
+    sa,
+    b,
+    sb,
+    out,
+    offs,
+    bias,
+    G,
+    M,
+    N,
+    K,
+    FA: fly.constexpr,
+    FB: fly.constexpr,
+    BM: fly.constexpr,
+    BN: fly.constexpr,
+    BK: fly.constexpr,
+    GB: fly.constexpr,
+    RAGGED: fly.constexpr,
+    STAGES: fly.constexpr,
+    HAS_BIAS: fly.constexpr,
+):
+    """The MX grouped GEMM: every group's tiles in one persistent launch.
+
+    Program ``p`` of ``P`` takes global tiles ``p, p + P, ...`` of all groups'
+    tile grids laid end to end (``gemm.kernels.group_schedule``: ``offs`` is
+    loaded in-kernel, a tile's group comes from prefix sums; no host loop, no
+    host sync). Operands are 3-D: ``a (Ga, M, K/epb)``, ``b (Gb, N, K/epb)``
+    (NT), scales ``(Ga, M, K/32)`` and ``(Gb, N, K/32)``; ``RAGGED_M`` (the MoE
+    forward) passes ``Ga = 1``, ``Gb = G`` and ``offs`` splits its ``M`` rows;
+    ``RAGGED_NONE`` is batched (``Ga = Gb = G``); ``RAGGED_K`` (the weight
+    gradient) passes ``Ga = Gb = 1``, ``offs`` (multiples of 32) splits K and
+    group ``g`` writes ``out[g]`` (an empty group's K loop is empty: zeros).
+    A ragged-M tile reads the rows past its group's end (or past ``M``:
+    masked to 0) but stores only its group's rows: each output row depends on
+    its own row of ``a`` only. ``bias`` is ``(G, N)``.
+    """
+    s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
+    for t in fly.range(fly.program_id(0), s.total, fly.num_programs(0)):
+        w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
+        acc = _mx_tile(
+            a[w.ab], sa[w.ab], b[w.bb], sb[w.bb], w.m0, w.n0, w.k0, w.k1, RAGGED == RAGGED_K,
+            FA, FB, BM, BN, BK, STAGES,
+        )  # fmt: skip
+        if HAS_BIAS:
+            acc += bias[w.g, fly.ds(w.n0, BN)].load().to(fly.fp32)[None, :]
+        rmask = w.m0 + fly.arange(0, BM) < w.m_end
+        out[w.ob, fly.ds(w.m0, BM), fly.ds(w.n0, BN)].store(acc, rmask[:, None])
+
+
+KERNELS = {
+    "quantize": mx_quantize,
+    "dequantize": mx_dequantize,
+    "gemm": mx_gemm_nt,
+    "grouped": mx_grouped_gemm_nt,
+}

@@ -147,3 +147,24 @@ def mx_gemm(a_q, a_scale, b_q, b_scale, a_format, b_format, *, bias=None, out_dt
     if bias is not None:
         c = c + bias.float()
     return c.to(out_dtype)
+
+
+def mx_grouped_mm(
+    a_q,
+    a_scale,
+    b_q,
+    b_scale,
+    a_format,
+    b_format,
+    offs=None,
+    *,
+    bias=None,
+    out_dtype=torch.bfloat16,
+):
+    """``torch._grouped_mm`` on the dequantized operands: a ``(total_M, K)`` with ``offs`` or
+    ``(G, M, K)``, b ``(G, N, K)`` (NT); one fp32 matmul per group (``gemm.reference``)."""
+    from ..gemm import reference as gemm_reference
+
+    a = from_mx(a_q, a_scale, a_format, out_dtype=torch.float32)
+    b = from_mx(b_q, b_scale, b_format, out_dtype=torch.float32)
+    return gemm_reference.grouped_mm(a, b.transpose(-1, -2), offs, bias, out_dtype)
