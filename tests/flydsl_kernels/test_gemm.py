@@ -233,3 +233,13 @@ def test_family_checks():
     assert cases and all(c.family == "gemm" for c in cases)
     for case in cases:
         assert case.check("cpu") <= 1, case.shape
+
+
+def test_select_shape_classes_and_grid_fill():
+    S = configs.SHIPPED
+    assert configs.select(1, 4096, 4096) == S["decode"]
+    assert configs.select(64, 4096, 4096) == S["small"]
+    assert configs.select(128, 6144, 4096) == S["medium"]
+    assert configs.select(4096, 4096, 4096) == S["large"]  # 16 x 16 tiles of 256: every CU
+    assert configs.select(4096, 1024, 4096) == S["medium"]  # 16 x 4 large tiles would idle CUs
+    assert configs.select(1024, 1024, 4096, batch=16) == S["large"]

@@ -146,7 +146,7 @@ DENSE_CASES = (
     ("decode", 16, 4096, 4096, "Llama-3.1-8B attn out, decode"),
     ("decode", 1, 14336, 4096, "Llama-3.1-8B gate/up, batch-1 decode"),
     ("small", 64, 4096, 14336, "Llama-3.1-8B down proj, small batch"),
-    ("large", 128, 6144, 4096, "Llama-3.1-8B fused QKV, prefill chunk"),
+    ("medium", 128, 6144, 4096, "Llama-3.1-8B fused QKV, prefill chunk"),
     ("large", 4096, 4096, 4096, "Llama-3.1-8B attn out, prefill"),
     ("large", 4096, 14336, 4096, "Llama-3.1-8B gate/up, prefill"),
 )

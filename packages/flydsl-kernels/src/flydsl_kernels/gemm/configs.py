@@ -9,21 +9,23 @@ ranked from their ``ResourceReport`` by, in order:
 0. at least 2 waves per SIMD (a 2-stage pipeline needs a second wave to
    issue while one waits on its loads; ``prune``'s occupancy floor);
 1. 128-bit global loads for both operands (the widest load present);
-2. the issue cost per MAC, ``k_loop_instructions * num_warps / (BM * BN * BK)``
+2. the issue cost per MAC, ``k_loop * num_warps / (BM * BN * BK)``
    (wave-instructions of one K-tile iteration, counted in the AMDGCN loop
-   body by ``k_loop_instructions``, per multiply-accumulate of the tile):
+   body: the report's ``matrix_loop_instructions``, per multiply-accumulate of the tile):
    bigger tiles amortize the address math, LDS traffic and waits per MFMA;
 3. occupancy (waves per SIMD) as the tie-break: more waves hide latency.
 
 The shape class then caps the tile: a decode GEMM (M <= 16) takes BM = 16
 (padding M further is wasted MFMA work and A traffic), a small-M GEMM
 (M <= 64) BM <= 64, a large one anything. At 4096^3 the model's figures
-(VGPR / LDS / instructions per K tile) were: decode 16x128x128 4 warps
-62 / 74 KiB / 96; small 64x256x64 8 warps 92 / 81 KiB / 70; large
-256x128x64 8 warps 128 / 97 KiB / 89. Since the K loop clamps operand rows
-instead of masking them (``kernels._rows``) the same configs measure
-64 / 89, 92 / 64 and 120 / 86 (VGPR / K-loop instructions; the compile tests
-pin these).
+(VGPR / LDS / instructions per K tile), since the K loop clamps operand rows
+instead of masking them (``kernels._rows``), are: decode 16x128x128 4 warps
+64 / 74 KiB / 89; small 64x256x64 8 warps 92 / 81 KiB / 64; medium
+(M <= 256, or a large M whose 256x256 grid would not fill the 256 CUs)
+128x128x64 4 warps 134 / 65 KiB / 84; large 256x256x64 8 warps nonkdim 16
+254 (128 VGPR + 126 AGPR) / 132 KiB / 152, no spills (the Triton tutorial
+spills at this tile). Before the clamp the model had picked 256x128x64 for
+large (then 128 / 97 KiB / 89; now 120 / 86).
 ``python -m flydsl_kernels.gemm.configs`` reprints the ranking; the compile
 tests pin the figures of the shipped entries.
 """
@@ -180,19 +182,10 @@ def loop_bodies(amdgcn: str) -> list[list[str]]:
 
 
 def k_loop_body(amdgcn: str) -> list[str]:
-    """The K loop of a one-loop GEMM kernel: the longest loop of ``amdgcn``."""
-    return max(loop_bodies(amdgcn), key=len, default=[])
-
-
-def k_loop_instructions(amdgcn: str) -> int:
-    return len(k_loop_body(amdgcn))
-
-
-def inner_mfma_loop_instructions(amdgcn: str) -> int:
-    """Instructions of the shortest loop holding a matrix op: the K loop of a persistent kernel,
-    whose outer tile loop contains it."""
+    """The lines of the K loop: the smallest loop holding a matrix op (the one the report's
+    ``matrix_loop_instructions`` counts; under a persistent kernel's tile loop too)."""
     mfma = [b for b in loop_bodies(amdgcn) if any(ln.startswith("v_mfma") for ln in b)]
-    return min((len(b) for b in mfma), default=0)
+    return min(mfma, key=len, default=[])
 
 
 # -- the static model ------------------------------------------------------------------------------
@@ -210,7 +203,7 @@ def figures(ck) -> dict:
         "lds": r.lds_bytes,
         "occ": r.occupancy,
         "instr": r.instruction_count,
-        "k_loop": k_loop_instructions(ck.stages()["amdgcn"]),
+        "k_loop": r.matrix_loop_instructions or 0,
         "mfma": dict(r.matrix_ops),
         "loads": dict(r.load_widths_bits),
         "direct_to_lds": r.direct_to_lds_loads,
@@ -227,12 +220,11 @@ def score(cfg: Config, fig: dict) -> tuple:
 OCCUPANCY_FLOOR = 2
 
 
-def rank(candidates=None, target=TARGET, M=4096, N=4096, K=4096, *, compile_fn=None, k_loop=None):
+def rank(candidates=None, target=TARGET, M=4096, N=4096, K=4096, *, compile_fn=None):
     """``[(Config, figures or None, rejected or None)]``, survivors best first.
 
     ``compile_fn(cfg, target)`` compiles another kernel than the dense GEMM at
-    ``(M, N, K)`` (its configs need the fields ``score`` reads); ``k_loop(amdgcn)``
-    counts its K-loop instructions (default ``k_loop_instructions``).
+    ``(M, N, K)`` (its configs need the fields ``score`` reads).
     """
     from flydsl_core.autotune.prune import Candidate, judge
     from flydsl_core.exc import FlyDSLError
@@ -248,10 +240,7 @@ def rank(candidates=None, target=TARGET, M=4096, N=4096, K=4096, *, compile_fn=N
             rows.append((cfg, None, f"compile failed: {e.msg}"))
             continue
         cand = judge(Candidate(None, ck.executable.report.to_dict()), tgt, OCCUPANCY_FLOOR)
-        fig = figures(ck)
-        if k_loop is not None:
-            fig["k_loop"] = k_loop(ck.stages()["amdgcn"])
-        rows.append((cfg, fig, cand.rejected))
+        rows.append((cfg, figures(ck), cand.rejected))
     ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
     return ok + [r for r in rows if r[2] is not None]
 
@@ -263,10 +252,13 @@ def rank(candidates=None, target=TARGET, M=4096, N=4096, K=4096, *, compile_fn=N
 SHIPPED: dict[str, Config] = {
     "decode": Config(16, 128, 128, 1, 4, 2, 16, 1, notes={"vgpr": 64, "lds": 75744, "k_loop": 89}),
     "small": Config(64, 256, 64, 8, 8, 2, 32, 1, notes={"vgpr": 92, "lds": 83168, "k_loop": 64}),
-    "large": Config(256, 128, 64, 8, 8, 2, 32, 1, notes={"vgpr": 120, "lds": 99808, "k_loop": 86}),
+    "medium": Config(128, 128, 64, 8, 4, 2, 32, 1, notes={"vgpr": 134, "lds": 66528, "k_loop": 84}),
+    "large": Config(
+        256, 256, 64, 8, 8, 2, 16, 1, notes={"vgpr": 254, "lds": 135104, "k_loop": 152}
+    ),
 }
 #: the largest BM each shape class may use
-CLASS_MAX_BM = {"decode": 16, "small": 64, "large": 256}
+CLASS_MAX_BM = {"decode": 16, "small": 64, "medium": 128, "large": 256}
 
 
 #: split-K: only when the tile grid leaves most CUs idle and K is long (decode / small M)
@@ -275,11 +267,22 @@ SPLITK_MIN_K_TILES = 4  # K tiles each split keeps (fewer and the reduce traffic
 
 
 def shape_class(M: int) -> str:
-    return "decode" if M <= 16 else ("small" if M <= 64 else "large")
+    if M <= 16:
+        return "decode"
+    return "small" if M <= 64 else ("medium" if M <= 256 else "large")
+
+
+def _fills_the_gpu(cfg: Config, M: int, N: int, batch: int) -> bool:
+    return math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN) * batch >= NUM_CUS
 
 
 def select(M: int, N: int, K: int, batch: int = 1) -> Config:
-    return SHIPPED[shape_class(M)]
+    """The shipped tile for a shape: by M's class, except that the large tile gives way to the
+    medium one when it would leave CUs without a tile (a grid-fill rule, untimed)."""
+    cls = shape_class(M)
+    if cls == "large" and not _fills_the_gpu(SHIPPED["large"], M, N, batch):
+        cls = "medium"
+    return SHIPPED[cls]
 
 
 def select_grouped(m_per_group: int, N: int, K: int) -> Config:

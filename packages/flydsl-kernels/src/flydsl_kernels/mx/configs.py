@@ -226,7 +226,7 @@ def rank_grouped(candidates=None, target=TARGET, fmt=("e4m3", "e4m3"), ragged_k=
     at ``GROUPED_MODEL_SHAPE`` (``WGRAD_MODEL_SHAPE`` with ``ragged_k``; mxfp8), judged and
     ranked as the GEMM family's model does (``gemm.configs.rank``), the K loop being the
     persistent kernel's inner loop. Untimed."""
-    from ..gemm.configs import inner_mfma_loop_instructions, rank
+    from ..gemm.configs import rank
 
     shape = WGRAD_MODEL_SHAPE if ragged_k else GROUPED_MODEL_SHAPE
 
@@ -237,7 +237,6 @@ def rank_grouped(candidates=None, target=TARGET, fmt=("e4m3", "e4m3"), ragged_k=
         grouped_space() if candidates is None else candidates,
         target,
         compile_fn=compile_fn,
-        k_loop=inner_mfma_loop_instructions,
     )
 
 
@@ -263,7 +262,9 @@ def select_grouped(m_per_group: int, n: int, k: int, a_format: str, b_format: st
     decode pick differs, but a weight gradient's M is a hidden size, never decode-like)."""
     from ..gemm.configs import shape_class
 
-    return GROUPED_SHIPPED[shape_class(m_per_group)]
+    cls = shape_class(m_per_group)
+    # the MX model ships no medium tile (the dense bf16 one's 128x128): medium groups take large
+    return GROUPED_SHIPPED["large" if cls == "medium" else cls]
 
 
 def grouped_compile_args(
