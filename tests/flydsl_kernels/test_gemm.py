@@ -243,3 +243,16 @@ def test_select_shape_classes_and_grid_fill():
     assert configs.select(4096, 4096, 4096) == S["large"]  # 16 x 16 tiles of 256: every CU
     assert configs.select(4096, 1024, 4096) == S["medium"]  # 16 x 4 large tiles would idle CUs
     assert configs.select(1024, 1024, 4096, batch=16) == S["large"]
+
+
+@pytest.mark.parametrize("programs", [5, 11, 16])
+def test_grouped_xcd_remapped_persistent_schedule_covers_every_tile(monkeypatch, programs):
+    """With gfx950's 8 XCDs the persistent programs take remapped tile runs: still every tile
+    exactly once, whatever the program count (ragged: programs % 8 != 0)."""
+    monkeypatch.setattr(api, "target_xcds", lambda target, t: 8)
+    monkeypatch.setattr(configs, "grouped_programs", lambda target: programs)
+    g = gen(17)
+    offs = offsets(RAGGED)
+    a, b = rand(int(offs[-1]), 72, g=g), rand(len(RAGGED), 48, 72, g=g).transpose(1, 2)
+    tiny = Config(16, 16, 32, 1, 4, 1, 16, 1)  # many tiles per program
+    close(api.grouped_mm(a, b, offs, config=tiny), reference.grouped_mm(a, b, offs))

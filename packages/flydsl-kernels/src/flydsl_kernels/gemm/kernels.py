@@ -78,6 +78,14 @@ def _xcd_remap(pid, n, XCDS):
     )
 
 
+def persistent_tiles(total, XCDS):
+    """The tiles of a persistent program: ``v, v + P, ...`` below ``total`` (``P`` programs),
+    with ``v`` the program id XCD-remapped so that at every step each XCD's programs take one
+    contiguous run of tiles (neighbours share operand rows in L2) rather than every 8th."""
+    v = _xcd_remap(fly.program_id(0), fly.num_programs(0), XCDS)
+    return fly.range(v, total, fly.num_programs(0))
+
+
 def _grouped_pid(pid, num_m, num_n, GROUP_M):
     """Tile ``(pm, pn)`` of program ``pid``, ``GROUP_M`` row tiles per column sweep (L2 reuse)."""
     if GROUP_M <= 1:
@@ -363,9 +371,10 @@ def grouped_gemm_kernel(
     EVEN_K: fly.constexpr,
     STAGES: fly.constexpr,
     HAS_BIAS: fly.constexpr,
+    XCDS: fly.constexpr = 1,
 ):
     """Every group's tiles in one persistent launch: program ``p`` of ``P`` takes global tiles
-    ``p, p + P, ...`` of the concatenation of all groups' tile grids (``group_schedule``).
+    ``v, v + P, ...`` (``v`` its XCD-remapped id, ``persistent_tiles``) of the concatenation of all groups' tile grids (``group_schedule``).
 
     Operands are 3-D; group ``g`` reads batch ``g`` of a 3-D operand and
     batch 0 of a 2-D one (passed as ``(1, rows, cols)``). ``offs`` (int32,
@@ -374,7 +383,7 @@ def grouped_gemm_kernel(
     own no tiles; a group smaller than a tile is masked.
     """
     s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
-    for t in fly.range(fly.program_id(0), s.total, fly.num_programs(0)):
+    for t in persistent_tiles(s.total, XCDS):
         w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
         rmask = w.m0 + fly.arange(0, BM) < w.m_end
         cmask = w.n0 + fly.arange(0, BN) < w.n_end

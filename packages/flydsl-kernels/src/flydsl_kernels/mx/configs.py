@@ -294,7 +294,7 @@ def grouped_compile_args(
     ]
     gb = max(16, 1 << (experts - 1).bit_length())
     fixed = {"FA": a_format, "FB": b_format, "GB": gb, "RAGGED": 2 if ragged_k else 1}
-    return args, {**fixed, "HAS_BIAS": False}
+    return args, {**fixed, "HAS_BIAS": False, "XCDS": 8}  # gfx950's 8 XCDs
 
 
 def compile_grouped(

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gemm.api import persistent_grid
+from ..gemm.api import persistent_grid, target_xcds
 from ..gemm.kernels import RAGGED_K, RAGGED_M, RAGGED_NONE
 from .configs import GemmConfig, select_grouped
 from .formats import BLOCK
@@ -135,7 +135,7 @@ def mx_grouped_mm(
     mx_grouped_gemm_nt[(programs,)](
         a, sa, b, sb, out if out.dim() == 3 else out[None], offs, bias, G, m, n, k,
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,
-        **cfg.constexprs(), target=tgt, options=cfg.options(),
+        XCDS=target_xcds(tgt, a), **cfg.constexprs(), target=tgt, options=cfg.options(),
     )  # fmt: skip
     return out
 

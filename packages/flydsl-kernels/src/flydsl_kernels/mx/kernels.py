@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import flydsl_core as fly
 
-from ..gemm.kernels import RAGGED_K, group_schedule, group_tile
+from ..gemm.kernels import RAGGED_K, group_schedule, group_tile, persistent_tiles
 from .formats import BLOCK
 
 
@@ -251,11 +251,12 @@ def mx_grouped_gemm_nt(
     RAGGED: fly.constexpr,
     STAGES: fly.constexpr,
     HAS_BIAS: fly.constexpr,
+    XCDS: fly.constexpr = 1,
 ):
     """The MX grouped GEMM: every group's tiles in one persistent launch.
 
-    Program ``p`` of ``P`` takes global tiles ``p, p + P, ...`` of all groups'
-    tile grids laid end to end (``gemm.kernels.group_schedule``: ``offs`` is
+    Program ``p`` of ``P`` takes global tiles ``v, v + P, ...`` (``v`` its
+    XCD-remapped id, ``gemm.kernels.persistent_tiles``) of all groups' tile grids laid end to end (``gemm.kernels.group_schedule``: ``offs`` is
     loaded in-kernel, a tile's group comes from prefix sums; no host loop, no
     host sync). Operands are 3-D: ``a (Ga, M, K/epb)``, ``b (Gb, N, K/epb)``
     (NT), scales ``(Ga, M, K/32)`` and ``(Gb, N, K/32)``; ``RAGGED_M`` (the MoE
@@ -268,7 +269,7 @@ def mx_grouped_gemm_nt(
     its own row of ``a`` only. ``bias`` is ``(G, N)``.
     """
     s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
-    for t in fly.range(fly.program_id(0), s.total, fly.num_programs(0)):
+    for t in persistent_tiles(s.total, XCDS):
         w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
         acc = _mx_tile(
             a[w.ab], sa[w.ab], b[w.bb], sb[w.bb], w.m0, w.n0, w.k0, w.k1, RAGGED == RAGGED_K,
