@@ -254,5 +254,5 @@ def test_grouped_xcd_remapped_persistent_schedule_covers_every_tile(monkeypatch,
     g = gen(17)
     offs = offsets(RAGGED)
     a, b = rand(int(offs[-1]), 72, g=g), rand(len(RAGGED), 48, 72, g=g).transpose(1, 2)
-    tiny = Config(16, 16, 32, 1, 4, 1, 16, 1)  # many tiles per program
+    tiny = Config(16, 16, 32, 3, 4, 1, 16, 1)  # many tiles per program, GROUP_M = 3
     close(api.grouped_mm(a, b, offs, config=tiny), reference.grouped_mm(a, b, offs))

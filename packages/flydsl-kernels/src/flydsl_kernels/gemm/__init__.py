@@ -110,6 +110,7 @@ def _grouped_case(tokens, experts, n, k, model):
             a, b, o, offs, None, experts, tokens, n, k, target=target, options=cfg.options(),
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=max(16, 1 << (experts - 1).bit_length()),
             RAGGED=1, EVEN_K=k % cfg.BK == 0, STAGES=cfg.num_stages, HAS_BIAS=False, XCDS=8,
+            GROUP_M=cfg.GROUP_M,
         )  # fmt: skip
 
     def check(device):

@@ -286,6 +286,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     grouped_gemm_kernel[(programs,)](
         a3, b3, o3, offs, bias, G, M, N, K,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt, mat_a), target=tgt, options=_options(cfg, tgt),
+        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt, mat_a), GROUP_M=cfg.GROUP_M,
+        target=tgt, options=_options(cfg, tgt),
     )  # fmt: skip
     return out

@@ -325,12 +325,13 @@ def group_schedule(offs, G, M, N, BM, BN, GB, RAGGED) -> GroupSchedule:
     return GroupSchedule(gi, gmask, starts, ends, tiles_n, tiles, tile_end, fly.sum(tiles, 0))
 
 
-def group_tile(t, s: GroupSchedule, M, N, K, BM, BN, RAGGED) -> GroupTile:
+def group_tile(t, s: GroupSchedule, M, N, K, BM, BN, RAGGED, GROUP_M=1) -> GroupTile:
     """Tile ``t`` of schedule ``s``: its group, origin, the group's bounds and operand batches.
 
     Group ``g`` reads batch ``g`` of a 3-D operand and batch 0 of a 2-D one
     (passed as ``(1, rows, cols)``); the ragged dimension's origin is offset
-    by the group's start and bounded by its end.
+    by the group's start and bounded by its end. Inside a group the tiles go
+    ``GROUP_M`` row tiles per column sweep, as the dense kernel's (L2 reuse).
     """
     # the group of tile t: how many groups end at or before it
     g = fly.sum(fly.where(s.gmask & (s.tile_end <= t), 1, 0), 0)
@@ -340,7 +341,9 @@ def group_tile(t, s: GroupSchedule, M, N, K, BM, BN, RAGGED) -> GroupTile:
     g0 = fly.sum(fly.where(sel, s.starts, 0), 0)
     g1 = fly.sum(fly.where(sel, s.ends, 0), 0)
     local = t - first
-    m0, n0 = (local // tn) * BM, (local % tn) * BN
+    tm = fly.sum(fly.where(sel, s.tiles, 0), 0) // fly.maximum(tn, 1)
+    pm, pn = _grouped_pid(local, tm, tn, GROUP_M)
+    m0, n0 = pm * BM, pn * BN
     m_end, n_end, k0, k1 = M, N, 0, K
     ab, bb, ob = g, g, g
     if RAGGED == RAGGED_M:
@@ -372,6 +375,7 @@ def grouped_gemm_kernel(
     STAGES: fly.constexpr,
     HAS_BIAS: fly.constexpr,
     XCDS: fly.constexpr = 1,
+    GROUP_M: fly.constexpr = 1,
 ):
     """Every group's tiles in one persistent launch: program ``p`` of ``P`` takes global tiles
     ``v, v + P, ...`` (``v`` its XCD-remapped id, ``persistent_tiles``) of the concatenation of all groups' tile grids (``group_schedule``).
@@ -384,7 +388,7 @@ def grouped_gemm_kernel(
     """
     s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
     for t in persistent_tiles(s.total, XCDS):
-        w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
+        w = group_tile(t, s, M, N, K, BM, BN, RAGGED, GROUP_M)
         rmask = w.m0 + fly.arange(0, BM) < w.m_end
         cmask = w.n0 + fly.arange(0, BN) < w.n_end
         acc = fly.zeros((BM, BN), fly.fp32)
