@@ -367,6 +367,9 @@ def test_baseline_on_cpu_is_dequant_matmul_and_correct():
     gemm_cases = [c for c in FAMILY.cases() if c.kernel == "mx_gemm_nt"]
     assert gemm_cases and all(c.aten is not None for c in gemm_cases)
     assert {c.baseline("cpu") for c in gemm_cases} == {baseline.NAMES["dequant_matmul"]}
+    grouped = [c for c in FAMILY.cases() if c.kernel == "mx_grouped_gemm_nt"]
+    assert grouped and all(c.aten is not None for c in grouped)
+    assert {c.baseline("cpu") for c in grouped} == {"dequant + bf16 torch._grouped_mm"}
 
 
 def test_family_checks_pass_on_cpu():

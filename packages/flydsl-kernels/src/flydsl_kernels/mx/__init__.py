@@ -197,6 +197,13 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         ops, offs = inputs(device, rows, experts, n, k, seed=0)
         return lambda: mx_grouped_mm(*ops, fa, fb, offs)
 
+    def aten(device):
+        # no ATen MX grouped GEMM: bf16 torch._grouped_mm of the dequantized operands
+        (aq, sa, wq, sw), offs = inputs(device, rows, experts, n, k, seed=0)
+        ad = from_mx(aq, sa, _TORCH[fa], out_dtype=torch.bfloat16)
+        wd = from_mx(wq, sw, _TORCH[fb], out_dtype=torch.bfloat16).transpose(1, 2)
+        return lambda: torch._grouped_mm(ad, wd, offs)
+
     return registry.ReportCase(
         family="mx",
         kernel=KERNELS["grouped"].name,
@@ -208,6 +215,8 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         ),
         check=check,
         run=run,
+        aten=aten,
+        baseline=lambda device: "dequant + bf16 torch._grouped_mm",
         notes=f"{model}; persistent MX grouped GEMM, ragged M (MoE forward); "
         "static-model default (cross-compiled), untimed",
     )
