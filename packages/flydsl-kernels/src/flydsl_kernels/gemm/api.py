@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from .._target import tensor_target as _target
 from . import configs
 from .kernels import (
     ACTIVATIONS,
@@ -41,17 +42,6 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: the split-K reduce kernel's tile (an elementwise pass over fp32 partials)
 REDUCE_BM, REDUCE_BN = 32, 64
-
-
-def _target(t: torch.Tensor, target):
-    if target is not None:
-        return target
-    if t.device.type == "cpu":
-        from flydsl_core.targets import resolve_target
-
-        tg = resolve_target()
-        return tg.name if not tg.is_gpu else "cpu-reference"
-    return None
 
 
 def _options(cfg: configs.Config, target) -> dict:

@@ -17,23 +17,13 @@ import math
 
 import torch
 
+from .._target import tensor_target as _target
 from .configs import DequantConfig, QuantConfig, select_dequant, select_quant
 from .formats import BLOCK, SCALE_DTYPE, check_block, elem_bytes, elem_format, scale_bytes
 from .kernels import mx_dequantize, mx_quantize
 
 SUPPORTED_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 OUT_DTYPES = SUPPORTED_INPUTS
-
-
-def _target(t: torch.Tensor, target):
-    if target is not None:
-        return target
-    if t.device.type == "cpu":
-        from flydsl_core.targets import resolve_target
-
-        tg = resolve_target()
-        return tg.name if not tg.is_gpu else "cpu-reference"
-    return None
 
 
 def _elem_constexprs(fmt, names) -> dict:

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from .._target import tensor_target as _target
 from . import configs
 from .kernels import KERNELS, MODE_ATEN, MODE_GEMMA, MODE_LLAMA
 
@@ -37,17 +38,6 @@ _LAYOUT = (
 
 
 # -- argument handling ------------------------------------------------------------------------------
-
-
-def _target(t: torch.Tensor, target):
-    if target is not None:
-        return target
-    if t.device.type == "cpu":
-        from flydsl_core.targets import resolve_target
-
-        tg = resolve_target()
-        return tg.name if not tg.is_gpu else "cpu-reference"
-    return None
 
 
 def _check_dtype(t: torch.Tensor, what: str):
