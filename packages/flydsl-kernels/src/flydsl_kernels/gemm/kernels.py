@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import flydsl_core as fly
 
+from .._masks import and_masks as _and
+
 #: activation codes of the ``ACT`` constexpr
 ACT_NONE, ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF, ACT_SILU = 0, 1, 2, 3, 4
 ACTIVATIONS = {
@@ -43,14 +45,6 @@ NUM_XCDS = 8
 
 
 # -- trace-time helpers (plain Python, inlined into the kernels that call them) --------------------
-
-
-def _and(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a & b
 
 
 def _xcd_remap(pid, n, XCDS):

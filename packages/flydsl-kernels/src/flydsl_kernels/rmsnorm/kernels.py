@@ -80,14 +80,6 @@ def _col_mask(BLOCK, valid):
     return None if valid >= BLOCK else fly.arange(0, BLOCK) < valid
 
 
-def _and(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a & b
-
-
 # -- forward -----------------------------------------------------------------------------------------
 
 
