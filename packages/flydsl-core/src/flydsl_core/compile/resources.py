@@ -184,6 +184,8 @@ class _Loops:
         }
 
 
+#: mnemonic prefixes of AMD matrix instructions (CDNA MFMA, RDNA / gfx1250 WMMA, sparse forms)
+AMD_MATRIX_PREFIXES = ("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")
 _AMD_LABEL = re.compile(r"^\s*([.\w$]+):")
 _AMD_BRANCH = re.compile(r"^s_(?:c?branch)\w*$")
 
@@ -603,21 +605,22 @@ def parse_amdgcn(
     # -- instruction mix ---------------------------------------------------
     body = _amd_body(lines, name)
     loops = _Loops()
-    for mnem, ops in _amd_instructions(body, labels=True):
-        if mnem is None:
-            loops.label(ops)
-        else:
-            target = ops.split(",")[-1].strip() if _AMD_BRANCH.match(mnem) else None
-            loops.instruction(mnem.startswith(("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")), target)
     n_instr = 0
     mix = _Mix()
     matrix, gl, gs, lw, sw, dr, dw, drw, dww = mix.counters
     direct = 0
-    for mnem, ops in _amd_instructions(body):
+    for mnem, ops in _amd_instructions(body, labels=True):
+        if mnem is None:
+            loops.label(ops)
+            continue
         n_instr += 1
         parts = mnem.split("_")
         head = parts[0]
-        if mnem.startswith(("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")):
+        is_matrix = mnem.startswith(AMD_MATRIX_PREFIXES)
+        loops.instruction(
+            is_matrix, ops.split(",")[-1].strip() if _AMD_BRANCH.match(mnem) else None
+        )
+        if is_matrix:
             matrix[mnem] += 1
         elif head in ("global", "buffer", "flat") and len(parts) > 1:
             kind = parts[1]
@@ -989,22 +992,21 @@ def parse_ptx(
         reasons["occupancy"] = "shared-memory limit not applied (dynamic shared memory unknown)"
 
     loops = _Loops()
-    for op, ops in _ptx_statements(ptx_text, labels=True):
-        if op is None:
-            loops.label(ops)
-        else:
-            mma = op.startswith(("wgmma.mma_async", "tcgen05.mma")) or op.split(".")[0] == "mma"
-            loops.instruction(mma, ops.strip() if op.split(".")[0] == "bra" else None)
     n_instr = 0
     mix = _Mix()
     matrix, gl, gs, lw, sw, dr, dw, drw, dww = mix.counters
     direct = 0
-    for op, ops in _ptx_statements(ptx_text):
+    for op, ops in _ptx_statements(ptx_text, labels=True):
+        if op is None:
+            loops.label(ops)
+            continue
         n_instr += 1
         parts = op.split(".")
         head = parts[0]
         spaces = [p.split("::")[0] for p in parts[1:]]
-        if op.startswith(("wgmma.mma_async", "tcgen05.mma")) or head == "mma":
+        is_matrix = op.startswith(("wgmma.mma_async", "tcgen05.mma")) or head == "mma"
+        loops.instruction(is_matrix, ops.strip() if head == "bra" else None)
+        if is_matrix:
             matrix[op] += 1
         elif head == "ld" and "global" in spaces:
             gl[op] += 1
