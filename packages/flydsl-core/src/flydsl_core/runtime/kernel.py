@@ -322,7 +322,9 @@ def _grid_of(kernel, grid, args, kwargs) -> tuple[int, int, int]:
         bound = kernel.bind(args, {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
         return _grid(grid(bound))
     g3 = _grid(grid)
-    # only exact ints: 2.0 or a numpy int hash like 2 but must still be validated each time
+    # only tuples of exact ints are stored: a tensor in a grid hashes by identity (the cache
+    # would keep it alive and grow), a list does not hash; equal numbers (4.0, np.int64(4))
+    # may still find a stored entry, which holds the grid they normalize to anyway
     plain = all(type(g) is int for g in ((grid,) if type(grid) is int else grid))
     if plain and (type(grid) is int or type(grid) is tuple) and len(_GRIDS) < _FAST_CACHE_SIZE:
         _GRIDS[grid] = g3
