@@ -1,0 +1,160 @@
+"""Attention configs: the config space, the static model, per-target tables, the schedule rules.
+
+No GPU was available to time on: every shipped entry was chosen by a *static model* from
+cross-compiled code (``python -m flydsl_kernels.attention.configs [--target T]`` reprints the
+ranking). A candidate is compiled for the target at the class's representative problem and
+rejected if it spills, needs scratch, overflows LDS or fails to compile; survivors are ranked by
+
+0. at least 2 waves per SIMD on AMD (one wave's softmax hides behind another's MFMAs);
+1. 128-bit K/V loads (the widest global load);
+2. loop instructions per MFMA-equivalent (``matrix_loop_instructions`` over the wave's
+   32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half), the lazy rescale's
+   conditional block excluded as in the anchors' figures (``attention.md``);
+3. direct-to-LDS K/V loads (async copies), then fewer warps.
+
+Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
+
+* **tile**: by head dim class (``dclass``), prefill vs decode (decode packs the query heads of
+  a KV group into the tile's rows: ``GP = next_pow2(G)`` heads x ``BM / GP`` positions);
+* **split-KV** (decode and any forward whose grid leaves CUs idle): with ``T`` programs and
+  ``NB`` KV blocks per program, ``splits = 1`` when ``T >= CUs / 2`` or ``NB < 2 *
+  MIN_BLOCKS_PER_SPLIT``; else ``min(MAX_SPLITS, ceil(CUs / T), NB // MIN_BLOCKS_PER_SPLIT)``;
+* **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
+  uneven tile costs (causal: a tile's keys grow with its m-block) and ``CUs <= T <
+  PERSIST_WAVES * CUs`` (a few waves, so the last wave's imbalance is a large share of the
+  time), the grid is ``CUs`` programs walking tiles ``pid, pid + P, ...`` with the m-blocks in
+  zig-zag order (step ``s`` of every program takes the heaviest remaining blocks when ``s`` is
+  even, the lightest when odd), which evens out the work per program; otherwise one program
+  per tile (uniform tiles gain nothing from it, many waves amortize the tail, and below
+  ``CUs`` tiles split-KV is the fix).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: the targets with tables (CPU targets use gfx950's tiles: only their speed differs there)
+TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
+#: compute units per target (split and persistent rules)
+NUM_CUS = {"gfx950": 256, "gfx942": 304, "gfx1250": 256, "sm90": 132}
+
+MAX_SPLITS = 16
+MIN_BLOCKS_PER_SPLIT = 4
+PERSIST_WAVES = 4
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile and launch options of one attention kernel."""
+
+    BM: int  # query rows per tile (forward / dQ) or per step (dK/dV)
+    BN: int  # keys per tile (forward / dQ) or per program (dK/dV)
+    num_warps: int = 4
+    num_stages: int = 1
+    nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
+    waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
+    notes: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def options(self, target) -> dict:
+        t = str(target) if target is not None else ""
+        if t.startswith("cpu"):
+            return {"num_warps": self.num_warps}
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if t.startswith("gfx") and not t.startswith("gfx12"):
+            opts["matrix_instr_nonkdim"] = self.nonkdim
+            if self.waves_per_eu:
+                opts["waves_per_eu"] = self.waves_per_eu
+        return opts
+
+    def as_dict(self) -> dict:
+        d = {"BM": self.BM, "BN": self.BN, "num_warps": self.num_warps}
+        d["num_stages"] = self.num_stages
+        d["nonkdim"] = self.nonkdim
+        if self.waves_per_eu:
+            d["waves_per_eu"] = self.waves_per_eu
+        return d
+
+
+def dclass(head_dim: int) -> str:
+    """The head-dim class of a table: 64 (<= 64), 128 (<= 128), 256 (above, 192 included)."""
+    if head_dim <= 64:
+        return "d64"
+    return "d128" if head_dim <= 128 else "d256"
+
+
+# -- the shipped tables (static model, untimed) ----------------------------------------------------
+# kinds: fwd (prefill), decode (GQA-packed rows), bwd_dkdv (BM = query rows per step, BN = keys per
+# program), bwd_dq (BM = query rows per program, BN = keys per step). notes: the figures the model
+# saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
+
+TABLES: dict[str, dict[tuple[str, str], Config]] = {
+    "gfx950": {
+        ("fwd", "d64"): Config(128, 64, 4, 1, 32),
+        ("fwd", "d128"): Config(128, 64, 4, 1, 32),
+        ("fwd", "d256"): Config(64, 32, 4, 1, 32),
+        ("decode", "d64"): Config(16, 64, 4, 1, 16),
+        ("decode", "d128"): Config(16, 64, 4, 1, 16),
+        ("decode", "d256"): Config(16, 32, 4, 1, 16),
+        ("bwd_dkdv", "d64"): Config(32, 64, 4, 1, 32),
+        ("bwd_dkdv", "d128"): Config(32, 64, 4, 1, 32),
+        ("bwd_dkdv", "d256"): Config(16, 32, 4, 1, 16),
+        ("bwd_dq", "d64"): Config(64, 32, 4, 1, 32),
+        ("bwd_dq", "d128"): Config(64, 32, 4, 1, 32),
+        ("bwd_dq", "d256"): Config(32, 16, 4, 1, 16),
+    },
+}
+TABLES["gfx942"] = dict(TABLES["gfx950"])
+TABLES["gfx1250"] = dict(TABLES["gfx950"])
+TABLES["sm90"] = dict(TABLES["gfx950"])
+
+
+def table_for(target) -> dict:
+    t = str(target) if target is not None else "gfx950"
+    return TABLES.get(t, TABLES["gfx950"])
+
+
+def select(kind: str, head_dim: int, target=None) -> Config:
+    """The shipped config of ``kind`` for a head dim on ``target`` (CPU targets: gfx950's)."""
+    return table_for(target)[(kind, dclass(head_dim))]
+
+
+def num_cus(target) -> int:
+    return NUM_CUS.get(str(target), NUM_CUS["gfx950"])
+
+
+#: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger
+DECODE_ROWS_MAX = 64
+
+
+def packs_heads(seqlen_q: int, group: int) -> bool:
+    """Decode packing (the query heads of a KV group share a tile) pays when a KV head's
+    queries are few: ``seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX`` and ``group > 1``."""
+    return group > 1 and seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX
+
+
+def decode_rows(bm: int, seqlen_q: int, gp: int) -> int:
+    """Rows of a decode tile: the table's ``bm`` (the matrix-instruction minimum), grown to
+    hold every query position of the group up to ``DECODE_ROWS_MAX``, and at least one group."""
+    return max(min(max(bm, next_pow2(max(seqlen_q, 1)) * gp), DECODE_ROWS_MAX), gp, bm)
+
+
+def splits_for(programs: int, kv_blocks: int, cus: int) -> int:
+    """Split-KV count (see the module doc): 1 unless the grid leaves most CUs idle and each
+    program has enough KV blocks to share."""
+    if programs >= cus // 2 or kv_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
+        return 1
+    return max(
+        1, min(MAX_SPLITS, math.ceil(cus / max(programs, 1)), kv_blocks // MIN_BLOCKS_PER_SPLIT)
+    )
+
+
+def persistent_programs(tiles: int, cus: int, uneven: bool) -> int:
+    """Programs of a persistent forward grid, or 0 for one program per tile (module doc)."""
+    if uneven and cus <= tiles < PERSIST_WAVES * cus:
+        return cus
+    return 0
