@@ -13,7 +13,8 @@ A mod is a plain Python function over FlyDSL tiles (flex_attention's shape of a 
 ``h``/``q_idx``/``kv_idx`` are int32 tiles (or scalars) that broadcast against ``score``: write
 mods elementwise, the kernel picks the orientation (the dK/dV kernel works keys x queries).
 Extra tensors (``mod_tensors=`` at the API, at most ``MAX_MOD_TENSORS``) arrive as trailing
-``TensorRef`` arguments, the same tuple for both mods; ``t.gather(b, h, ...)`` reads them at
+``TensorRef`` arguments: a mod gets as many of them, from the first, as it declares extra
+positional parameters (all of them with ``*args``); ``t.gather(b, h, ...)`` reads them at
 broadcast index tiles (elementwise, out-of-range indices read 0).
 
 ``ScoreMod(fn, grad=None)``: ``grad(score, out, grad_out, b, h, q_idx, kv_idx, *tensors)``
@@ -37,6 +38,26 @@ import flydsl_core as fly
 MAX_MOD_TENSORS = 4
 
 
+def _arity(fn, fixed: int) -> int | None:
+    """How many mod tensors ``fn`` takes after its ``fixed`` index arguments (None: all, for
+    ``*args``): a mod receives only the trailing tensors it declares."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return max(0, len(pos) - fixed)
+
+
+def _take(tensors, n):
+    ts = [t for t in tensors if t is not None]
+    return ts if n is None else ts[:n]
+
+
 def _fingerprint(fn):
     if fn is None:
         return None
@@ -57,20 +78,21 @@ class ScoreMod:
         self.grad = grad
         self.additive = additive
         self.name = name or getattr(fn, "__name__", "score_mod")
+        self._n = _arity(fn, 5)
+        self._ng = _arity(grad, 7) if grad is not None else None
 
     @property
     def differentiable(self) -> bool:
         return self.additive or self.grad is not None
 
     def apply(self, score, b, h, q_idx, kv_idx, tensors):
-        out = self.fn(score, b, h, q_idx, kv_idx, *[t for t in tensors if t is not None])
+        out = self.fn(score, b, h, q_idx, kv_idx, *_take(tensors, self._n))
         return fly.broadcast_to(fly.cast(out, fly.fp32), score.shape)
 
     def backward(self, score, out, grad_out, b, h, q_idx, kv_idx, tensors):
         if self.grad is None:
             return grad_out  # additive: d(score + c)/d score = 1
-        ts = [t for t in tensors if t is not None]
-        g = self.grad(score, out, grad_out, b, h, q_idx, kv_idx, *ts)
+        g = self.grad(score, out, grad_out, b, h, q_idx, kv_idx, *_take(tensors, self._ng))
         return fly.broadcast_to(fly.cast(g, fly.fp32), score.shape)
 
     def __eq__(self, other):
@@ -102,9 +124,10 @@ class MaskMod:
             raise TypeError(f"MaskMod needs a function, got {type(fn).__name__}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "mask_mod")
+        self._n = _arity(fn, 4)
 
     def apply(self, b, h, q_idx, kv_idx, tensors):
-        m = self.fn(b, h, q_idx, kv_idx, *[t for t in tensors if t is not None])
+        m = self.fn(b, h, q_idx, kv_idx, *_take(tensors, self._n))
         m = fly.cast(m, fly.bool_) if m.dtype != fly.bool_ else m
         shape = tuple(max(x, y) for x, y in zip(q_idx.shape, kv_idx.shape))
         return fly.broadcast_to(m, shape)
