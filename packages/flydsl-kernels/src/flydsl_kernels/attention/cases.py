@@ -57,14 +57,17 @@ def specs(p: plan.Problem, *, paged_pages=0):
     return {"q": q, "k": k, "v": v, "o": o, "lse": lse}
 
 
-def _fwd_launch(p: plan.Problem, target, config=None):
+def forward_launches(fp: plan.FwdPlan):
+    """The launches of a forward plan with ``TensorSpec`` operands (a 4096-page cache)."""
     from flydsl_core import TensorSpec
 
-    fp = plan.plan_forward(p, target, config=config)
+    p = fp.problem
     sp = specs(p, paged_pages=4096)
     extra = {}
     if p.sinks:
         extra["sinks"] = TensorSpec("fp32", (1, p.heads_k, p.group))
+    if p.alibi:
+        extra["alibi"] = TensorSpec("fp32", (p.batch, p.heads_k, p.group))
     if p.seqused:
         extra["seqused_k"] = TensorSpec("int32", (p.batch,))
     if p.page_size:
@@ -73,20 +76,29 @@ def _fwd_launch(p: plan.Problem, target, config=None):
         s, G = fp.splits, p.group
         extra["o_part"] = TensorSpec("fp32", (s, p.batch, p.seqlen_q, p.heads_k, G, p.head_dim_v))
         extra["lse_part"] = TensorSpec("fp32", (s, p.batch, p.heads_k, G, p.seqlen_q))
-    return fp, fp.launches(**sp, **extra)
+    return fp.launches(**sp, **extra)
 
 
-def _bwd_launch(p: plan.Problem, target, which):
+def _fwd_launch(p: plan.Problem, target, config=None):
+    fp = plan.plan_forward(p, target, config=config)
+    return fp, forward_launches(fp)
+
+
+def backward_launch(p: plan.Problem, target, which, config=None):
+    """One backward kernel's launch (``bwd_preprocess`` / ``bwd_dkdv`` / ``bwd_dq``) with
+    ``TensorSpec`` operands; ``config`` replaces the table's for that kernel."""
     from flydsl_core import TensorSpec
 
-    bp = plan.plan_backward(p, target)
+    kw = {"dkdv_config": config} if which == "bwd_dkdv" else {"dq_config": config}
+    bp = plan.plan_backward(p, target, **(kw if config is not None else {}))
     sp = specs(p)
     lse = TensorSpec("fp32", (p.batch, p.heads_k, p.group, p.seqlen_q))
+    alibi = TensorSpec("fp32", (p.batch, p.heads_k, p.group)) if p.alibi else None
     ls = bp.launches(
         q=sp["q"], k=sp["k"], v=sp["v"], o=sp["o"], do=sp["o"], lse=lse, delta=lse, dq=sp["q"],
-        dk=sp["k"], dv=sp["v"],
+        dk=sp["k"], dv=sp["v"], alibi=alibi,
     )  # fmt: skip
-    return bp, {"bwd_preprocess": ls[0], "bwd_dkdv": ls[1], "bwd_dq": ls[2]}[which]
+    return {"bwd_preprocess": ls[0], "bwd_dkdv": ls[1], "bwd_dq": ls[2]}[which]
 
 
 def _inputs(b, sq, sk, h, hk, d, dv, device, seed=0, dtype=torch.bfloat16):
@@ -118,7 +130,7 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
     def launch(target):
         if kind == "fwd":
             return _fwd_launch(p, target)[1][0]
-        return _bwd_launch(p, target, kind)[1]
+        return backward_launch(p, target, kind)
 
     def compile_(target):
         return launch(target).compile(target)
@@ -364,4 +376,4 @@ FAMILY = registry.Family(
     tags=("attention", "compute-bound"),
 )
 
-__all__ = ["FAMILY", "PREFILL", "TOLERANCE", "specs"]
+__all__ = ["FAMILY", "PREFILL", "TOLERANCE", "backward_launch", "forward_launches", "specs"]

@@ -58,6 +58,7 @@ class Config:
     num_stages: int = 1
     nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
     waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
+    lazy: bool = True  # forward: the rescale behind a scalar branch (kernels._update)
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -77,6 +78,8 @@ class Config:
         d["nonkdim"] = self.nonkdim
         if self.waves_per_eu:
             d["waves_per_eu"] = self.waves_per_eu
+        if not self.lazy:
+            d["lazy"] = False
         return d
 
 
@@ -158,3 +161,154 @@ def persistent_programs(tiles: int, cus: int, uneven: bool) -> int:
     if uneven and cus <= tiles < PERSIST_WAVES * cus:
         return cus
     return 0
+
+
+# -- the static model -----------------------------------------------------------------------------------
+
+#: the problem each (kind, head-dim class) is modelled at (bf16, Llama-like GQA 4:1)
+MODEL_SHAPES = {
+    "d64": (4, 4096, 64),  # (batch, seqlen, head dim)
+    "d128": (4, 4096, 128),
+    "d256": (4, 4096, 256),
+}
+#: waves per SIMD a shipped AMD candidate should reach (model rule 0)
+OCCUPANCY_FLOOR = 2
+
+
+def model_problem(kind: str, dcls: str, *, causal: bool = True):
+    """The ``plan.Problem`` a config of ``kind`` is compiled at by the model and the compile tests."""
+    from .plan import Problem
+
+    b, s, d = MODEL_SHAPES[dcls]
+    if kind == "decode":
+        return Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=64,
+                       decode=True)  # fmt: skip
+    return Problem(b, s, s, 32, 8, d, d, causal=causal)
+
+
+def compile_config(kind: str, cfg: Config, problem=None, target: str = "gfx950"):
+    """Compile the kernel of ``kind`` with ``cfg`` at ``problem`` (default: the model's) for
+    ``target``; returns the ``CompiledKernel``."""
+    from . import cases
+
+    p = problem or model_problem(kind, "d128")
+    if kind in ("fwd", "decode"):
+        from .plan import plan_forward
+
+        fp = plan_forward(p, target, config=cfg, splits=1, persistent=0)
+        return cases.forward_launches(fp)[0].compile(target)
+    return cases.backward_launch(p, target, kind, cfg).compile(target)
+
+
+def loop_mfma_equivalents(amdgcn: str) -> float:
+    """32x32x16-equivalent MFMAs per trip of the innermost loop holding MFMAs (a 16x16x32 or
+    16x16x16 counts half: it does half the work of a 32x32x16 / 32x32x8)."""
+    from ..gemm.configs import k_loop_body
+
+    body = k_loop_body(amdgcn)
+    n = 0.0
+    for ln in body:
+        op = ln.split()[0]
+        if op.startswith("v_mfma"):
+            n += 1.0 if "_32x32x" in op else 0.5
+    return n
+
+
+def figures(ck) -> dict:
+    """What the model and the compile tests read from a ``CompiledKernel``."""
+    r = ck.executable.report
+    out = {
+        "vgpr": r.vgpr_total,
+        "agpr": r.agpr,
+        "scratch": r.scratch_bytes or 0,
+        "spills": (r.vgpr_spill_count or 0) + (r.sgpr_spill_count or 0),
+        "lds": r.lds_bytes,
+        "occ": r.occupancy,
+        "loop": r.matrix_loop_instructions or 0,
+        "mfma": dict(r.matrix_ops),
+        "loads": {int(k): v for k, v in r.load_widths_bits.items()},
+        "direct_to_lds": r.direct_to_lds_loads,
+    }
+    amdgcn = ck.stages().get("amdgcn")
+    if amdgcn:
+        eq = loop_mfma_equivalents(amdgcn)
+        out["loop_mfma"] = eq
+        out["per_mfma"] = round(out["loop"] / eq, 2) if eq else None
+    return out
+
+
+#: tile shapes (BM, BN, warps) the model tries, per kind and head-dim class
+TILES = {
+    "fwd": [(128, 64, 4), (128, 32, 4), (64, 64, 4), (64, 32, 4), (256, 64, 8), (256, 32, 8),
+            (128, 128, 4), (128, 64, 8)],
+    "fwd_d256": [(64, 32, 4), (128, 32, 4), (64, 64, 4), (128, 64, 8), (256, 32, 8), (128, 32, 8)],
+    "decode": [(16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 32, 2), (16, 64, 2), (16, 64, 4),
+               (16, 128, 4)],
+    "bwd_dkdv": [(32, 64, 4), (64, 64, 4), (32, 128, 4), (64, 128, 8), (16, 64, 4), (32, 32, 4)],
+    "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4)],
+}  # fmt: skip
+
+
+def space(kind: str, dcls: str) -> list[Config]:
+    """The candidates of ``kind`` at a head-dim class: tiles x pipeline stages x MFMA shape
+    (x the lazy rescale, forward only)."""
+    tiles = TILES["fwd_d256" if kind == "fwd" and dcls == "d256" else kind]
+    out = []
+    for bm, bn, w in tiles:
+        for ns in (1, 2):
+            for nk in (16, 32):
+                if kind == "decode" and nk == 32:
+                    continue  # 16-row tiles: 16x16x32 MFMAs only
+                rows = (bn if kind == "bwd_dkdv" else bm) // w  # a warp's rows of the output
+                if nk == 32 and rows < 32:
+                    continue
+                for lazy in (True, False) if kind in ("fwd", "decode") else (True,):
+                    out.append(Config(bm, bn, w, ns, nk, lazy=lazy))
+    return out
+
+
+def score(cfg: Config, fig: dict) -> tuple:
+    widest = max(fig["loads"], default=0)
+    per = fig.get("per_mfma") or 1e9
+    return (widest, -per, fig["direct_to_lds"] > 0, -cfg.num_warps)
+
+
+def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=None):
+    """``[(Config, figures or None, rejected or None)]``, survivors best first."""
+    from flydsl_core.autotune.prune import Candidate, judge
+    from flydsl_core.exc import FlyDSLError
+    from flydsl_core.targets import get_target
+
+    tgt = get_target(target)
+    floor = OCCUPANCY_FLOOR if target.startswith("gfx") else 1
+    rows = []
+    for cfg in candidates if candidates is not None else space(kind, dcls):
+        try:
+            ck = compile_config(kind, cfg, model_problem(kind, dcls), target)
+        except FlyDSLError as e:
+            rows.append((cfg, None, f"compile failed: {e.msg.splitlines()[0]}"))
+            continue
+        cand = judge(Candidate(None, ck.executable.report.to_dict()), tgt, floor)
+        rows.append((cfg, figures(ck), cand.rejected))
+    ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
+    return ok + [r for r in rows if r[2] is not None]
+
+
+def main(argv=None):  # pragma: no cover - a developer tool
+    import argparse
+
+    ap = argparse.ArgumentParser(description="rank attention configs with the static model")
+    ap.add_argument("--target", default="gfx950")
+    ap.add_argument("--kind", default="fwd", choices=["fwd", "decode", "bwd_dkdv", "bwd_dq"])
+    ap.add_argument("--dclass", default="d128", choices=list(MODEL_SHAPES))
+    ap.add_argument("--limit", type=int, default=0, help="only the first N candidates")
+    a = ap.parse_args(argv)
+    cands = space(a.kind, a.dclass)
+    if a.limit:
+        cands = cands[: a.limit]
+    for cfg, fig, why in rank(a.kind, a.dclass, a.target, cands):
+        print(cfg.as_dict(), fig if fig else why, flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -84,7 +84,7 @@ class Fwd:
     PERSIST: bool = False  # a persistent grid walking the tiles (configs.persistent_programs)
     score_mod: Any = None
     mask_mod: Any = None
-    LAZY_RESCALE: bool = True
+    LAZY_RESCALE: bool = True  # skip the rescale when no row's max grew (a scalar branch)
 
     @property
     def BMS(self) -> int:
@@ -175,13 +175,14 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, bt, btrow, kmask):
 
 
 def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
-    """Raw ``q . k`` (fp32) -> base-2 logits: scale, softcap, score mod, ALiBi (no masks)."""
-    plain = not C.SOFTCAP and C.score_mod is None
-    if plain:
-        z = s * (scale * LOG2E)
-        if C.ALIBI:
-            z = z - (slope * LOG2E)[:, None] * fly.abs(i[:, None] + off - j[None, :]).to(fly.fp32)
-        return z
+    """Raw ``q . k`` (fp32) -> ``(z, zc)``: base-2 logits are ``z * zc`` (``zc`` a scalar) or
+    ``z`` itself (``zc`` None); scale, softcap, score mod, ALiBi applied, no masks.
+
+    Without softcap, mods or ALiBi the scale stays out of ``z``: the softmax takes the max of
+    the raw scores and folds the scale into ``exp2(z * zc - m)``, one fma per score instead of
+    a multiply and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)``)."""
+    if not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
+        return s, scale * LOG2E
     z = s * scale
     if C.SOFTCAP:
         z = fly.tanh(z * (1.0 / softcap)) * softcap
@@ -189,7 +190,7 @@ def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
         z = C.score_mod.apply(z, b, h[:, None], i[:, None], j[None, :], mt)
     if C.ALIBI:
         z = z - slope[:, None] * fly.abs(i[:, None] + off - j[None, :]).to(fly.fp32)
-    return z * LOG2E
+    return z * LOG2E, None
 
 
 def _visible(C, i, j, sk, off, wl, wr, b, h, mt):
@@ -213,9 +214,11 @@ class _Softmax:
     acc: list  # fp32 (BM, cs) per V chunk
 
 
-def _update(st: _Softmax, z, vts, C):
-    """Fold a tile of base-2 logits ``z`` (``-inf`` where masked) and its V chunks into ``st``."""
-    m_new = fly.maximum(st.m, fly.max(z, 1))
+def _update(st: _Softmax, z, zc, vts, C):
+    """Fold a tile of logits (base 2: ``z * zc``, or ``z`` when ``zc`` is None; ``-inf`` where
+    masked) and its V chunks into ``st``."""
+    m_tile = fly.max(z, 1) if zc is None else fly.max(z, 1) * zc
+    m_new = fly.maximum(st.m, m_tile)
     if C.LAZY_RESCALE:
         # rescale only when some row's max grew: one scalar branch, taken less and less often
         grew = fly.max((m_new > st.m).to(fly.int32), 0) > 0
@@ -231,7 +234,7 @@ def _update(st: _Softmax, z, vts, C):
         for a in st.acc:
             a *= alpha[:, None]
         st.m.set(m_new)
-    p = fly.exp2(z - st.m[:, None])
+    p = fly.exp2((z if zc is None else z * zc) - st.m[:, None])
     st.l += fly.sum(p, 1)
     for a, vt in zip(st.acc, vts):
         a += fly.dot(p.to(vt.dtype), vt)
@@ -377,14 +380,14 @@ def _fwd_tile(
             kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, block_table, btrow, kmask)
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
-        z = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
+        z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
         if masked:
             z = fly.where(_visible(C, i, j, sk, off, wl, wr, b, h, mt), z, NEG_INF)
         vts = [
             _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, block_table, btrow, kmask)
             for c0, cs in chunks(C.DV)
         ]
-        _update(st, z, vts, C)
+        _update(st, z, zc, vts, C)
 
     if C.mask_mod is not None:
         for n0 in fly.range(lo, hi, BN):

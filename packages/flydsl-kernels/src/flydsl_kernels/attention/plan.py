@@ -161,7 +161,7 @@ def plan_forward(p: Problem, target=None, *, config=None, splits=None, persisten
         HAS_WL=left >= 0, HAS_WR=right >= 0, SOFTCAP=bool(p.softcap), ALIBI=p.alibi,
         SINKS=p.sinks, VARLEN=p.varlen, SEQUSED=p.seqused, PAGE=p.page_size,
         BATCH_IDX=p.batch_idx, LSE=p.lse, LSE_LOG2=p.lse_log2, score_mod=p.score_mod,
-        mask_mod=p.mask_mod,
+        mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy,
     )  # fmt: skip
     BMS = C.BMS
     NG = _cdiv(G, GP)
