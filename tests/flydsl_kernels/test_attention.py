@@ -22,6 +22,7 @@ import torch
 
 from flydsl_kernels.attention import (
     FAMILY,
+    BlockSparse,
     MaskMod,
     ScoreMod,
     configs,
@@ -81,7 +82,8 @@ def check_fwd_bwd(q, k, v, target, *, config=SMALL, seed=0, extra_grad=(), ref_k
         q, k, v, return_attn_probs=True, target=target, config=config, **kw
     )
     ins64 = [t.detach().double().requires_grad_() for t in (q, k, v, *extra_grad)]
-    kw64 = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod", "mod_tensors")}
+    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse")
+    kw64 = {n: x for n, x in kw.items() if n not in skip}
     for name, t in zip(("sinks",), ins64[3:]):
         kw64[name] = t
     kw64.update(ref_kw or {})
@@ -369,7 +371,6 @@ def test_kvcache_paged_out_of_order_with_append_and_splits(page, splits):
     close(out, ro, OUT_TOL[BF16])
     close_lse(lse, rl)
     if page:  # the new tokens landed in their pages
-        kc2, _, _ = _paged(kref, vref, page, gen(27 + page + 1))
         for b in range(B):
             for t in range(2):
                 pos = int(lens[b]) + t
@@ -580,3 +581,59 @@ def test_family_lists_report_cases():
     cases = list(FAMILY.cases())
     assert cases and all(c.family == "attention" for c in cases)
     assert math.isfinite(len(cases))
+
+
+# -- block sparsity ----------------------------------------------------------------------------------------------
+
+
+def test_block_sparse_from_torch_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def sliding(b, h, q, kv):
+        return (kv <= q) & (q - kv < 40)
+
+    bm = create_block_mask(sliding, 1, 2, 100, 100, device="cpu", BLOCK_SIZE=32, _compile=False)
+    q, k, v = qkv(1, 100, 100, 2, 1, 32, seed=37, grad=True)
+    check_fwd_bwd(
+        q, k, v, REF, mask_mod=MaskMod(sliding), block_sparse=bm, ref_kw={"mask_mod": sliding}
+    )
+
+
+def _lists(per_block, n_blocks):
+    """``(num (1, 1, n), idx (1, 1, n, n))`` int32 of ``{block: [listed blocks]}``."""
+    num = torch.zeros(1, 1, n_blocks, dtype=torch.int32)
+    idx = torch.zeros(1, 1, n_blocks, n_blocks, dtype=torch.int32)
+    for blk, listed in per_block.items():
+        num[0, 0, blk] = len(listed)
+        idx[0, 0, blk, : len(listed)] = torch.tensor(listed, dtype=torch.int32)
+    return num, idx
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_block_sparse_skips_unlisted_blocks_and_full_blocks_skip_the_mask_mod(target):
+    # 2 x 2 blocks of 32: q block 0 visits kv block 1 (partial) and skips kv block 0, which the
+    # mask mod would allow; q block 1 visits kv block 0 (partial) and kv block 1 as a full block,
+    # where the mask mod (kv % 3 != 0) is not applied
+    partial, full = {0: [1], 1: [0]}, {0: [], 1: [1]}
+    tpartial, tfull = {0: [1], 1: [0]}, {0: [], 1: [1]}  # the transposed lists
+
+    def every_third(b, h, q_idx, kv_idx):
+        return kv_idx % 3 != 0
+
+    dense = torch.zeros(64, 64, dtype=torch.bool)
+    for qb in range(2):
+        for kb in partial[qb]:
+            dense[qb * 32 : qb * 32 + 32, kb * 32 : kb * 32 + 32] = (
+                torch.arange(32) + kb * 32
+            ) % 3 != 0
+        for kb in full[qb]:
+            dense[qb * 32 : qb * 32 + 32, kb * 32 : kb * 32 + 32] = True
+    bs = BlockSparse(
+        *_lists(partial, 2), *_lists(full, 2), *_lists(tpartial, 2), *_lists(tfull, 2), (32, 32)
+    )
+    q, k, v = qkv(1, 64, 64, 2, 1, 32, seed=38, grad=True)
+    cfg = {"fwd": C16, "bwd_dkdv": C16, "bwd_dq": C16} if target == REF else None
+    check_fwd_bwd(
+        q, k, v, target, config=cfg, mask_mod=MaskMod(every_third), block_sparse=bs,
+        ref_kw={"mask_mod": lambda b, h, qi, ki: dense[qi, ki]},
+    )  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import configs, mods, plan, reference
 from .api import (
     SUPPORTED_DTYPES,
+    BlockSparse,
     flash_attn_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
@@ -27,6 +28,7 @@ __all__ = [
     "KERNELS",
     "SUPPORTED_DTYPES",
     "TOLERANCE",
+    "BlockSparse",
     "MaskMod",
     "ScoreMod",
     "configs",

@@ -24,6 +24,9 @@ kernel: no atomics), so ``deterministic=True`` always holds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from .._target import tensor_target
@@ -33,6 +36,88 @@ from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 _DNAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# -- block sparsity ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockSparse:
+    """torch's ``BlockMask`` lists (``torch.nn.attention.flex_attention``), all int32:
+
+    * ``kv_num_blocks (B, H, q_blocks)`` / ``kv_indices (B, H, q_blocks, kv_blocks)``: the key
+      blocks each query block visits where the mask mod decides (partial blocks);
+    * ``full_kv_*``: blocks visited with no mask mod (every element visible);
+    * ``q_*`` / ``full_q_*``: the transposed lists (per key block), for the dK/dV backward;
+    * ``block_size``: ``(Q, KV)`` elements per block (BlockMask's ``BLOCK_SIZE``).
+
+    ``B`` and ``H`` may be 1 (broadcast). Blocks in neither list are skipped. ``H`` counts
+    query heads.
+    """
+
+    kv_num_blocks: Any
+    kv_indices: Any
+    full_kv_num_blocks: Any = None
+    full_kv_indices: Any = None
+    q_num_blocks: Any = None
+    q_indices: Any = None
+    full_q_num_blocks: Any = None
+    full_q_indices: Any = None
+    block_size: tuple = (128, 128)
+
+    @classmethod
+    def from_block_mask(cls, bm) -> BlockSparse:
+        """From a ``torch.nn.attention.flex_attention.BlockMask``."""
+        bs = bm.BLOCK_SIZE
+        return cls(
+            bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
+            bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices,
+            (int(bs[0]), int(bs[1])) if isinstance(bs, tuple) else (int(bs), int(bs)),
+        )  # fmt: skip
+
+    def lists(self, B, H, transposed=False):
+        """The four tensors a kernel takes, broadcast to ``(B, H, ...)`` (None where absent)."""
+        names = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices") if transposed \
+            else ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")  # fmt: skip
+        out = []
+        for n in names:
+            t = getattr(self, n)
+            out.append(None if t is None else t.expand(B, H, *t.shape[2:]))
+        return tuple(out)
+
+
+def _check_sparse(bs, B, H, sq, sk, device, mask_mod):
+    if bs is None:
+        return None
+    if not isinstance(bs, BlockSparse):
+        if hasattr(bs, "kv_num_blocks") and hasattr(bs, "BLOCK_SIZE"):
+            bs = BlockSparse.from_block_mask(bs)
+        else:
+            raise TypeError("block_sparse must be a BlockSparse or a torch BlockMask")
+    bq, bkv = bs.block_size
+    for n, blk in (("Q", bq), ("KV", bkv)):
+        if blk < 16 or blk % 16:
+            raise ValueError(f"block_sparse: {n} block size must be a multiple of 16, got {blk}")
+    nq, nk = -(-sq // bq), -(-sk // bkv)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):  # fmt: skip
+        t = getattr(bs, name)
+        if t is None:
+            continue
+        if t.dtype != torch.int32 or t.device != device:
+            raise TypeError(f"block_sparse.{name} must be int32 on the inputs' device")
+        if t.shape[0] not in (1, B) or t.shape[1] not in (1, H):
+            raise ValueError(
+                f"block_sparse.{name} must be (batch or 1, nheads or 1, ...), got {list(t.shape)}"
+            )
+        rows = nk if name.startswith(("q_", "full_q")) else nq
+        if t.shape[2] < rows:
+            raise ValueError(
+                f"block_sparse.{name} covers {t.shape[2]} blocks, the sequence needs {rows}"
+            )
+    if (bs.full_kv_num_blocks is None) != (bs.full_kv_indices is None):
+        raise ValueError("block_sparse: give full_kv_num_blocks and full_kv_indices together")
+    return bs
 
 
 # -- validation --------------------------------------------------------------------------------------
@@ -134,14 +219,15 @@ def _mods(score_mod, mask_mod, mod_tensors, device):
 
 def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, varlen=False,
              seqused=False, page=0, batch_idx=False, lse_log2=False, decode=False, score_mod=None,
-             mask_mod=None, scale=None):  # fmt: skip
+             mask_mod=None, scale=None, sparse=None):  # fmt: skip
     return plan.Problem(
         batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=q.shape[-2], heads_k=k.shape[-2],
         head_dim=q.shape[-1], head_dim_v=v.shape[-1], dtype=_DNAME[q.dtype], causal=bool(causal),
         window=window, softcap=softcap, alibi=alibi is not None, sinks=sinks is not None,
         varlen=varlen, seqused=seqused, page_size=page, batch_idx=batch_idx, lse=True,
         lse_log2=lse_log2, decode=decode, score_mod=score_mod, mask_mod=mask_mod,
-        softmax_scale=scale,
+        softmax_scale=scale, sparse=tuple(sparse.block_size) if sparse is not None else (0, 0),
+        sparse_full=sparse is not None and sparse.full_kv_num_blocks is not None,
     )  # fmt: skip
 
 
@@ -150,7 +236,7 @@ def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, v
 
 def _forward(p, tgt, q5, k4, v4, o5, lse4, *, sinks3=None, alibi3=None, cu_q=None, cu_k=None,
              seqused=None, block_table=None, batch_idx=None, mt=(), config=None, splits=None,
-             persistent=None):  # fmt: skip
+             persistent=None, sparse=None):  # fmt: skip
     fp = plan.plan_forward(p, tgt, config=config, splits=splits, persistent=persistent)
     o_part = lse_part = None
     if fp.splits > 1:
@@ -163,13 +249,14 @@ def _forward(p, tgt, q5, k4, v4, o5, lse4, *, sinks3=None, alibi3=None, cu_q=Non
         q=q5, k=k4, v=v4, o=o5, lse=lse4, sinks=sinks3, alibi=alibi3, cu_q=cu_q, cu_k=cu_k,
         seqused_k=seqused, block_table=block_table, batch_idx=batch_idx, mod_tensors=mt,
         o_part=o_part, lse_part=lse_part, sq_rows=q5.shape[1],
+        sparse=sparse.lists(p.batch, p.heads_q) if sparse is not None else (None,) * 4,
     ):  # fmt: skip
         launch.run(tgt)
     return fp
 
 
 def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, alibi3=None, cu_q=None, cu_k=None, mt=(),
-              dkdv_config=None, dq_config=None):  # fmt: skip
+              dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
     bp = plan.plan_backward(p, tgt, dkdv_config=dkdv_config, dq_config=dq_config)
     dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
     dk = torch.empty(k4.shape, dtype=k4.dtype, device=k4.device)
@@ -181,9 +268,26 @@ def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, alibi3=None, cu_q=None, cu_k
     for launch in bp.launches(
         q=q5, k=k4, v=v4, o=o5, do=do5, lse=lse4, delta=delta, dq=dq, dk=dk, dv=dv,
         alibi=alibi3, cu_q=cu_q, cu_k=cu_k, mod_tensors=mt, sq_rows=q5.shape[1],
+        **_sparse_lists(sparse, p),
     ):  # fmt: skip
         launch.run(tgt)
     return dq, dk, dv, delta
+
+
+def _sparse_lists(sparse, p):
+    if sparse is None:
+        return {}
+    if sparse.q_num_blocks is None or sparse.q_indices is None:
+        raise NotImplementedError(
+            "the block-sparse backward walks the transposed lists: give q_num_blocks and "
+            "q_indices (a torch BlockMask has them)"
+        )
+    if (sparse.full_kv_num_blocks is None) != (sparse.full_q_num_blocks is None):
+        raise ValueError("block_sparse: full_kv_* and full_q_* go together")
+    return {
+        "sparse_kv": sparse.lists(p.batch, p.heads_q),
+        "sparse_q": sparse.lists(p.batch, p.heads_q, transposed=True),
+    }
 
 
 def _dsinks(sinks, lse, delta, lse_log2):
@@ -267,6 +371,7 @@ def flash_attn_func(
     score_mod=None,
     mask_mod=None,
     mod_tensors=(),
+    block_sparse=None,
     target=None,
     config=None,
     num_splits=None,
@@ -275,6 +380,8 @@ def flash_attn_func(
 
     Returns ``out (B, Sq, H, Dv)``, or ``(out, lse (B, H, Sq) fp32, None)`` with
     ``return_attn_probs`` (flash-attn's triple; there are no dropout probabilities).
+    ``block_sparse``: a ``BlockSparse`` or torch ``BlockMask``: only the listed KV blocks are
+    visited, full blocks without the mask mod (flex_attention's meaning).
     """
     _check_dropout(dropout_p)
     _check_qkv(q, k, v, "flash_attn_func", 4)
@@ -288,13 +395,16 @@ def flash_attn_func(
     window = _check_window(window_size)
     cap = _check_softcap(softcap)
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
     p = _problem(
         q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=window, softcap=cap,
         alibi=alibi_slopes, sinks=sinks, lse_log2=lse_log2, score_mod=sm, mask_mod=mm,
-        scale=softmax_scale,
+        scale=softmax_scale, sparse=bsp,
     )  # fmt: skip
     G, Dv = H // Hk, v.shape[-1]
     fkw, bkw = _config_kw(config)
+    if bsp is not None:
+        fkw["sparse"], bkw["sparse"] = bsp, bsp
 
     def views(q, k, v, o=None, lse=None):
         if o is None:

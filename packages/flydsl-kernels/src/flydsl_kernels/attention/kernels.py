@@ -85,6 +85,9 @@ class Fwd:
     score_mod: Any = None
     mask_mod: Any = None
     LAZY_RESCALE: bool = True  # skip the rescale when no row's max grew (a scalar branch)
+    SPARSE_Q: int = 0  # block sparsity: the BlockMask's (Q, KV) block sizes (0: dense)
+    SPARSE_KV: int = 0
+    SPARSE_FULL: bool = False  # full-block lists given (their tiles skip the mask mod)
 
     @property
     def BMS(self) -> int:
@@ -193,16 +196,27 @@ def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     return z * LOG2E, None
 
 
-def _visible(C, i, j, sk, off, wl, wr, b, h, mt):
-    """The mask of a masked block: keys in range, window / causal, mask mod."""
+def _visible(C, i, j, sk, off, wl, wr, b, h, mt, mod=True):
+    """The mask of a masked block: keys in range, window / causal, mask mod (unless ``mod`` is
+    False: a block-sparse full block)."""
     m = (j < sk)[None, :]
     if C.HAS_WR:
         m = m & (j[None, :] <= i[:, None] + (off + wr))
     if C.HAS_WL:
         m = m & (j[None, :] >= i[:, None] + (off - wl))
-    if C.mask_mod is not None:
+    if C.mask_mod is not None and mod:
         m = m & C.mask_mod.apply(b, h[:, None], i[:, None], j[None, :], mt)
     return m
+
+
+def _sparse_loop(block, num, idx, b, h, blk, BLOCK, T, kind):
+    """Block sparsity (torch's BlockMask): the tiles of the ``num[b, h, blk]`` blocks listed in
+    ``idx[b, h, blk, :]`` (block size ``BLOCK``, tiles of ``T`` keys or queries), in list order."""
+    n = num[b, h, blk].load()
+    for t in fly.range(0, n):
+        kb = idx[b, h, blk, t].load()
+        for u in fly.static_range(BLOCK // T):
+            block(kb * BLOCK + u * T, kind)
 
 
 @dataclass
@@ -295,7 +309,7 @@ def _seq_info(b, Sq, Sk, cu_q, cu_k, seqused_k, batch_idx, C):
 @fly.kernel
 def attn_fwd_kernel(
     q, k, v, o, lse, sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx,
-    mt0, mt1, mt2, mt3,
+    mt0, mt1, mt2, mt3, kv_num, kv_idx, fkv_num, fkv_idx,
     B, Sq, Sk, Hk, G, NG, scale, wl, wr, softcap,
     C: fly.constexpr,
 ):  # fmt: skip
@@ -305,9 +319,10 @@ def attn_fwd_kernel(
     its split's share of the keys and writes a normalized fp32 partial output and its base-2
     LSE (``-inf`` when the split saw no key) for ``attn_combine_kernel``. With ``C.PERSIST``
     the grid is ``(P,)`` and each program walks the tiles in zig-zag cost order
-    (``configs.persistent_programs``).
+    (``configs.persistent_programs``). ``kv_num`` / ``kv_idx`` (and ``fkv_*`` for full blocks):
+    a BlockMask's ``(B, H, q blocks)`` counts and ``(B, H, q blocks, kv blocks)`` indices.
     """
-    mt = (mt0, mt1, mt2, mt3)
+    mt = (mt0, mt1, mt2, mt3, (kv_num, kv_idx, fkv_num, fkv_idx))
     if C.PERSIST:
         nbh = B * Hk * NG
         mb = (Sq + (C.BMS - 1)) // C.BMS
@@ -373,6 +388,8 @@ def _fwd_tile(
     btrow = b
 
     def block(n0, masked):
+        """One KV tile: ``masked`` True (every mask), False (none: the interior) or "full" (a
+        block-sparse full block: no mask mod)."""
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if masked else None
         s = None
@@ -382,14 +399,22 @@ def _fwd_tile(
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
         if masked:
-            z = fly.where(_visible(C, i, j, sk, off, wl, wr, b, h, mt), z, NEG_INF)
+            vis = _visible(C, i, j, sk, off, wl, wr, b, h, mt, mod=masked is True)
+            z = fly.where(vis, z, NEG_INF)
         vts = [
             _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, block_table, btrow, kmask)
             for c0, cs in chunks(C.DV)
         ]
         _update(st, z, zc, vts, C)
 
-    if C.mask_mod is not None:
+    if C.SPARSE_KV:
+        sp = mt[4]
+        hq = hk * G + g0  # GP == 1 under block sparsity
+        qb = i0 // C.SPARSE_Q
+        _sparse_loop(block, sp[0], sp[1], b, hq, qb, C.SPARSE_KV, BN, True)
+        if C.SPARSE_FULL:
+            _sparse_loop(block, sp[2], sp[3], b, hq, qb, C.SPARSE_KV, BN, "full")
+    elif C.mask_mod is not None:
         for n0 in fly.range(lo, hi, BN):
             block(n0, True)
     else:
@@ -546,6 +571,9 @@ class Bwd:
     LSE_LOG2: bool = False
     score_mod: Any = None
     mask_mod: Any = None
+    SPARSE_Q: int = 0
+    SPARSE_KV: int = 0
+    SPARSE_FULL: bool = False
 
     # the forward's helpers read these
     GP = 1
@@ -582,13 +610,13 @@ def _bwd_scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     return z * LOG2E, (x, z1, z2)
 
 
-def _bwd_visible(C, i, j, sq, sk, off, wl, wr, b, h, mt):
+def _bwd_visible(C, i, j, sq, sk, off, wl, wr, b, h, mt, mod=True):
     m = (j < sk) & (i < sq)
     if C.HAS_WR:
         m = m & (j <= i + (off + wr))
     if C.HAS_WL:
         m = m & (j >= i + (off - wl))
-    if C.mask_mod is not None:
+    if C.mask_mod is not None and mod:
         m = m & C.mask_mod.apply(b, h, i, j, mt)
     return m
 
@@ -600,6 +628,7 @@ def _lse2(t, C):
 @fly.kernel
 def attn_bwd_dkdv_kernel(
     q, k, v, do, lse, delta, dk, dv, alibi, cu_q, cu_k, mt0, mt1, mt2, mt3,
+    q_num, q_idx, fq_num, fq_idx,
     Sq, Sk, Hk, G, scale, wl, wr, softcap,
     C: fly.constexpr,
 ):  # fmt: skip
@@ -607,7 +636,7 @@ def attn_bwd_dkdv_kernel(
     every query block that sees the keys, in a fixed order (no atomics, deterministic).
     Grid ``(cdiv(max sk, BN), B * Hk)``; works in the transposed orientation (keys x queries).
     """
-    mt = (mt0, mt1, mt2, mt3)
+    mt = (mt0, mt1, mt2, mt3, (q_num, q_idx, fq_num, fq_idx))
     pn = fly.program_id(0)
     pid = fly.program_id(1)
     b = pid // Hk
@@ -668,7 +697,9 @@ def _dkdv_tile(
             sT = d_ if sT is None else sT + d_
         z, zin = _bwd_scores(sT, C, scale, softcap, slope, i[None, :], j[:, None], off, b, h, mt)
         if masked:
-            vis = _bwd_visible(C, i[None, :], j[:, None], sq, sk, off, wl, wr, b, h, mt)
+            vis = _bwd_visible(
+                C, i[None, :], j[:, None], sq, sk, off, wl, wr, b, h, mt, mod=masked is True
+            )
             z = fly.where(vis, z, NEG_INF)
         pT = fly.exp2(z - _lse2(lrow, C)[None, :])
         for a, dt in zip(dvs, dots):
@@ -689,12 +720,24 @@ def _dkdv_tile(
     for g in fly.range(0, G):
         h = hk * G + g
         slope = alibi[b, hk, g].load().to(fly.fp32) if C.ALIBI else None
-        for m0 in fly.range(lo, bnd, BM):
-            block(m0, True, g, h, slope)
-        for m0 in fly.range(bnd, c, BM):
-            block(m0, False, g, h, slope)
-        for m0 in fly.range(c, hi, BM):
-            block(m0, True, g, h, slope)
+        if C.SPARSE_KV:
+            # the transposed lists: the query blocks that see key block n0 // SPARSE_KV
+            sp = mt[4]
+            kb = n0 // C.SPARSE_KV
+
+            def tile(m0, kind, g=g, h=h, slope=slope):
+                block(m0, kind, g, h, slope)
+
+            _sparse_loop(tile, sp[0], sp[1], b, h, kb, C.SPARSE_Q, BM, True)
+            if C.SPARSE_FULL:
+                _sparse_loop(tile, sp[2], sp[3], b, h, kb, C.SPARSE_Q, BM, "full")
+        else:
+            for m0 in fly.range(lo, bnd, BM):
+                block(m0, True, g, h, slope)
+            for m0 in fly.range(bnd, c, BM):
+                block(m0, False, g, h, slope)
+            for m0 in fly.range(c, hi, BM):
+                block(m0, True, g, h, slope)
 
     for (c0, cs), a in zip(chunks(C.D), dks):
         dk[bk, fly.ds(k_off + n0, BN), hk, fly.ds(c0, cs)].store(a * scale, kmask[:, None])
@@ -722,12 +765,13 @@ def _load_row(t, bq, hk, g, row0, BM, rmask):
 @fly.kernel
 def attn_bwd_dq_kernel(
     q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, mt0, mt1, mt2, mt3,
+    kv_num, kv_idx, fkv_num, fkv_idx,
     Sq, Sk, Hk, G, scale, wl, wr, softcap,
     C: fly.constexpr,
 ):  # fmt: skip
     """dQ of ``BM`` query rows of one (batch, head): the forward's key range and block split.
     Grid ``(cdiv(max sq, BM), B * Hk * G)``."""
-    mt = (mt0, mt1, mt2, mt3)
+    mt = (mt0, mt1, mt2, mt3, (kv_num, kv_idx, fkv_num, fkv_idx))
     pm = fly.program_id(0)
     pid = fly.program_id(1)
     b = pid // (Hk * G)
@@ -772,7 +816,9 @@ def _dq_tile(
             s = d_ if s is None else s + d_
         z, zin = _bwd_scores(s, C, scale, softcap, slope, i[:, None], j[None, :], off, b, h, mt)
         if masked:
-            vis = _bwd_visible(C, i[:, None], j[None, :], sq, sk, off, wl, wr, b, h, mt)
+            vis = _bwd_visible(
+                C, i[:, None], j[None, :], sq, sk, off, wl, wr, b, h, mt, mod=masked is True
+            )
             z = fly.where(vis, z, NEG_INF)
         p = fly.exp2(z - lse2[:, None])
         dp = None
@@ -789,12 +835,19 @@ def _dq_tile(
     c = fly.maximum(bnd, fly.minimum(full_hi, hi))
     if C.mask_mod is not None:
         bnd, c = hi, hi
-    for n0 in fly.range(lo, bnd, BN):
-        block(n0, True)
-    for n0 in fly.range(bnd, c, BN):
-        block(n0, False)
-    for n0 in fly.range(c, hi, BN):
-        block(n0, True)
+    if C.SPARSE_KV:
+        sp = mt[4]
+        qb = i0 // C.SPARSE_Q
+        _sparse_loop(block, sp[0], sp[1], b, h, qb, C.SPARSE_KV, BN, True)
+        if C.SPARSE_FULL:
+            _sparse_loop(block, sp[2], sp[3], b, h, qb, C.SPARSE_KV, BN, "full")
+    else:
+        for n0 in fly.range(lo, bnd, BN):
+            block(n0, True)
+        for n0 in fly.range(bnd, c, BN):
+            block(n0, False)
+        for n0 in fly.range(c, hi, BN):
+            block(n0, True)
     for (c0, cs), a in zip(chunks(C.D), dqs):
         dq[bq, fly.ds(q_off + i0, BM), hk, g, fly.ds(c0, cs)].store(a * scale, rm[:, None])
 

@@ -54,7 +54,7 @@ def _arity(fn, fixed: int) -> int | None:
 
 
 def _take(tensors, n):
-    ts = [t for t in tensors if t is not None]
+    ts = [t for t in tensors[:MAX_MOD_TENSORS] if t is not None]
     return ts if n is None else ts[:n]
 
 

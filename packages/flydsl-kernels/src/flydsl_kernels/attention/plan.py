@@ -58,6 +58,8 @@ class Problem:
     lse_log2: bool = False
     decode: bool = False  # pack the query heads of a KV group into the tile's rows
     softmax_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    sparse: tuple = (0, 0)  # block sparsity: the BlockMask's (Q, KV) block sizes; (0, 0) dense
+    sparse_full: bool = False  # the BlockMask has full-block lists
     score_mod: Any = None
     mask_mod: Any = None
 
@@ -121,7 +123,7 @@ class FwdPlan:
 
     def launches(self, *, q, k, v, o, lse, sinks=None, alibi=None, cu_q=None, cu_k=None,
                  seqused_k=None, block_table=None, batch_idx=None, mod_tensors=(),
-                 o_part=None, lse_part=None, sq_rows=None):  # fmt: skip
+                 o_part=None, lse_part=None, sq_rows=None, sparse=(None,) * 4):  # fmt: skip
         """The forward launch (plus the combine when split). ``sq_rows``: the Sq extent of the
         tensors (total tokens for varlen); the grid uses the problem's (max) seqlen."""
         p = self.problem
@@ -130,7 +132,7 @@ class FwdPlan:
         NG = _cdiv(p.group, self.C.GP)
         args = (
             q, k, v, o_part if self.splits > 1 else o, lse_part if self.splits > 1 else lse,
-            sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx, *mt,
+            sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx, *mt, *sparse,
             p.batch, p.seqlen_q, p.seqlen_k, p.heads_k, p.group, NG, float(self.scale), left,
             right, float(p.softcap) if p.softcap else 1.0,
         )  # fmt: skip
@@ -150,10 +152,13 @@ class FwdPlan:
 
 def plan_forward(p: Problem, target=None, *, config=None, splits=None, persistent=None) -> FwdPlan:
     """The forward schedule of ``p`` on ``target`` (see ``configs``' module doc)."""
-    kind = "decode" if p.decode else "fwd"
+    sparse = bool(p.sparse[0])
+    kind = "decode" if p.decode and not sparse else "fwd"
     cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), target)
+    if sparse:
+        cfg = sparse_tiles(cfg, p.sparse)
     G = p.group
-    GP = next_gp(G) if p.decode else 1
+    GP = next_gp(G) if kind == "decode" else 1
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     C = Fwd(
@@ -161,7 +166,8 @@ def plan_forward(p: Problem, target=None, *, config=None, splits=None, persisten
         HAS_WL=left >= 0, HAS_WR=right >= 0, SOFTCAP=bool(p.softcap), ALIBI=p.alibi,
         SINKS=p.sinks, VARLEN=p.varlen, SEQUSED=p.seqused, PAGE=p.page_size,
         BATCH_IDX=p.batch_idx, LSE=p.lse, LSE_LOG2=p.lse_log2, score_mod=p.score_mod,
-        mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy,
+        mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
+        SPARSE_FULL=p.sparse_full,
     )  # fmt: skip
     BMS = C.BMS
     NG = _cdiv(G, GP)
@@ -171,6 +177,8 @@ def plan_forward(p: Problem, target=None, *, config=None, splits=None, persisten
     kv_blocks = _cdiv(p.seqlen_k, cfg.BN)
     s = splits if splits is not None else configs.splits_for(programs, kv_blocks, cus)
     s = max(1, min(int(s), max(kv_blocks, 1)))
+    if sparse:
+        s = 1  # a block list is one program's walk: no split-KV
     pers = 0
     if s == 1:
         if persistent is None:
@@ -188,6 +196,19 @@ def plan_forward(p: Problem, target=None, *, config=None, splits=None, persisten
     if programs == 0:
         grid = (0, 0, 0)
     return FwdPlan(p, cfg, C, grid, s, pers, cfg.options(target), scale_of(p))
+
+
+def sparse_tiles(cfg: configs.Config, blocks) -> configs.Config:
+    """``cfg`` with tiles that divide the BlockMask's blocks (a block is walked tile by tile):
+    the largest power of two dividing the block size, at most the config's tile."""
+    from dataclasses import replace as _replace
+
+    def fit(t, blk):
+        while t > 16 and blk % t:
+            t //= 2
+        return t
+
+    return _replace(cfg, BM=fit(cfg.BM, blocks[0]), BN=fit(cfg.BN, blocks[1]))
 
 
 def next_gp(G: int) -> int:
@@ -219,7 +240,8 @@ class BwdPlan:
     target: Any
 
     def launches(self, *, q, k, v, o, do, lse, delta, dq, dk, dv, alibi=None, cu_q=None,
-                 cu_k=None, mod_tensors=(), sq_rows=None):  # fmt: skip
+                 cu_k=None, mod_tensors=(), sq_rows=None, sparse_kv=(None,) * 4,
+                 sparse_q=(None,) * 4):  # fmt: skip
         p = self.problem
         mt = tuple(mod_tensors) + (None,) * (4 - len(mod_tensors))
         left, right = _ints(p)
@@ -232,19 +254,19 @@ class BwdPlan:
             dict(BM=ROWS_BM, DV=p.head_dim_v, VARLEN=p.varlen),
             {"num_warps": 4},
         )
-        common = (*mt, p.seqlen_q, p.seqlen_k, p.heads_k, G, float(self.scale), left, right,
-                  float(p.softcap) if p.softcap else 1.0)  # fmt: skip
+        tail = (p.seqlen_q, p.seqlen_k, p.heads_k, G, float(self.scale), left, right,
+                float(p.softcap) if p.softcap else 1.0)  # fmt: skip
         dkdv = Launch(
             attn_bwd_dkdv_kernel,
             (_cdiv(p.seqlen_k, self.C_dkdv.BN), p.batch * p.heads_k),
-            (q, k, v, do, lse, delta, dk, dv, alibi, cu_q, cu_k, *common),
+            (q, k, v, do, lse, delta, dk, dv, alibi, cu_q, cu_k, *mt, *sparse_q, *tail),
             {"C": self.C_dkdv},
             self.dkdv.options(self.target),
         )
         dql = Launch(
             attn_bwd_dq_kernel,
             (_cdiv(p.seqlen_q, self.C_dq.BM), p.batch * p.heads_k * G),
-            (q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, *common),
+            (q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, *mt, *sparse_kv, *tail),
             {"C": self.C_dq},
             self.dq.options(self.target),
         )
@@ -257,11 +279,14 @@ def plan_backward(p: Problem, target=None, *, dkdv_config=None, dq_config=None) 
     d = max(p.head_dim, p.head_dim_v)
     c1 = dkdv_config or configs.select("bwd_dkdv", d, target)
     c2 = dq_config or configs.select("bwd_dq", d, target)
+    if p.sparse[0]:
+        c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
     common = dict(
         D=p.head_dim, DV=p.head_dim_v, CAUSAL=p.causal, HAS_WL=left >= 0, HAS_WR=right >= 0,
         SOFTCAP=bool(p.softcap), ALIBI=p.alibi, VARLEN=p.varlen, LSE_LOG2=p.lse_log2,
-        score_mod=p.score_mod, mask_mod=p.mask_mod,
+        score_mod=p.score_mod, mask_mod=p.mask_mod, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
+        SPARSE_FULL=p.sparse_full,
     )  # fmt: skip
     return BwdPlan(
         p, c1, c2, Bwd(BM=c1.BM, BN=c1.BN, **common), Bwd(BM=c2.BM, BN=c2.BN, **common),
