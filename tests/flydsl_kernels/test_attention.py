@@ -513,19 +513,19 @@ def test_plan_picks_schedules_by_shape():
     p = plan.Problem(1, 1, 65536, 32, 8, 128, 128, decode=True, seqused=True)
     fp = plan.plan_forward(p, "gfx950")
     assert fp.C.GP == 4 and fp.splits > 1 and fp.grid[2] == fp.splits
-    mid = plan.Problem(1, 2048, 2048, 32, 8, 128, 128, causal=True)  # 32 heads x 16 = 512 tiles
+    mid = plan.Problem(1, 4096, 4096, 32, 8, 128, 128, causal=True)  # 32 heads x 16 m-blocks
     fp = plan.plan_forward(mid, "gfx950")
     assert fp.persistent == 256 and fp.C.PERSIST and fp.grid == (256, 1, 1)
-    assert plan.plan_forward(plan.Problem(1, 2048, 2048, 32, 8, 128, 128), "gfx950").persistent == 0
+    assert plan.plan_forward(plan.Problem(1, 4096, 4096, 32, 8, 128, 128), "gfx950").persistent == 0
     assert (
         plan.plan_forward(
-            plan.Problem(2, 2048, 2048, 32, 8, 128, 128, causal=True), "gfx950"
+            plan.Problem(4, 8192, 8192, 32, 8, 128, 128, causal=True), "gfx950"  # 4096 tiles
         ).persistent
         == 0
     )
     huge = plan.Problem(16, 8192, 8192, 32, 8, 128, 128, causal=True)
     fp = plan.plan_forward(huge, "gfx950")
-    assert fp.persistent == 0 and fp.splits == 1 and fp.grid == (64, 16 * 32, 1)
+    assert fp.persistent == 0 and fp.splits == 1 and fp.grid == (32, 16 * 32, 1)
 
 
 @pytest.mark.parametrize("target", [REF, INTERP])

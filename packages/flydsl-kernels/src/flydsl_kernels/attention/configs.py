@@ -95,25 +95,75 @@ def dclass(head_dim: int) -> str:
 # program), bwd_dq (BM = query rows per program, BN = keys per step). notes: the figures the model
 # saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
 
-TABLES: dict[str, dict[tuple[str, str], Config]] = {
-    "gfx950": {
-        ("fwd", "d64"): Config(128, 64, 4, 1, 32),
-        ("fwd", "d128"): Config(128, 64, 4, 1, 32),
-        ("fwd", "d256"): Config(64, 32, 4, 1, 32),
-        ("decode", "d64"): Config(16, 64, 4, 1, 16),
-        ("decode", "d128"): Config(16, 64, 4, 1, 16),
-        ("decode", "d256"): Config(16, 32, 4, 1, 16),
-        ("bwd_dkdv", "d64"): Config(32, 64, 4, 1, 32),
-        ("bwd_dkdv", "d128"): Config(32, 64, 4, 1, 32),
-        ("bwd_dkdv", "d256"): Config(16, 32, 4, 1, 16),
-        ("bwd_dq", "d64"): Config(64, 32, 4, 1, 32),
-        ("bwd_dq", "d128"): Config(64, 32, 4, 1, 32),
-        ("bwd_dq", "d256"): Config(32, 16, 4, 1, 16),
-    },
+
+def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
+    notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
+    return Config(bm, bn, w, ns, nk, lazy=lazy, notes=notes)
+
+
+#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.configs``; Triton
+#: 3.9): notes = VGPRs, loop instructions per KV tile (per query step for dK/dV) and per useful
+#: 32x32x16 MFMA-equivalent. Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD
+#: (decode d256: 1, the only fit), 128-bit K/V loads. Where a wider tile was better per MFMA
+#: but spilled SGPRs (fwd d64 256x128: 11.56, 5 SGPR spills), the model took the next one. The lazy rescale is off where it costs more than it
+#: saves (everywhere, in Triton: its scalar branch needs a workgroup-wide max through LDS and a
+#: barrier; fwd d128 256x64: 295 instructions with the branch vs 280 rescaling always).
+_GFX950 = {
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, False, 164, 214, 13.38),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, False, 254, 280, 8.75),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 206, 219, 13.69),
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 140, 286),
+    ("decode", "d128"): _c(16, 64, 2, 1, 16, False, 178, 245),
+    ("decode", "d256"): _c(16, 32, 1, 1, 16, False, 276, 325),
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 224, 305, 19.06),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 222, 216, 13.5),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 208, 174, 21.75),
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 244, 246, 10.25),
+    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True, 240, 181, 7.54),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 238, 206, 8.58),
 }
-TABLES["gfx942"] = dict(TABLES["gfx950"])
-TABLES["gfx1250"] = dict(TABLES["gfx950"])
-TABLES["sm90"] = dict(TABLES["gfx950"])
+#: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
+#: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
+#: threads there), dK/dV 16 query rows per step; untimed
+_SM90 = dict(_GFX950)
+_SM90.update({
+    ("fwd", "d64"): _c(128, 64, 8, 2, 32, False),
+    ("fwd", "d128"): _c(128, 64, 8, 2, 32, False),
+    ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
+    ("decode", "d64"): _c(16, 64, 4, 1, 16, False),
+    ("decode", "d128"): _c(16, 64, 4, 1, 16, False),
+    ("decode", "d256"): _c(16, 32, 4, 1, 16, False),
+    ("bwd_dkdv", "d64"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d256"): _c(16, 32, 8, 1, 16, True),
+    ("bwd_dq", "d64"): _c(64, 32, 4, 1, 32, True),
+    ("bwd_dq", "d128"): _c(64, 32, 4, 1, 32, True),
+    ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
+})  # fmt: skip
+
+#: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
+#: scratch or spills there, smaller ones where those spill (untuned beyond that)
+_GFX942 = dict(_GFX950)
+_GFX942.update({
+    ("fwd", "d128"): _c(128, 64, 4, 1, 32, False),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d256"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
+})  # fmt: skip
+#: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
+_GFX1250 = dict(_GFX950)
+_GFX1250.update({
+    ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
+    ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
+})  # fmt: skip
+
+TABLES: dict[str, dict[tuple[str, str], Config]] = {
+    "gfx950": _GFX950,
+    "gfx942": _GFX942,
+    "gfx1250": _GFX1250,
+    "sm90": _SM90,
+}
 
 
 def table_for(target) -> dict:
@@ -214,8 +264,23 @@ def loop_mfma_equivalents(amdgcn: str) -> float:
     return n
 
 
-def figures(ck) -> dict:
-    """What the model and the compile tests read from a ``CompiledKernel``."""
+def useful_mfma(kind: str, cfg: Config, problem) -> float:
+    """32x32x16-equivalent MFMAs of *useful* work per wave per loop trip (``2 * 32 * 32 * 16``
+    FLOPs each): a layout that makes warps repeat each other's rows (the attention.md pitfall)
+    issues more MFMAs than this, and the model must not reward it."""
+    d, dv = problem.head_dim, problem.head_dim_v
+    unit = 32 * 32 * 16
+    if kind in ("fwd", "decode"):
+        rows = cfg.BM if kind == "fwd" else max(cfg.BM, 16)
+        return rows / cfg.num_warps * cfg.BN * (d + dv) / unit
+    if kind == "bwd_dkdv":  # per query step: S^T, dV, dP^T, dK over the program's keys
+        return cfg.BN / cfg.num_warps * cfg.BM * (2 * d + 2 * dv) / unit
+    return cfg.BM / cfg.num_warps * cfg.BN * (2 * d + dv) / unit  # dQ: S, dP, dQ per key tile
+
+
+def figures(ck, kind: str | None = None, cfg: Config | None = None, problem=None) -> dict:
+    """What the model and the compile tests read from a ``CompiledKernel``; with ``kind``,
+    ``cfg`` and ``problem``, ``per_mfma`` is loop instructions per *useful* MFMA-equivalent."""
     r = ck.executable.report
     out = {
         "vgpr": r.vgpr_total,
@@ -233,7 +298,9 @@ def figures(ck) -> dict:
     if amdgcn:
         eq = loop_mfma_equivalents(amdgcn)
         out["loop_mfma"] = eq
-        out["per_mfma"] = round(out["loop"] / eq, 2) if eq else None
+        useful = useful_mfma(kind, cfg, problem) if kind is not None else eq
+        out["useful_mfma"] = useful
+        out["per_mfma"] = round(out["loop"] / useful, 2) if useful else None
     return out
 
 
@@ -289,9 +356,32 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
             rows.append((cfg, None, f"compile failed: {e.msg.splitlines()[0]}"))
             continue
         cand = judge(Candidate(None, ck.executable.report.to_dict()), tgt, floor)
-        rows.append((cfg, figures(ck), cand.rejected))
+        rows.append((cfg, figures(ck, kind, cfg, model_problem(kind, dcls)), cand.rejected))
     ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
     return ok + [r for r in rows if r[2] is not None]
+
+
+def check_tables(targets=TARGETS) -> list[str]:
+    """Compile every shipped entry of every target's table at its model problem; the problems
+    found (compile failures, scratch, spills, LDS over the target's limit)."""
+    from flydsl_core.autotune.prune import Candidate, judge
+    from flydsl_core.exc import FlyDSLError
+    from flydsl_core.targets import get_target
+
+    bad = []
+    for t in targets:
+        tgt = get_target(t)
+        for (kind, dcls), cfg in TABLES[t].items():
+            try:
+                ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
+            except FlyDSLError as e:
+                bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
+                continue
+            rep = ck.executable.report.to_dict()
+            why = judge(Candidate(None, rep), tgt, 1).rejected
+            if why or rep.get("spill_store_bytes"):
+                bad.append(f"{t} {kind} {dcls} {cfg.as_dict()}: {why or 'spill stores'}")
+    return bad
 
 
 def main(argv=None):  # pragma: no cover - a developer tool
@@ -302,7 +392,14 @@ def main(argv=None):  # pragma: no cover - a developer tool
     ap.add_argument("--kind", default="fwd", choices=["fwd", "decode", "bwd_dkdv", "bwd_dq"])
     ap.add_argument("--dclass", default="d128", choices=list(MODEL_SHAPES))
     ap.add_argument("--limit", type=int, default=0, help="only the first N candidates")
+    ap.add_argument(
+        "--check-tables", action="store_true", help="compile every shipped entry, every target"
+    )
     a = ap.parse_args(argv)
+    if a.check_tables:
+        bad = check_tables()
+        print("\n".join(bad) or "every shipped entry compiles without scratch or spills")
+        raise SystemExit(1 if bad else 0)
     cands = space(a.kind, a.dclass)
     if a.limit:
         cands = cands[: a.limit]

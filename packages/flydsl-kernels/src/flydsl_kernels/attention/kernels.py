@@ -122,22 +122,32 @@ def _load_q(q, bq, row0, hk, g0, c0, cs, C, rmask):
     return x.reshape(C.BM, cs)
 
 
-def _store_rows(o, bq, row0, hk, g0, c0, cs, C, val, rmask):
+def _store_rows(o, bq, row0, hk, g0, c0, cs, C, val, rmask, G):
+    """Store ``(BM, cs)`` rows with explicit masks only (rows, heads past ``G``, the head dim
+    past ``DV``): no automatic bounds check, so the tensor's sizes need not stay live in scalar
+    registers across the KV loop (they spilled SGPRs on gfx950)."""
+    dm = (c0 + fly.arange(0, cs) < C.DV) if c0 + cs > C.DV else None
     if C.GP == 1:
-        o[bq, fly.ds(row0, C.BMS), hk, g0, fly.ds(c0, cs)].store(val, rmask[:, None])
+        m = _and(rmask[:, None], None if dm is None else dm[None, :])
+        o[bq, fly.ds(row0, C.BMS), hk, g0, fly.ds(c0, cs)].store(val, m, bounds_check=False)
     else:
         v3 = val.reshape(C.BMS, C.GP, cs)
+        gm = (g0 + fly.arange(0, C.GP)) < G
+        m = _and(rmask[:, None, None] & gm[None, :, None], None if dm is None else dm[None, None, :])
         o[bq, fly.ds(row0, C.BMS), hk, fly.ds(g0, C.GP), fly.ds(c0, cs)].store(
-            v3, rmask[:, None, None]
+            v3, m, bounds_check=False
         )
 
 
-def _store_lse(lse, bq, row0, hk, g0, C, val, rmask):
+def _store_lse(lse, bq, row0, hk, g0, C, val, rmask, G):
     if C.GP == 1:
-        lse[bq, hk, g0, fly.ds(row0, C.BMS)].store(val, rmask)
+        lse[bq, hk, g0, fly.ds(row0, C.BMS)].store(val, rmask, bounds_check=False)
     else:
         v2 = val.reshape(C.BMS, C.GP).T
-        lse[bq, hk, fly.ds(g0, C.GP), fly.ds(row0, C.BMS)].store(v2, rmask[None, :])
+        gm = (g0 + fly.arange(0, C.GP)) < G
+        lse[bq, hk, fly.ds(g0, C.GP), fly.ds(row0, C.BMS)].store(
+            v2, gm[:, None] & rmask[None, :], bounds_check=False
+        )
 
 
 def _per_head(t, b, hk, g0, C):
@@ -196,17 +206,28 @@ def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     return z * LOG2E, None
 
 
-def _visible(C, i, j, sk, off, wl, wr, b, h, mt, mod=True):
-    """The mask of a masked block: keys in range, window / causal, mask mod (unless ``mod`` is
-    False: a block-sparse full block)."""
-    m = (j < sk)[None, :]
+NEG_INF_BITS = -8388608  # 0xFF800000, -inf's bits as an int32
+
+
+def _mask_scores(z, C, i, j, sk, off, wl, wr, b, h, mt, mod=True, sq=None):
+    """``z`` with ``-inf`` where a key is not visible (rows ``i`` x keys ``j``, broadcast).
+
+    The range and window tests are sign bits of integer differences (``x >> 31`` is -1 where
+    ``x < 0``), or-ed and blended into the float's bits: no compare, so no 64-bit lane mask per
+    element in scalar registers (a tile of ``v_cmp`` results kept 64 SGPRs live and spilled
+    SGPRs on gfx950); the mask mod, a bool tile, is still a select."""
+    inv = (sk - 1 - j) >> 31
+    if sq is not None:  # the backward's rows past the sequence (varlen: the next one's)
+        inv = inv | ((sq - 1 - i) >> 31)
     if C.HAS_WR:
-        m = m & (j[None, :] <= i[:, None] + (off + wr))
+        inv = inv | ((i + (off + wr) - j) >> 31)
     if C.HAS_WL:
-        m = m & (j[None, :] >= i[:, None] + (off - wl))
+        inv = inv | ((j - i - (off - wl)) >> 31)
+    zb = fly.bitcast(z, fly.int32)
+    z = fly.bitcast((zb & ~inv) | (inv & NEG_INF_BITS), fly.fp32)
     if C.mask_mod is not None and mod:
-        m = m & C.mask_mod.apply(b, h[:, None], i[:, None], j[None, :], mt)
-    return m
+        z = fly.where(C.mask_mod.apply(b, h, i, j, mt), z, NEG_INF)
+    return z
 
 
 def _sparse_loop(block, num, idx, b, h, blk, BLOCK, T, kind):
@@ -399,8 +420,9 @@ def _fwd_tile(
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
         if masked:
-            vis = _visible(C, i, j, sk, off, wl, wr, b, h, mt, mod=masked is True)
-            z = fly.where(vis, z, NEG_INF)
+            z = _mask_scores(
+                z, C, i[:, None], j[None, :], sk, off, wl, wr, b, h[:, None], mt, masked is True
+            )
         vts = [
             _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, block_table, btrow, kmask)
             for c0, cs in chunks(C.DV)
@@ -442,13 +464,13 @@ def _fwd_tile(
     for (c0, cs), a in zip(chunks(C.DV), st.acc):
         out = a * scale_o[:, None]
         dst = o if C.SPLITS == 1 else o[fly.program_id(2)]
-        _store_rows(dst, bq, row0, hk, g0, c0, cs, C, out, rmask)
+        _store_rows(dst, bq, row0, hk, g0, c0, cs, C, out, rmask, G)
     if C.LSE:
         empty = NEG_INF if C.SPLITS > 1 else float("inf")
         lse2 = fly.where(l_sum > 0, m + fly.log2(_nonzero(l_sum)), empty)
         val = lse2 if (C.LSE_LOG2 or C.SPLITS > 1) else lse2 * LN2
         dst = lse if C.SPLITS == 1 else lse[fly.program_id(2)]
-        _store_lse(dst, bq, row0, hk, g0, C, val, rmask)
+        _store_lse(dst, bq, row0, hk, g0, C, val, rmask, G)
 
 
 # -- split-KV combine ---------------------------------------------------------------------------------
@@ -610,17 +632,6 @@ def _bwd_scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     return z * LOG2E, (x, z1, z2)
 
 
-def _bwd_visible(C, i, j, sq, sk, off, wl, wr, b, h, mt, mod=True):
-    m = (j < sk) & (i < sq)
-    if C.HAS_WR:
-        m = m & (j <= i + (off + wr))
-    if C.HAS_WL:
-        m = m & (j >= i + (off - wl))
-    if C.mask_mod is not None and mod:
-        m = m & C.mask_mod.apply(b, h, i, j, mt)
-    return m
-
-
 def _lse2(t, C):
     return t.to(fly.fp32) if C.LSE_LOG2 else t.to(fly.fp32) * LOG2E
 
@@ -697,10 +708,9 @@ def _dkdv_tile(
             sT = d_ if sT is None else sT + d_
         z, zin = _bwd_scores(sT, C, scale, softcap, slope, i[None, :], j[:, None], off, b, h, mt)
         if masked:
-            vis = _bwd_visible(
-                C, i[None, :], j[:, None], sq, sk, off, wl, wr, b, h, mt, mod=masked is True
+            z = _mask_scores(
+                z, C, i[None, :], j[:, None], sk, off, wl, wr, b, h, mt, masked is True, sq
             )
-            z = fly.where(vis, z, NEG_INF)
         pT = fly.exp2(z - _lse2(lrow, C)[None, :])
         for a, dt in zip(dvs, dots):
             a += fly.dot(pT.to(dt.dtype), dt)
@@ -816,10 +826,9 @@ def _dq_tile(
             s = d_ if s is None else s + d_
         z, zin = _bwd_scores(s, C, scale, softcap, slope, i[:, None], j[None, :], off, b, h, mt)
         if masked:
-            vis = _bwd_visible(
-                C, i[:, None], j[None, :], sq, sk, off, wl, wr, b, h, mt, mod=masked is True
+            z = _mask_scores(
+                z, C, i[:, None], j[None, :], sk, off, wl, wr, b, h, mt, masked is True, sq
             )
-            z = fly.where(vis, z, NEG_INF)
         p = fly.exp2(z - lse2[:, None])
         dp = None
         for dt, (c0, cs) in zip(dots, chunks(C.DV)):
