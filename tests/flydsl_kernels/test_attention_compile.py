@@ -73,7 +73,7 @@ def test_forward_beats_the_triton_anchors_at_their_tile():
 
 
 def test_lazy_rescale_is_a_scalar_branch_around_the_rescale():
-    ck, fig, _ = _compile("fwd", "d128", configs.Config(128, 64, 4, 1, 32, lazy=True))
+    ck, _, _ = _compile("fwd", "d128", configs.Config(128, 64, 4, 1, 32, lazy=True))
     src = ck.stages()["triton"]
     # inside the KV loop: `if <scalar>:` whose body multiplies the accumulator by exp2(m - m')
     loop = src[src.index("for ") :]

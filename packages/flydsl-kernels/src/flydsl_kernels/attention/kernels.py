@@ -213,9 +213,10 @@ def _mask_scores(z, C, i, j, sk, off, wl, wr, b, h, mt, mod=True, sq=None):
     """``z`` with ``-inf`` where a key is not visible (rows ``i`` x keys ``j``, broadcast).
 
     The range and window tests are sign bits of integer differences (``x >> 31`` is -1 where
-    ``x < 0``), or-ed and blended into the float's bits: no compare, so no 64-bit lane mask per
-    element in scalar registers (a tile of ``v_cmp`` results kept 64 SGPRs live and spilled
-    SGPRs on gfx950); the mask mod, a bool tile, is still a select."""
+    ``x < 0``), or-ed before anything is selected: LLVM turns the bit blend back into one
+    compare and select per element, but one 64-bit lane mask per element instead of one per
+    test plus their ``s_and_b64`` (the per-test masks kept too many SGPRs live across the
+    masked loops and spilled SGPRs on gfx950). The mask mod, a bool tile, is a select."""
     inv = (sk - 1 - j) >> 31
     if sq is not None:  # the backward's rows past the sequence (varlen: the next one's)
         inv = inv | ((sq - 1 - i) >> 31)
