@@ -519,7 +519,8 @@ def test_plan_picks_schedules_by_shape():
     assert plan.plan_forward(plan.Problem(1, 4096, 4096, 32, 8, 128, 128), "gfx950").persistent == 0
     assert (
         plan.plan_forward(
-            plan.Problem(4, 8192, 8192, 32, 8, 128, 128, causal=True), "gfx950"  # 4096 tiles
+            plan.Problem(4, 8192, 8192, 32, 8, 128, 128, causal=True),
+            "gfx950",  # 4096 tiles
         ).persistent
         == 0
     )

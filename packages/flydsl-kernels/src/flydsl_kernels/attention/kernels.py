@@ -133,7 +133,9 @@ def _store_rows(o, bq, row0, hk, g0, c0, cs, C, val, rmask, G):
     else:
         v3 = val.reshape(C.BMS, C.GP, cs)
         gm = (g0 + fly.arange(0, C.GP)) < G
-        m = _and(rmask[:, None, None] & gm[None, :, None], None if dm is None else dm[None, None, :])
+        m = _and(
+            rmask[:, None, None] & gm[None, :, None], None if dm is None else dm[None, None, :]
+        )
         o[bq, fly.ds(row0, C.BMS), hk, fly.ds(g0, C.GP), fly.ds(c0, cs)].store(
             v3, m, bounds_check=False
         )
