@@ -16,17 +16,15 @@ import re
 
 import pytest
 
-from flydsl_core.compile.resources import (
-    ResourceReport,
-    amd_occupancy,
-    parse_amdgcn,
-    parse_ptx,
-    report_from_triton,
-)
+from flydsl_core.compile.resources import ResourceReport, amd_occupancy
 from flydsl_core.targets import get_target
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
+
+from flydsl_core.backends.triton.amdgcn import parse_amdgcn  # noqa: E402
+from flydsl_core.backends.triton.ptx import parse_ptx  # noqa: E402
+from flydsl_core.backends.triton.report import report_from_triton  # noqa: E402
 
 pytestmark = pytest.mark.compile
 

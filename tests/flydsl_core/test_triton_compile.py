@@ -20,7 +20,7 @@ import torch
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import flydsl_core as fly
-from flydsl_core.compile.resources import report_from_triton
+from flydsl_core.backends.triton.report import report_from_triton
 from flydsl_core.examples import cumsum, matmul, softmax, vector_add
 from flydsl_core.targets import get_target
 

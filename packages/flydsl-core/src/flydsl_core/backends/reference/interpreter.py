@@ -44,8 +44,8 @@ def _compile_block(block: Block, S: Slots):
     steps = []
     term = None
     for op in block.ops:
-        if op.name in ("yield", "condition"):
-            term = [S[v] for v in op.operands]
+        if op.opdef.terminator:
+            term = [S[v] for v in op.operands]  # a yield's values or a condition's cond
             continue
         if op.name == "for":
             steps.append(_for(op, S))
@@ -71,8 +71,8 @@ def _run(steps, env, state):
 
 
 def _for(op: Op, S: Slots):
-    lo, hi, st = (S[v] for v in op.operands[:3])
-    init = [S[v] for v in op.operands[3:]]
+    lo, hi, st = (S[op.operand(n)] for n in ("lo", "hi", "step"))
+    init = [S[v] for v in op.operand_list("init")]
     (body,) = op.regions
     iv, *args = (S[a] for a in body.args)
     steps, yields = _compile_block(body, S)
@@ -95,7 +95,7 @@ def _for(op: Op, S: Slots):
 
 
 def _if(op: Op, S: Slots):
-    c = S[op.operands[0]]
+    c = S[op.operand("cond")]
     then_steps, then_y = _compile_block(op.regions[0], S)
     else_steps, else_y = _compile_block(op.regions[1], S)
     res = [S[r] for r in op.results]
@@ -111,7 +111,7 @@ def _if(op: Op, S: Slots):
 
 
 def _while(op: Op, S: Slots):
-    init = [S[v] for v in op.operands]
+    init = [S[v] for v in op.operand_list("init")]
     before, body = op.regions
     bargs = [S[a] for a in before.args]
     args = [S[a] for a in body.args]
