@@ -121,7 +121,7 @@ OPS: dict[str, OpDef] = {}
 
 def op(
     name: str,
-    operands: Sequence[str] = (),
+    operands: Sequence[str],
     *,
     effects: Sequence[str] = (),
     terminator: bool = False,
@@ -186,26 +186,26 @@ def _arith(t: TileType, name: str):
 # --- leaves ------------------------------------------------------------------
 
 
-@op("constant")
+@op("constant", ())
 def _constant(t, attrs):
     return [TileType(attrs["dtype"], tuple(attrs.get("shape", ())))]
 
 
-@op("arange")
+@op("arange", ())
 def _arange(t, attrs):
     if attrs["end"] <= attrs["start"]:
         raise TypeCheckError(f"arange({attrs['start']}, {attrs['end']}) is empty")
     return [TileType(dt.int32, (attrs["end"] - attrs["start"],))]
 
 
-@op("program_id")
+@op("program_id", ())
 def _program_id(t, attrs):
     if attrs["axis"] not in (0, 1, 2):
         raise TypeCheckError(f"program_id axis must be 0, 1 or 2, got {attrs['axis']}")
     return [TileType(dt.int32)]
 
 
-@op("num_programs")
+@op("num_programs", ())
 def _num_programs(t, attrs):
     return _program_id(t, attrs)
 

@@ -15,7 +15,7 @@ import torch
 
 from ...exc import ArgumentError, LoweringError
 from ...ir.core import Block, Function, Op, Value
-from .rules import RULES
+from .rules import RULES, rule
 
 
 class Slots:
@@ -47,21 +47,14 @@ def _compile_block(block: Block, S: Slots):
         if op.opdef.terminator:
             term = [S[v] for v in op.operands]  # a yield's values or a condition's cond
             continue
-        if op.name == "for":
-            steps.append(_for(op, S))
-        elif op.name == "if":
-            steps.append(_if(op, S))
-        elif op.name == "while":
-            steps.append(_while(op, S))
-        else:
-            rule = RULES.get(op.name)
-            if rule is None:
-                raise LoweringError(
-                    f"the cpu-reference backend has no rule for op {op.name!r}", loc=op.loc
-                )
-            step = rule(op, S)
-            if step is not None:
-                steps.append(step)
+        rule = RULES.get(op.name)
+        if rule is None:
+            raise LoweringError(
+                f"the cpu-reference backend has no rule for op {op.name!r}", loc=op.loc
+            )
+        step = rule(op, S)
+        if step is not None:
+            steps.append(step)
     return steps, term or []
 
 
@@ -70,6 +63,7 @@ def _run(steps, env, state):
         s(env, state)
 
 
+@rule("for")
 def _for(op: Op, S: Slots):
     lo, hi, st = (S[op.operand(n)] for n in ("lo", "hi", "step"))
     init = [S[v] for v in op.operand_list("init")]
@@ -94,6 +88,7 @@ def _for(op: Op, S: Slots):
     return step
 
 
+@rule("if")
 def _if(op: Op, S: Slots):
     c = S[op.operand("cond")]
     then_steps, then_y = _compile_block(op.regions[0], S)
@@ -110,6 +105,7 @@ def _if(op: Op, S: Slots):
     return step
 
 
+@rule("while")
 def _while(op: Op, S: Slots):
     init = [S[v] for v in op.operand_list("init")]
     before, body = op.regions

@@ -1,5 +1,9 @@
 """Reference rules: one function per FlyIR op, turning the op into a step.
 
+The rules of the structured control-flow ops (``for``, ``if``, ``while``)
+live in ``interpreter.py``, beside the block compiler they recurse into; the
+terminators (``yield``, ``condition``) are read by those rules.
+
 A rule gets the op and a ``Slots`` map (value -> index into the
 environment list) and returns ``step(env, state)``, which computes the op's
 results from ``env`` with torch and stores them back. Building closures once
