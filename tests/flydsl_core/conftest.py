@@ -32,6 +32,16 @@ def target(request) -> str:
     return request.param
 
 
+def tiles_fit(target: str, *sizes: int) -> bool:
+    """Whether ``target`` takes tiles of these sizes: Triton's need powers of two."""
+    return target == REF or all(n >= 1 and n & (n - 1) == 0 for n in sizes)
+
+
+def skip_unless_tiles_fit(target: str, *sizes: int) -> None:
+    if not tiles_fit(target, *sizes):
+        pytest.skip(f"{target} needs power-of-two tiles, not {sizes}")
+
+
 # -- data ---------------------------------------------------------------------------------------
 
 
