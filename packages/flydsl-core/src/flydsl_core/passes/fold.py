@@ -150,15 +150,14 @@ def _identity(op: Op) -> Value | None:
     """An existing value equal to the op's result (x + 0 -> x), or None."""
     if len(op.operands) != 2 and op.name != "where":
         return None
-    ops = op.operands
     if op.name == "where":
-        c = const_value(ops[0])
-        if c is True:
-            return ops[1]
-        if c is False:
-            return ops[2]
-        return ops[1] if ops[1] is ops[2] else None
-    a, b = ops
+        c, x, y = op.args.cond, op.args.x, op.args.y
+        if const_value(c) is True:
+            return x
+        if const_value(c) is False:
+            return y
+        return x if x is y else None
+    a, b = op.operands
     ca, cb = const_value(a), const_value(b)
     if op.name == "add":
         return a if cb == 0 and cb is not None else (b if ca == 0 and ca is not None else None)
