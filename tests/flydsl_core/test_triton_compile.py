@@ -87,7 +87,7 @@ def test_masks_in_the_source_are_the_masks_of_the_ir(name, target):
     masked = sum(
         1
         for op in ck.ir.walk()
-        if op.name in ("load", "store", "atomic_rmw") and op.attrs.get("masked")
+        if op.name in ("load", "store", "atomic_rmw") and op.operand("mask") is not None
     )
     assert ck.executable.source.count("mask=") == masked
 
