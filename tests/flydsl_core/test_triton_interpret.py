@@ -19,6 +19,7 @@ from tests.flydsl_core.conftest import INTERPRET, REF, gen, same
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+import flydsl_core as fly
 from flydsl_core.backends import get_backend
 from flydsl_core.examples import cumsum, matmul, softmax, vector_add
 
