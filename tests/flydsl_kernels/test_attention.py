@@ -638,3 +638,40 @@ def test_block_sparse_skips_unlisted_blocks_and_full_blocks_skip_the_mask_mod(ta
         q, k, v, target, config=cfg, mask_mod=MaskMod(every_third), block_sparse=bs,
         ref_kw={"mask_mod": lambda b, h, qi, ki: dense[qi, ki]},
     )  # fmt: skip
+
+
+def test_decode_group_that_is_not_a_power_of_two_and_varlen_paths():
+    # G = 3 query heads per KV head: packed into 4-row head groups, the 4th masked everywhere
+    g = gen(39)
+    q = rand(2, 1, 6, 32, g=g)
+    kc, vc = rand(2, 40, 2, 32, g=g), rand(2, 40, 2, 32, g=g)
+    lens = torch.tensor([40, 9], dtype=torch.int32)
+    sinks, slopes = torch.randn(6, generator=g), torch.rand(6, generator=g)
+    kw = {"sinks": sinks, "alibi_slopes": slopes, "window_size": (20, 0)}
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, return_softmax_lse=True, num_splits=2, target=REF, **kw
+    )
+    ro, rl = reference.attention(q, kc, vc, seqused_k=lens, **kw)
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    # varlen with split-KV and with a paged cache (block_table)
+    lens_q, lens_k = [3, 0, 20], [33, 5, 64]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 32, seed=40, grad=False)
+    ro, rl = reference.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, 20, 64, causal=True, num_splits=2, return_attn_probs=True,
+        target=REF, config=C16,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    page = 16
+    dense_k = torch.zeros(3, 64, 2, 32, dtype=BF16)
+    dense_v = torch.zeros(3, 64, 2, 32, dtype=BF16)
+    for b in range(3):
+        dense_k[b, : lens_k[b]] = k[cu_k[b] : cu_k[b + 1]]
+        dense_v[b, : lens_k[b]] = v[cu_k[b] : cu_k[b + 1]]
+    kc, vc, table = _paged(dense_k, dense_v, page, gen(41))
+    out = flash_attn_varlen_func(
+        q, kc, vc, cu_q, cu_k, 20, 64, causal=True, block_table=table, target=REF, config=C16
+    )
+    close(out, ro, OUT_TOL[BF16])
