@@ -90,6 +90,29 @@ def test_direct_to_lds_where_the_pipeline_allows_it():
     assert fig["direct_to_lds"] > 0 and not fig["scratch"]
 
 
+@pytest.mark.parametrize("page, d", [(16, 128), (32, 128), (256, 64), (32, 256)])
+def test_paged_decode_without_spills_at_every_page_size(page, d):
+    # a tile never spans pages (plan.plan_forward): one page id per tile, no SGPR spills
+    from flydsl_kernels.attention import cases, plan
+
+    p = plan.Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, "gfx950")
+    assert max(page, 16) >= fp.C.BN and fp.C.GP == 4
+    r = cases.forward_launches(fp)[0].compile("gfx950").executable.report
+    assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count
+    assert (r.occupancy or 0) >= 2
+
+
+def test_gpt_oss_sliding_window_backward_without_spills():
+    from flydsl_kernels.attention import cases, plan
+
+    p = plan.Problem(4, 4096, 4096, 64, 8, 64, 64, causal=True, window=(127, 0), sinks=True)
+    for which in ("bwd_dkdv", "bwd_dq"):
+        r = cases.backward_launch(p, "gfx950", which).compile("gfx950").executable.report
+        assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count, which
+
+
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx1250"])
 @pytest.mark.parametrize("kind, dcls", [("fwd", "d128"), ("decode", "d128"), ("bwd_dkdv", "d128")])
 def test_other_targets_compile_without_spills(target, kind, dcls):

@@ -261,17 +261,18 @@ def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, alibi3=None, cu_q=None, cu_k
     dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
     dk = torch.empty(k4.shape, dtype=k4.dtype, device=k4.device)
     dv = torch.empty(v4.shape, dtype=v4.dtype, device=v4.device)
-    delta = torch.empty(lse4.shape, dtype=torch.float32, device=q5.device)
+    # the base-2 LSE and delta side by side (kernels.attn_bwd_preprocess_kernel)
+    ld = torch.empty((*lse4.shape[:3], 2, lse4.shape[3]), dtype=torch.float32, device=q5.device)
     if dk.numel():
         dk.zero_()  # keys no query block reaches (empty sequences) keep a zero gradient
         dv.zero_()
     for launch in bp.launches(
-        q=q5, k=k4, v=v4, o=o5, do=do5, lse=lse4, delta=delta, dq=dq, dk=dk, dv=dv,
+        q=q5, k=k4, v=v4, o=o5, do=do5, lse=lse4, ld=ld, dq=dq, dk=dk, dv=dv,
         alibi=alibi3, cu_q=cu_q, cu_k=cu_k, mod_tensors=mt, sq_rows=q5.shape[1],
         **_sparse_lists(sparse, p),
     ):  # fmt: skip
         launch.run(tgt)
-    return dq, dk, dv, delta
+    return dq, dk, dv, ld[:, :, :, 1]
 
 
 def _sparse_lists(sparse, p):

@@ -93,9 +93,10 @@ def backward_launch(p: plan.Problem, target, which, config=None):
     bp = plan.plan_backward(p, target, **(kw if config is not None else {}))
     sp = specs(p)
     lse = TensorSpec("fp32", (p.batch, p.heads_k, p.group, p.seqlen_q))
+    ld = TensorSpec("fp32", (p.batch, p.heads_k, p.group, 2, p.seqlen_q))
     alibi = TensorSpec("fp32", (p.batch, p.heads_k, p.group)) if p.alibi else None
     ls = bp.launches(
-        q=sp["q"], k=sp["k"], v=sp["v"], o=sp["o"], do=sp["o"], lse=lse, delta=lse, dq=sp["q"],
+        q=sp["q"], k=sp["k"], v=sp["v"], o=sp["o"], do=sp["o"], lse=lse, ld=ld, dq=sp["q"],
         dk=sp["k"], dv=sp["v"], alibi=alibi,
     )  # fmt: skip
     return {"bwd_preprocess": ls[0], "bwd_dkdv": ls[1], "bwd_dq": ls[2]}[which]

@@ -103,8 +103,8 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
 
 #: gfx950, picked by the static model (``python -m flydsl_kernels.attention.configs``; Triton
 #: 3.9): notes = VGPRs, loop instructions per KV tile (per query step for dK/dV) and per useful
-#: 32x32x16 MFMA-equivalent. Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD
-#: (decode d256: 1, the only fit), 128-bit K/V loads. Where a wider tile was better per MFMA
+#: 32x32x16 MFMA-equivalent. Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per
+#: SIMD, 128-bit K/V loads (decode also at page sizes 16 to 256: tiles never span pages). Where a wider tile was better per MFMA
 #: but spilled SGPRs (fwd d64 256x128: 11.56, 5 SGPR spills), the model took the next one. The lazy rescale is off where it costs more than it
 #: saves (everywhere, in Triton: its scalar branch needs a workgroup-wide max through LDS and a
 #: barrier; fwd d128 256x64: 295 instructions with the branch vs 280 rescaling always).
@@ -114,7 +114,7 @@ _GFX950 = {
     ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 206, 219, 13.69),
     ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 140, 286),
     ("decode", "d128"): _c(16, 64, 2, 1, 16, False, 178, 245),
-    ("decode", "d256"): _c(16, 32, 1, 1, 16, False, 276, 325),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, False, 224, 247),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 224, 305, 19.06),
     ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 222, 216, 13.5),
     ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 208, 174, 21.75),

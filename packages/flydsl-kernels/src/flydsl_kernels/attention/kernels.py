@@ -111,15 +111,18 @@ def _rows(C, i0):
     return i0 + r // C.GP, r % C.GP
 
 
-def _load_q(q, bq, row0, hk, g0, c0, cs, C, rmask):
-    """``(BM, cs)`` rows of ``q`` (``(B, S, Hk, G, D)``) at positions ``row0 + [0, BMS)``."""
-    m = None if rmask is None else rmask
+def _load_q(q, bq, row0, hk, g0, c0, cs, C, rmask, G):
+    """``(BM, cs)`` rows of ``q`` (``(B, S, Hk, G, D)``) at positions ``row0 + [0, BMS)``;
+    explicit masks only (rows, heads past ``G``, the head dim past ``D``), as the stores."""
+    dm = (c0 + fly.arange(0, cs) < C.D) if c0 + cs > C.D else None
     if C.GP == 1:
         view = q[bq, fly.ds(row0, C.BMS), hk, g0, fly.ds(c0, cs)]
-        return view.load(None if m is None else m[:, None])
+        m = _and(rmask[:, None], None if dm is None else dm[None, :])
+        return view.load(m, bounds_check=False)
     view = q[bq, fly.ds(row0, C.BMS), hk, fly.ds(g0, C.GP), fly.ds(c0, cs)]
-    x = view.load(None if m is None else m[:, None, None])
-    return x.reshape(C.BM, cs)
+    gm = (g0 + fly.arange(0, C.GP)) < G
+    m = _and(rmask[:, None, None] & gm[None, :, None], None if dm is None else dm[None, None, :])
+    return view.load(m, bounds_check=False).reshape(C.BM, cs)
 
 
 def _store_rows(o, bq, row0, hk, g0, c0, cs, C, val, rmask, G):
@@ -152,16 +155,31 @@ def _store_lse(lse, bq, row0, hk, g0, C, val, rmask, G):
         )
 
 
-def _per_head(t, b, hk, g0, C):
+def _per_head(t, b, hk, g0, C, G):
     """A per-(batch, head) fp32 value broadcast to the tile's rows: ``(BM,)`` or a scalar."""
     if C.GP == 1:
-        return t[b, hk, g0].load().to(fly.fp32)
-    x = t[b, hk, fly.ds(g0, C.GP)].load().to(fly.fp32)
+        return t[b, hk, g0].load(bounds_check=False).to(fly.fp32)
+    gm = (g0 + fly.arange(0, C.GP)) < G
+    x = t[b, hk, fly.ds(g0, C.GP)].load(gm, bounds_check=False).to(fly.fp32)
     return fly.broadcast_to(x[None, :], (C.BMS, C.GP)).reshape(C.BM)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, bt, btrow, kmask):
-    """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)`` or paged).
+def _kv_pages(bt, btrow, n0, BN, PAGE, kmask):
+    """The page ids of keys ``n0 + [0, BN)`` (a scalar when a page holds the tile, else one per
+    ``PAGE`` rows), loaded once per KV tile for both K and V; None for a dense cache."""
+    if PAGE == 0:
+        return None
+    if PAGE >= BN:
+        return bt[btrow, n0 // PAGE].load(bounds_check=False)
+    npg = BN // PAGE
+    pidx = n0 // PAGE + fly.arange(0, npg)
+    pm = None if kmask is None else fly.max(kmask.reshape(npg, PAGE).to(fly.int32), 1) > 0
+    return bt[btrow, pidx].load(pm, bounds_check=False)
+
+
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
+    """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
+    tile's ``pages`` from ``_kv_pages``).
 
     No bounds check: ``kmask`` (keys, or None in the interior) and the head-dim mask (only
     where the chunk runs past ``D``) are the whole mask."""
@@ -172,15 +190,11 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, bt, btrow, kmask):
         if PAGE == 0:
             view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]
         else:
-            page = bt[btrow, n0 // PAGE].load(bounds_check=False)
-            view = t[page, fly.ds(n0 % PAGE, BN), hk, fly.ds(c0, cs)]
+            view = t[pages, fly.ds(n0 % PAGE, BN), hk, fly.ds(c0, cs)]
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         return view.load(m, bounds_check=False)
     # pages smaller than the tile: gather BN // PAGE pages, each PAGE contiguous rows
     npg = BN // PAGE
-    pidx = n0 // PAGE + fly.arange(0, npg)
-    pm = None if kmask is None else fly.max(kmask.reshape(npg, PAGE).to(fly.int32), 1) > 0
-    pages = bt[btrow, pidx].load(pm, bounds_check=False)
     view = t[pages, fly.ds(0, PAGE), hk, fly.ds(c0, cs)]
     m = _and(
         None if kmask is None else kmask.reshape(npg, PAGE)[:, :, None],
@@ -397,8 +411,8 @@ def _fwd_tile(
     if gr is None:
         h = fly.full((C.BM,), 0, fly.int32) + h
     off = sk - sq
-    qts = [_load_q(q, bq, q_off + i0, hk, g0, c0, cs, C, rmask) for c0, cs in chunks(C.D)]
-    slope = _per_head(alibi, b, hk, g0, C) if C.ALIBI else None
+    qts = [_load_q(q, bq, q_off + i0, hk, g0, c0, cs, C, rmask, G) for c0, cs in chunks(C.D)]
+    slope = _per_head(alibi, b, hk, g0, C, G) if C.ALIBI else None
     if slope is not None and C.GP == 1:
         slope = fly.full((C.BM,), 0.0, fly.fp32) + slope
     st = _Softmax(
@@ -416,9 +430,10 @@ def _fwd_tile(
         block-sparse full block: no mask mod)."""
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if masked else None
+        pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
         s = None
         for (c0, cs), qt in zip(chunks(C.D), qts):
-            kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, block_table, btrow, kmask)
+            kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
@@ -427,7 +442,7 @@ def _fwd_tile(
                 z, C, i[:, None], j[None, :], sk, off, wl, wr, b, h[:, None], mt, masked is True
             )
         vts = [
-            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, block_table, btrow, kmask)
+            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask)
             for c0, cs in chunks(C.DV)
         ]
         _update(st, z, zc, vts, C)
@@ -455,7 +470,7 @@ def _fwd_tile(
 
     m, l_sum = st.m, st.l
     if C.SINKS and C.SPLITS == 1:
-        sink = _per_head(sinks, 0, hk, g0, C) * LOG2E
+        sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
         m_f = fly.maximum(m, sink)
         alpha = fly.exp2(m - m_f)
         l_sum = l_sum * alpha + fly.exp2(sink - m_f)
@@ -553,11 +568,13 @@ def kv_append_kernel(
 
 @fly.kernel
 def attn_bwd_preprocess_kernel(
-    o, do, delta, cu_q, Sq, Hk, G,
-    BM: fly.constexpr, DV: fly.constexpr, VARLEN: fly.constexpr,
+    o, do, lse, ld, cu_q, Sq, Hk, G,
+    BM: fly.constexpr, DV: fly.constexpr, VARLEN: fly.constexpr, LSE_LOG2: fly.constexpr,
 ):  # fmt: skip
-    """``delta = rowsum(dO * O)`` (fp32), the softmax backward's per-row term; grid
-    ``(cdiv(max sq, BM), B * Hk * G)``."""
+    """The backward's per-row terms, side by side in ``ld (B, Hk, G, 2, S)`` fp32: the LSE in
+    base 2 and ``delta = rowsum(dO * O)``. One tensor for both keeps one buffer descriptor and
+    one set of strides out of the dK/dV and dQ kernels' scalar registers (they spilled SGPRs on
+    gfx950), and the base-2 conversion out of their loops. Grid ``(cdiv(max sq, BM), B * Hk * G)``."""
     pm = fly.program_id(0)
     pid = fly.program_id(1)
     b = pid // (Hk * G)
@@ -576,7 +593,9 @@ def attn_bwd_preprocess_kernel(
         ot = o[bq, fly.ds(q_off + i0, BM), hk, g, fly.ds(c0, cs)].load(rmask[:, None])
         dot_ = do[bq, fly.ds(q_off + i0, BM), hk, g, fly.ds(c0, cs)].load(rmask[:, None])
         acc += fly.sum(ot.to(fly.fp32) * dot_.to(fly.fp32), 1)
-    delta[bq, hk, g, fly.ds(q_off + i0, BM)].store(acc, rmask)
+    lrow = lse[bq, hk, g, fly.ds(q_off + i0, BM)].load(rmask).to(fly.fp32)
+    ld[bq, hk, g, 0, fly.ds(q_off + i0, BM)].store(lrow if LSE_LOG2 else lrow * LOG2E, rmask)
+    ld[bq, hk, g, 1, fly.ds(q_off + i0, BM)].store(acc, rmask)
 
 
 @dataclass(frozen=True)
@@ -635,13 +654,9 @@ def _bwd_scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     return z * LOG2E, (x, z1, z2)
 
 
-def _lse2(t, C):
-    return t.to(fly.fp32) if C.LSE_LOG2 else t.to(fly.fp32) * LOG2E
-
-
 @fly.kernel
 def attn_bwd_dkdv_kernel(
-    q, k, v, do, lse, delta, dk, dv, alibi, cu_q, cu_k, mt0, mt1, mt2, mt3,
+    q, k, v, do, ld, dk, dv, alibi, cu_q, cu_k, mt0, mt1, mt2, mt3,
     q_num, q_idx, fq_num, fq_idx,
     Sq, Sk, Hk, G, scale, wl, wr, softcap,
     C: fly.constexpr,
@@ -659,25 +674,23 @@ def attn_bwd_dkdv_kernel(
     n0 = pn * C.BN
     with fly.if_(n0 < sk):
         _dkdv_tile(
-            q, k, v, do, lse, delta, dk, dv, alibi, mt, b, hk, G, bq, q_off, sq, bk, k_off,
+            q, k, v, do, ld, dk, dv, alibi, mt, b, hk, G, bq, q_off, sq, bk, k_off,
             sk, n0, scale, wl, wr, softcap, C,
         )  # fmt: skip
 
 
 def _dkdv_tile(
-    q, k, v, do, lse, delta, dk, dv, alibi, mt, b, hk, G, bq, q_off, sq, bk, k_off, sk, n0,
+    q, k, v, do, ld, dk, dv, alibi, mt, b, hk, G, bq, q_off, sq, bk, k_off, sk, n0,
     scale, wl, wr, softcap, C,
 ):  # fmt: skip
     BM, BN = C.BM, C.BN
     j = n0 + fly.arange(0, BN)
     kmask = j < sk
     kts = [
-        _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, None, kmask)
-        for c0, cs in chunks(C.D)
+        _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, kmask) for c0, cs in chunks(C.D)
     ]
     vts = [
-        _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, None, kmask)
-        for c0, cs in chunks(C.DV)
+        _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask) for c0, cs in chunks(C.DV)
     ]
     dks = [fly.zeros((BN, cs), fly.fp32) for _, cs in chunks(C.D)]
     dvs = [fly.zeros((BN, cs), fly.fp32) for _, cs in chunks(C.DV)]
@@ -703,8 +716,8 @@ def _dkdv_tile(
         dots = [
             _load_q1(do, bq, q_off + m0, hk, g, c0, cs, BM, C.DV, rm) for c0, cs in chunks(C.DV)
         ]
-        lrow = _load_row(lse, bq, hk, g, q_off + m0, BM, rm)
-        drow = _load_row(delta, bq, hk, g, q_off + m0, BM, rm)
+        lrow = _load_row(ld, bq, hk, g, 0, q_off + m0, BM, rm)
+        drow = _load_row(ld, bq, hk, g, 1, q_off + m0, BM, rm)
         sT = None
         for kt, qt in zip(kts, qts):
             d_ = fly.dot(kt, qt.T)
@@ -714,7 +727,7 @@ def _dkdv_tile(
             z = _mask_scores(
                 z, C, i[None, :], j[:, None], sk, off, wl, wr, b, h, mt, masked is True, sq
             )
-        pT = fly.exp2(z - _lse2(lrow, C)[None, :])
+        pT = fly.exp2(z - lrow[None, :])
         for a, dt in zip(dvs, dots):
             a += fly.dot(pT.to(dt.dtype), dt)
         dpT = None
@@ -753,9 +766,15 @@ def _dkdv_tile(
                 block(m0, True, g, h, slope)
 
     for (c0, cs), a in zip(chunks(C.D), dks):
-        dk[bk, fly.ds(k_off + n0, BN), hk, fly.ds(c0, cs)].store(a * scale, kmask[:, None])
+        dm = (c0 + fly.arange(0, cs) < C.D)[None, :] if c0 + cs > C.D else None
+        dk[bk, fly.ds(k_off + n0, BN), hk, fly.ds(c0, cs)].store(
+            a * scale, _and(kmask[:, None], dm), bounds_check=False
+        )
     for (c0, cs), a in zip(chunks(C.DV), dvs):
-        dv[bk, fly.ds(k_off + n0, BN), hk, fly.ds(c0, cs)].store(a, kmask[:, None])
+        dm = (c0 + fly.arange(0, cs) < C.DV)[None, :] if c0 + cs > C.DV else None
+        dv[bk, fly.ds(k_off + n0, BN), hk, fly.ds(c0, cs)].store(
+            a, _and(kmask[:, None], dm), bounds_check=False
+        )
 
 
 def _load_q1(t, bq, row0, hk, g, c0, cs, BM, D, rmask):
@@ -763,21 +782,19 @@ def _load_q1(t, bq, row0, hk, g, c0, cs, BM, D, rmask):
     ``rmask``) load with no bounds check."""
     view = t[bq, fly.ds(row0, BM), hk, g, fly.ds(c0, cs)]
     dm = (c0 + fly.arange(0, cs) < D)[None, :] if c0 + cs > D else None
-    if rmask is None:
-        return view.load(dm, bounds_check=False)
-    return view.load(_and(rmask[:, None], dm))
+    # explicit masks only (rows past sq, the head dim's tail): every other index is in range by
+    # construction, and the tensor sizes an automatic bounds check reads would stay live in
+    # scalar registers across the loops
+    return view.load(_and(None if rmask is None else rmask[:, None], dm), bounds_check=False)
 
 
-def _load_row(t, bq, hk, g, row0, BM, rmask):
-    view = t[bq, hk, g, fly.ds(row0, BM)]
-    if rmask is None:
-        return view.load(bounds_check=False)
-    return view.load(rmask)
+def _load_row(t, bq, hk, g, which, row0, BM, rmask):
+    return t[bq, hk, g, which, fly.ds(row0, BM)].load(rmask, bounds_check=False)
 
 
 @fly.kernel
 def attn_bwd_dq_kernel(
-    q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, mt0, mt1, mt2, mt3,
+    q, k, v, do, ld, dq, alibi, cu_q, cu_k, mt0, mt1, mt2, mt3,
     kv_num, kv_idx, fkv_num, fkv_idx,
     Sq, Sk, Hk, G, scale, wl, wr, softcap,
     C: fly.constexpr,
@@ -794,13 +811,13 @@ def attn_bwd_dq_kernel(
     i0 = pm * C.BM
     with fly.if_(i0 < sq):
         _dq_tile(
-            q, k, v, do, lse, delta, dq, alibi, mt, b, hk, g, G, bq, q_off, sq, bk, k_off, sk,
+            q, k, v, do, ld, dq, alibi, mt, b, hk, g, G, bq, q_off, sq, bk, k_off, sk,
             i0, scale, wl, wr, softcap, C,
         )  # fmt: skip
 
 
 def _dq_tile(
-    q, k, v, do, lse, delta, dq, alibi, mt, b, hk, g, G, bq, q_off, sq, bk, k_off, sk, i0,
+    q, k, v, do, ld, dq, alibi, mt, b, hk, g, G, bq, q_off, sq, bk, k_off, sk, i0,
     scale, wl, wr, softcap, C,
 ):  # fmt: skip
     BM, BN = C.BM, C.BN
@@ -810,8 +827,8 @@ def _dq_tile(
     off = sk - sq
     qts = [_load_q1(q, bq, q_off + i0, hk, g, c0, cs, BM, C.D, rm) for c0, cs in chunks(C.D)]
     dots = [_load_q1(do, bq, q_off + i0, hk, g, c0, cs, BM, C.DV, rm) for c0, cs in chunks(C.DV)]
-    lse2 = _lse2(_load_row(lse, bq, hk, g, q_off + i0, BM, rm), C)
-    drow = _load_row(delta, bq, hk, g, q_off + i0, BM, rm)
+    lse2 = _load_row(ld, bq, hk, g, 0, q_off + i0, BM, rm)
+    drow = _load_row(ld, bq, hk, g, 1, q_off + i0, BM, rm)
     slope = alibi[b, hk, g].load().to(fly.fp32) if C.ALIBI else None
     dqs = [fly.zeros((BM, cs), fly.fp32) for _, cs in chunks(C.D)]
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
@@ -820,7 +837,7 @@ def _dq_tile(
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if masked else None
         kts = [
-            _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, None, kmask)
+            _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, kmask)
             for c0, cs in chunks(C.D)
         ]
         s = None
@@ -835,7 +852,7 @@ def _dq_tile(
         p = fly.exp2(z - lse2[:, None])
         dp = None
         for dt, (c0, cs) in zip(dots, chunks(C.DV)):
-            vt = _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, None, kmask)
+            vt = _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask)
             d_ = fly.dot(dt, vt.T)
             dp = d_ if dp is None else dp + d_
         ds = p * (dp - drow[:, None])
@@ -861,7 +878,10 @@ def _dq_tile(
         for n0 in fly.range(c, hi, BN):
             block(n0, True)
     for (c0, cs), a in zip(chunks(C.D), dqs):
-        dq[bq, fly.ds(q_off + i0, BM), hk, g, fly.ds(c0, cs)].store(a * scale, rm[:, None])
+        dm = (c0 + fly.arange(0, cs) < C.D)[None, :] if c0 + cs > C.D else None
+        dq[bq, fly.ds(q_off + i0, BM), hk, g, fly.ds(c0, cs)].store(
+            a * scale, _and(rm[:, None], dm), bounds_check=False
+        )
 
 
 KERNELS = {

@@ -157,6 +157,11 @@ def plan_forward(p: Problem, target=None, *, config=None, splits=None, persisten
     cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), target)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
+    if p.page_size and p.page_size < cfg.BN:
+        # a tile spanning several pages gathers them row by row, which held scalar registers
+        # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
+        # tile shrinks to one page (16 keys at least), whose id is one scalar per tile
+        cfg = replace(cfg, BN=max(p.page_size, 16))
     G = p.group
     GP = next_gp(G) if kind == "decode" else 1
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
@@ -239,7 +244,7 @@ class BwdPlan:
     scale: float
     target: Any
 
-    def launches(self, *, q, k, v, o, do, lse, delta, dq, dk, dv, alibi=None, cu_q=None,
+    def launches(self, *, q, k, v, o, do, lse, ld, dq, dk, dv, alibi=None, cu_q=None,
                  cu_k=None, mod_tensors=(), sq_rows=None, sparse_kv=(None,) * 4,
                  sparse_q=(None,) * 4):  # fmt: skip
         p = self.problem
@@ -250,8 +255,8 @@ class BwdPlan:
         pre = Launch(
             attn_bwd_preprocess_kernel,
             (_cdiv(p.seqlen_q, ROWS_BM), p.batch * p.heads_k * G),
-            (o, do, delta, cu_q, rows, p.heads_k, G),
-            dict(BM=ROWS_BM, DV=p.head_dim_v, VARLEN=p.varlen),
+            (o, do, lse, ld, cu_q, rows, p.heads_k, G),
+            dict(BM=ROWS_BM, DV=p.head_dim_v, VARLEN=p.varlen, LSE_LOG2=p.lse_log2),
             {"num_warps": 4},
         )
         tail = (p.seqlen_q, p.seqlen_k, p.heads_k, G, float(self.scale), left, right,
@@ -259,14 +264,14 @@ class BwdPlan:
         dkdv = Launch(
             attn_bwd_dkdv_kernel,
             (_cdiv(p.seqlen_k, self.C_dkdv.BN), p.batch * p.heads_k),
-            (q, k, v, do, lse, delta, dk, dv, alibi, cu_q, cu_k, *mt, *sparse_q, *tail),
+            (q, k, v, do, ld, dk, dv, alibi, cu_q, cu_k, *mt, *sparse_q, *tail),
             {"C": self.C_dkdv},
             self.dkdv.options(self.target),
         )
         dql = Launch(
             attn_bwd_dq_kernel,
             (_cdiv(p.seqlen_q, self.C_dq.BM), p.batch * p.heads_k * G),
-            (q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, *mt, *sparse_kv, *tail),
+            (q, k, v, do, ld, dq, alibi, cu_q, cu_k, *mt, *sparse_kv, *tail),
             {"C": self.C_dq},
             self.dq.options(self.target),
         )
