@@ -132,7 +132,7 @@ _SM90.update({
     ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
     ("decode", "d64"): _c(16, 64, 4, 1, 16, False),
     ("decode", "d128"): _c(16, 64, 4, 1, 16, False),
-    ("decode", "d256"): _c(16, 32, 4, 1, 16, False),
+    ("decode", "d256"): _c(16, 32, 8, 1, 16, False),
     ("bwd_dkdv", "d64"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 8, 1, 16, True),
@@ -148,13 +148,14 @@ _GFX942.update({
     ("fwd", "d128"): _c(128, 64, 4, 1, 32, False),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
-    ("bwd_dkdv", "d256"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 })  # fmt: skip
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = dict(_GFX950)
 _GFX1250.update({
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
+    ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 })  # fmt: skip
 
