@@ -13,7 +13,18 @@ For each selected case of each family (``flydsl_kernels.families()``) it
 * where the check device is a GPU, times ours and the ATen op on the same
   inputs (median of CUDA-event timings) and reports the speedup aten / ours;
   a case that names its baseline (``ReportCase.baseline``, e.g. a dequantize
-  + matmul fallback) shows the name in a ``baseline`` column.
+  + matmul fallback) shows the name in a ``baseline`` column; cases that state
+  their ``flops`` / ``bytes`` get achieved TFLOP/s, GB/s and the % of the
+  device's peak bandwidth;
+* runs each check (and, on a GPU, one run at the timed size) with guard
+  buffers around every tensor the kernel library allocates (``guards.py``):
+  a changed guard byte is an out-of-bounds write and fails the case, naming it.
+
+Each case compiles with the config of ``--target``'s own table (every family
+ships one per tuned target), and a case whose compile for that target has
+scratch, spills or more LDS / shared memory than a workgroup may use fails: no
+shipped case may. A case the target only emulates (e.g. MX GEMMs without MX
+matrix instructions) says so in ``emulated``.
 
 ``collect()`` builds the rows (plain dicts, JSON-serializable); ``render_table()``
 draws them; ``main()`` is the command line. The exit status is 0 when every
@@ -44,6 +55,7 @@ __all__ = [
     "median_times_ms",
     "render_table",
     "resolve_device",
+    "resource_problems",
     "select_cases",
 ]
 
@@ -205,6 +217,13 @@ def _blank_row(family, kernel, shape, config, notes, target, device, check) -> d
         "aten_us": None,
         "baseline": None,
         "speedup": None,
+        "emulated": None,
+        "flops": None,
+        "bytes": None,
+        "tflops": None,
+        "gbps": None,
+        "hbm_pct": None,
+        "guarded": 0,
         "error": None,
         "resources": None,
     }
@@ -231,6 +250,65 @@ def _fill_resources(row: dict, report) -> None:
     row["matrix"] = matrix_summary(d["matrix_ops"])
 
 
+def resource_problems(report, target) -> list[str]:
+    """What makes a compiled kernel unshippable on ``target``: scratch (AMD private segment /
+    NVIDIA stack frame), spills, or more LDS / shared memory than one workgroup may have."""
+    from flydsl_core.targets import get_target
+
+    d = report.to_dict() if hasattr(report, "to_dict") else report
+    out = []
+    if d.get("scratch_bytes"):
+        out.append(f"scratch {d['scratch_bytes']} B")
+    spills = [
+        f"{d[k]} {k.removesuffix('_count').replace('_', ' ')}"
+        for k in ("vgpr_spill_count", "sgpr_spill_count", "spill_store_bytes")
+        if d.get(k)
+    ]
+    out += [f"spills ({', '.join(spills)})"] if spills else []
+    tg = get_target(target)
+    limit = tg.lds_bytes_per_block or tg.lds_bytes_per_cu
+    if limit and (d.get("lds_bytes") or 0) > limit:
+        out.append(f"LDS {d['lds_bytes']} B over the {limit} B a workgroup may use")
+    return out
+
+
+def _accepts_target(fn) -> bool:
+    import inspect
+
+    try:
+        return "target" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _guarded(fn, row: dict, phase: str):
+    """``fn()`` with guard buffers around the library's allocations; a changed guard byte
+    fails the row (an out-of-bounds write)."""
+    from .guards import GuardedAllocations
+
+    with GuardedAllocations() as g:
+        out = fn()
+    bad = g.violations()
+    row["guarded"] += g.count
+    if bad:
+        text = "; ".join(map(str, bad[:3])) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        row["error"] = (row["error"] + "; " if row["error"] else "") + f"{phase} canary: {text}"
+        row["ok"] = False
+    return out
+
+
+def _peak_hbm_tb_s(device: str) -> float | None:
+    """The peak memory bandwidth of the check device's target (None on the CPU)."""
+    if device in ("cpu", "cpu-reference", "cpu-interpret"):
+        return None
+    from flydsl_core.targets import resolve_target
+
+    try:
+        return resolve_target().peak.hbm_tb_s
+    except Exception:
+        return None
+
+
 def _add_error(row: dict, phase: str, e: BaseException) -> None:
     log.debug("%s of %s raised:\n%s", phase, row["key"], "".join(traceback.format_exception(e)))
     text = f"{phase}: {_err_text(e)}"
@@ -254,22 +332,36 @@ def collect(
     *,
     time_gpu: bool | None = None,
     reps: int = 50,
+    guards: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per selected case (see the module doc); never raises for a failing case.
 
     ``progress(phase, done, total, label)`` is called before each step of the
     ``compile``, ``check`` and ``time`` phases and once at the end of each
     (``done == total``). ``time_gpu`` (default: whether ``device`` is a GPU)
-    times ours and ATen. Raises ``SelectionError`` for a term that matches nothing.
+    times ours and ATen. ``guards`` runs checks (and one GPU run) with guard buffers.
+    Raises ``SelectionError`` for a term that matches nothing.
     """
     device = resolve_device(device)
     cases, broken = select_cases(select)
-    rows = [
-        _blank_row(c.family, c.kernel, c.shape, c.config, c.notes, target, device, check)
-        for c in cases
-    ]
+    rows = []
+    for c in cases:
+        try:
+            cfg = c.config_for(target)
+        except Exception as e:  # a target the family's table cannot serve: the row says so
+            cfg = {}
+            row = _blank_row(c.family, c.kernel, c.shape, cfg, c.notes, target, device, check)
+            _add_error(row, "config", e)
+            rows.append(row)
+            continue
+        rows.append(_blank_row(c.family, c.kernel, c.shape, cfg, c.notes, target, device, check))
     step = progress or (lambda *a: None)
     for case, row in zip(cases, rows):
+        row["flops"], row["bytes"] = case.flops, case.bytes
+        try:
+            row["emulated"] = case.emulation(target)
+        except Exception as e:
+            _add_error(row, "emulated", e)
         if case.aten is not None:
             try:
                 row["baseline"] = case.baseline(device) if case.baseline else "ATen"
@@ -287,6 +379,10 @@ def collect(
                 log.info("%s: %s", row["key"], row["error"])
             else:
                 _fill_resources(row, report)
+                problems = resource_problems(report, target)
+                if problems:
+                    row["error"] = "resources: " + ", ".join(problems)
+                    row["ok"] = False
         except Exception as e:
             _add_error(row, "compile", e)
     step("compile", len(cases), len(cases), "")
@@ -295,7 +391,9 @@ def collect(
         for i, (case, row) in enumerate(zip(cases, rows)):
             step("check", i, len(cases), row["key"])
             try:
-                err = float(case.check(device))
+                kw = {"target": target} if _accepts_target(case.check) else {}
+                fn = lambda case=case, kw=kw: case.check(device, **kw)  # noqa: E731
+                err = float(_guarded(fn, row, "check") if guards else fn())
                 row["check_error"] = err
                 # NaN fails too: `err <= 1` is False for it
                 row["ok"] = (row["ok"] is not False) and err <= 1.0
@@ -307,14 +405,23 @@ def collect(
         time_gpu = device not in ("cpu", "cpu-reference", "cpu-interpret")
     if time_gpu:
         timed = [(c, r) for c, r in zip(cases, rows) if c.run is not None]
+        peak = _peak_hbm_tb_s(device)
         for i, (case, row) in enumerate(timed):
             step("time", i, len(timed), row["key"])
             try:
                 thunks = [case.run(device)]
+                if guards:  # one launch at the timed size, guarded (the check may be smaller)
+                    _guarded(thunks[0], row, "run")
                 if case.aten is not None:
                     thunks.append(case.aten(device))
                 ms = median_times_ms(thunks, reps=reps)
                 row["ours_us"] = ms[0] * 1e3
+                if ms[0] > 0 and row["flops"]:
+                    row["tflops"] = row["flops"] / (ms[0] * 1e-3) / 1e12
+                if ms[0] > 0 and row["bytes"]:
+                    row["gbps"] = row["bytes"] / (ms[0] * 1e-3) / 1e9
+                    if peak:
+                        row["hbm_pct"] = 100 * row["gbps"] / (peak * 1e3)
                 if len(ms) > 1:
                     row["aten_us"] = ms[1] * 1e3
                     row["speedup"] = ms[1] / ms[0] if ms[0] > 0 else None
@@ -324,7 +431,7 @@ def collect(
     for n, e, pos in reversed(broken):  # in family order, where the family's cases would be
         rows.insert(pos, _broken_row(n, e, target, device, check))
     for row in rows:
-        for k in ("check_error", "speedup", "ours_us", "aten_us"):
+        for k in ("check_error", "speedup", "ours_us", "aten_us", "tflops", "gbps", "hbm_pct"):
             row[k] = _jsonable(row[k])
     return rows
 
@@ -388,7 +495,7 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
             _fmt(r["scratch_bytes"], " B"),
             _fmt(occ),
             _fmt(r["load_width_bits"], " b"),
-            escape(r["matrix"]) or "-",
+            (escape(r["matrix"]) or "-") + (" [yellow](emulated)[/]" if r.get("emulated") else ""),
             err_cell,
         ]
         if named:

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from .._target import table_target
 from .._target import tensor_target as _target
 from . import configs
 from .kernels import (
@@ -44,11 +45,10 @@ SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 REDUCE_BM, REDUCE_BN = 32, 64
 
 
-def _options(cfg: configs.Config, target) -> dict:
-    # the AMD MFMA options mean nothing to the CPU backends
-    if target is not None and str(target).startswith("cpu"):
-        return {"num_warps": cfg.num_warps}
-    return cfg.options()
+def _options(cfg: configs.Config, target, table: str) -> dict:
+    """The config's options for the launch target (the table's target where the launch
+    resolves the device's own): the MFMA options reach AMD compilers only."""
+    return cfg.options(target if target is not None else table)
 
 
 def _check_operands(a, b, what="gemm"):
@@ -154,15 +154,16 @@ def gemm(
                 f"got {list(residual.shape)}"
             )
         r3 = residual.reshape(batch, M, N) if batched else residual[None]
-    cfg = config or configs.select(M, N, K, batch)
     tgt = _target(a, target)
-    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch)
+    table = table_target(a, target)
+    cfg = config or configs.select(M, N, K, batch, table)
+    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
     s = max(1, min(int(s), math.ceil(K / cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
     common = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt, a),
         EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
-        target=tgt, options=_options(cfg, tgt),
+        target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
     tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
     if s == 1:
@@ -184,11 +185,9 @@ def gemm(
 
 
 def target_xcds(target, t) -> int:
-    """XCDs to remap the pid across: the target's XCD count (1 on the CPU backends)."""
-    from flydsl_core.targets import get_target, resolve_target
-
-    tg = get_target(target) if target is not None else resolve_target()
-    return getattr(tg, "num_xcds", None) or 1
+    """XCDs to remap the pid across: the launch target's XCD count (1 on the CPU backends;
+    the device's own where ``target`` is None)."""
+    return configs.xcds(target if target is not None else table_target(t, None))
 
 
 # -- grouped ---------------------------------------------------------------------------------------
@@ -270,13 +269,14 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     a3 = mat_a if da == 3 else mat_a[None]
     b3 = mat_b if db == 3 else mat_b[None]
     o3 = out if out.dim() == 3 else out[None]
-    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K)
     tgt = _target(mat_a, target)
-    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt)
+    table = table_target(mat_a, target)
+    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K, table)
+    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt if tgt else table)
     grouped_gemm_kernel[(programs,)](
         a3, b3, o3, offs, bias, G, M, N, K,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
         HAS_BIAS=bias is not None, XCDS=target_xcds(tgt, mat_a), GROUP_M=cfg.GROUP_M,
-        target=tgt, options=_options(cfg, tgt),
+        target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
     return out

@@ -92,28 +92,57 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return p
 
 
-def select_gemm(m: int, n: int, k: int, a_format: str, b_format: str) -> GemmConfig:
-    """Decode-like M (<= 32) gets a 32-row tile; larger M 64 x 128. BK 256 (128 bytes of fp4)."""
-    if m <= 32:
-        return GemmConfig(BM=32, BN=64, BK=256, STAGES=2, num_warps=4)
-    return GemmConfig(BM=64, BN=128, BK=256, STAGES=2, num_warps=4)
+#: the dense MX GEMM's tiles per target: "decode" for M <= 32, "large" above. gfx950's map onto
+#: the scaled MFMA (K tiles of 128 elements; BK 256 = 128 bytes of fp4); the other targets'
+#: come from the static model (``rank_gemm``; evidence in ``GEMM_EVIDENCE``)
+GEMM_SHIPPED_BY_TARGET: dict[str, dict[str, GemmConfig]] = {
+    "gfx950": {
+        "decode": GemmConfig(BM=32, BN=64, BK=256, STAGES=2, num_warps=4),
+        "large": GemmConfig(BM=64, BN=128, BK=256, STAGES=2, num_warps=4),
+    },
+}
 
 
-def select_quant(m: int, k: int) -> QuantConfig:
-    """2048 elements per program (64 blocks of one row, or several short rows), 8 per lane at
-    4 warps: 16-byte bf16 loads, 8-byte fp8 stores (measured on gfx950: configs at 512 elements
-    per program load 16 bytes but the same 2 per lane; see test_mx_compile.py)."""
+def gemm_table(target=None) -> dict[str, GemmConfig]:
+    from .._target import table_for
+
+    return table_for(GEMM_SHIPPED_BY_TARGET, target)
+
+
+def select_gemm(m: int, n: int, k: int, a_format: str, b_format: str, target=None) -> GemmConfig:
+    """Decode-like M (<= 32) gets the decode tile of ``target``'s table, larger M the large one."""
+    return gemm_table(target)["decode" if m <= 32 else "large"]
+
+
+def _lanes(target) -> int:
+    """Lanes per wave / warp of the table's target (64 on the CDNA default)."""
+    from flydsl_core.targets import get_target
+
+    from .._target import DEFAULT_TABLE, target_name
+
+    name = DEFAULT_TABLE if target is None else target_name(target)
+    tg = get_target(name)
+    return tg.warp_size if tg.is_gpu else 64
+
+
+def select_quant(m: int, k: int, target=None) -> QuantConfig:
+    """2048 elements per program (64 blocks of one row, or several short rows), 8 per lane:
+    16-byte bf16 loads, 8-byte fp8 stores (measured on gfx950: configs at 512 elements per
+    program load 16 bytes but the same 2 per lane; see test_mx_compile.py). The warps follow the
+    target's lanes per warp (4 waves of 64 on CDNA, 8 warps of 32 on sm90 and gfx1250), so each
+    lane keeps 8 elements everywhere."""
     nb = _pow2_at_most(k // 32, 64)
     rows = _pow2_at_most(max(1, 2048 // (nb * 32)), 16) if m > 1 else 1
-    warps = max(1, min(4, rows * nb * 32 // 512))
+    per_warp = 8 * _lanes(target)
+    warps = max(1, min(2048 // per_warp, rows * nb * 32 // per_warp))
     return QuantConfig(R=rows, NB=nb, num_warps=warps)
 
 
-def select_dequant(m: int, k: int) -> DequantConfig:
+def select_dequant(m: int, k: int, target=None) -> DequantConfig:
     """The quantizer's rule (2048 elements per program). Static gfx950 figures (M=32, K=4096,
     4 warps; test_mx_compile.py): 64-bit element loads for fp8 (32-bit for packed fp4),
     128-bit stores, 38-45 VGPR, no scratch."""
-    c = select_quant(m, k)
+    c = select_quant(m, k, target)
     return DequantConfig(R=c.R, NB=c.NB, num_warps=c.num_warps)
 
 
@@ -143,7 +172,7 @@ def gemm_compile_args(m: int, n: int, k: int, a_format: str, b_format: str, out_
 def compile_gemm(m, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET):
     from .kernels import mx_gemm_nt
 
-    cfg = cfg or select_gemm(m, n, k, a_format, b_format)
+    cfg = cfg or select_gemm(m, n, k, a_format, b_format, target)
     args, fixed = gemm_compile_args(m, n, k, a_format, b_format)
     return mx_gemm_nt.compile(
         *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
@@ -158,7 +187,7 @@ def compile_quant(m, k, elem, cfg: QuantConfig | None = None, in_dtype="bf16", t
     from .quant import quant_constexprs
 
     fmt = elem_format(elem)
-    cfg = cfg or select_quant(m, k)
+    cfg = cfg or select_quant(m, k, target)
     args = [
         TensorSpec(in_dtype, (m, k)),
         TensorSpec("uint8", (m, k // fmt.per_byte)),
@@ -182,7 +211,7 @@ def compile_dequant(m, k, elem, cfg: DequantConfig | None = None, out_dtype="bf1
     from .quant import dequant_constexprs
 
     fmt = elem_format(elem)
-    cfg = cfg or select_dequant(m, k)
+    cfg = cfg or select_dequant(m, k, target)
     args = [
         TensorSpec("uint8", (m, k // fmt.per_byte)),
         TensorSpec("uint8", (m, k // 32)),
@@ -201,10 +230,24 @@ def compile_dequant(m, k, elem, cfg: DequantConfig | None = None, out_dtype="bf1
 GROUPED_MODEL_SHAPE = (4096 * 8, 128, 1536, 2048)
 
 
-def grouped_space() -> list[GemmConfig]:
-    """The grouped MX GEMM's candidate tiles: BK 128 / 256 (one or two K steps of the scaled
-    MFMA per 32x32x64 or 16x16x128 op), at least one 16x16 MFMA tile per wave, at most 64K
-    fp32 accumulators."""
+#: the bounded candidates of the targets that only emulate MX (Triton upcasts the operands to
+#: bf16 in registers, so tiles that fit gfx950's scaled MFMA spill there): smaller BN / BK
+_EMULATED_TILES = (
+    (16, 256, 128, 8), (16, 128, 128, 4), (64, 128, 128, 4), (64, 256, 64, 4), (64, 128, 64, 4),
+    (128, 128, 128, 8), (128, 128, 64, 8), (128, 64, 128, 4), (64, 128, 128, 8),
+    (256, 128, 64, 8),
+)  # fmt: skip
+
+
+def grouped_space(target: str = TARGET) -> list[GemmConfig]:
+    """The grouped MX GEMM's candidate tiles: on gfx950 BK 128 / 256 (one or two K steps of
+    the scaled MFMA per 32x32x64 or 16x16x128 op), at least one 16x16 MFMA tile per wave, at
+    most 64K fp32 accumulators; on the other targets a bounded list (``_EMULATED_TILES``)."""
+    if target != TARGET:
+        st = 3 if target == "sm90" else 2
+        return [
+            GemmConfig(BM=m, BN=n, BK=k, STAGES=st, num_warps=w) for m, n, k, w in _EMULATED_TILES
+        ]
     out = []
     for bm in (16, 32, 64, 128, 256):
         for bn in (64, 128, 256):
@@ -234,10 +277,40 @@ def rank_grouped(candidates=None, target=TARGET, fmt=("e4m3", "e4m3"), ragged_k=
         return compile_grouped(*shape, *fmt, cfg=cfg, target=target, ragged_k=ragged_k)
 
     return rank(
-        grouped_space() if candidates is None else candidates,
+        grouped_space(target) if candidates is None else candidates,
         target,
         compile_fn=compile_fn,
     )
+
+
+#: the dense MX GEMM's model shapes per class: Llama-3.1-8B's decode projection and the large
+#: 1024x8192x8192 case of the report
+GEMM_MODEL_SHAPES = {"decode": (32, 4096, 4096), "large": (1024, 8192, 8192)}
+
+
+def gemm_space(cls: str, target: str = TARGET) -> list[GemmConfig]:
+    """Bounded dense MX GEMM candidates of a class (decode: BM <= 32; large: BM >= 64)."""
+    st = 3 if target == "sm90" else 2
+    if cls == "decode":
+        tiles = ((32, 64, 256, 4), (32, 64, 128, 4), (32, 64, 64, 4), (32, 128, 128, 8),
+                 (16, 64, 128, 4), (32, 64, 128, 8))  # fmt: skip
+    else:
+        tiles = ((64, 128, 256, 4), (64, 128, 128, 4), (64, 128, 64, 4), (128, 128, 64, 8),
+                 (64, 128, 128, 8), (128, 64, 128, 8))  # fmt: skip
+    return [GemmConfig(BM=m, BN=n, BK=k, STAGES=st, num_warps=w) for m, n, k, w in tiles]
+
+
+def rank_gemm(cls: str, target=TARGET, fmt=("e4m3", "e4m3"), candidates=None):
+    """The static model over ``gemm_space(cls)`` at ``GEMM_MODEL_SHAPES[cls]`` (untimed)."""
+    from ..gemm.configs import rank
+
+    m, n, k = GEMM_MODEL_SHAPES[cls]
+
+    def compile_fn(cfg, target):
+        return compile_gemm(m, n, k, *fmt, cfg=cfg, target=target)
+
+    cands = gemm_space(cls, target) if candidates is None else candidates
+    return rank(cands, target, compile_fn=compile_fn)
 
 
 # generated by `python -m flydsl_kernels.mx.configs` (Triton 3.9, gfx950, mxfp8 x mxfp8 at
@@ -252,9 +325,19 @@ GROUPED_SHIPPED: dict[str, GemmConfig] = {
     "small": GemmConfig(BM=64, BN=256, BK=128, STAGES=2, num_warps=4),
     "large": GemmConfig(BM=256, BN=128, BK=128, STAGES=2, num_warps=8),
 }
+#: every target's grouped tiles (``_target.TUNED_TARGETS``; others use gfx950's)
+GROUPED_SHIPPED_BY_TARGET: dict[str, dict[str, GemmConfig]] = {"gfx950": GROUPED_SHIPPED}
 
 
-def select_grouped(m_per_group: int, n: int, k: int, a_format: str, b_format: str) -> GemmConfig:
+def grouped_table(target=None) -> dict[str, GemmConfig]:
+    from .._target import table_for
+
+    return table_for(GROUPED_SHIPPED_BY_TARGET, target)
+
+
+def select_grouped(
+    m_per_group: int, n: int, k: int, a_format: str, b_format: str, target=None
+) -> GemmConfig:
     """The grouped MX GEMM's tile by the rows a group has on average (MoE: tokens per expert),
     in the GEMM family's shape classes (decode <= 16 rows, small <= 64, large). Ragged K (the
     weight gradient) passes its M and takes the same classes: the model run on that form
@@ -264,11 +347,11 @@ def select_grouped(m_per_group: int, n: int, k: int, a_format: str, b_format: st
 
     cls = shape_class(m_per_group)
     # the MX model ships no medium tile (the dense bf16 one's 128x128): medium groups take large
-    return GROUPED_SHIPPED["large" if cls == "medium" else cls]
+    return grouped_table(target)["large" if cls == "medium" else cls]
 
 
 def grouped_compile_args(
-    tokens, experts, n, k, a_format, b_format, out_dtype="bf16", ragged_k=False
+    tokens, experts, n, k, a_format, b_format, out_dtype="bf16", ragged_k=False, target=TARGET
 ):
     """``(args, constexprs)`` to compile the grouped MX GEMM: ragged M (2-D a ``(tokens, k)``,
     3-D weights ``(experts, n, k)``), or with ``ragged_k`` the weight gradient (``a (tokens, k)``,
@@ -294,7 +377,9 @@ def grouped_compile_args(
     ]
     gb = max(16, 1 << (experts - 1).bit_length())
     fixed = {"FA": a_format, "FB": b_format, "GB": gb, "RAGGED": 2 if ragged_k else 1}
-    return args, {**fixed, "HAS_BIAS": False, "XCDS": 8}  # gfx950's 8 XCDs
+    from ..gemm.configs import xcds
+
+    return args, {**fixed, "HAS_BIAS": False, "XCDS": xcds(target)}  # gfx950's 8 XCDs
 
 
 def compile_grouped(
@@ -303,8 +388,10 @@ def compile_grouped(
 ):  # fmt: skip
     from .kernels import mx_grouped_gemm_nt
 
-    cfg = cfg or select_grouped(max(1, tokens // experts), n, k, a_format, b_format)
-    args, fixed = grouped_compile_args(tokens, experts, n, k, a_format, b_format, ragged_k=ragged_k)
+    cfg = cfg or select_grouped(max(1, tokens // experts), n, k, a_format, b_format, target)
+    args, fixed = grouped_compile_args(
+        tokens, experts, n, k, a_format, b_format, ragged_k=ragged_k, target=target
+    )
     return mx_grouped_gemm_nt.compile(
         *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
     )
@@ -315,7 +402,14 @@ if __name__ == "__main__":  # pragma: no cover - a developer tool
 
     from ..gemm.configs import best_per_class
 
-    ranked = rank_grouped(ragged_k="--wgrad" in sys.argv)
-    for cfg, fig, why in ranked:
-        print(cfg, fig if fig else why)
-    print("per class:", best_per_class(ranked))
+    tgt = sys.argv[sys.argv.index("--target") + 1] if "--target" in sys.argv else TARGET
+    if "--dense" in sys.argv:
+        for cls in GEMM_MODEL_SHAPES:
+            for fmt in (("e4m3", "e4m3"), ("e2m1", "e2m1")):
+                for cfg, fig, why in rank_gemm(cls, tgt, fmt):
+                    print(cls, fmt, cfg, fig if fig else why)
+    else:
+        ranked = rank_grouped(target=tgt, ragged_k="--wgrad" in sys.argv)
+        for cfg, fig, why in ranked:
+            print(cfg, fig if fig else why)
+        print("per class:", best_per_class(ranked))

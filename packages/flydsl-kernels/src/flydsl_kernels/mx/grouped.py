@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from .._target import table_target
 from ..gemm.api import persistent_grid, target_xcds
 from ..gemm.kernels import RAGGED_K, RAGGED_M, RAGGED_NONE
 from .configs import GemmConfig, select_grouped
@@ -127,11 +128,12 @@ def mx_grouped_mm(
     if k == 0:
         # no K: bias (or zero) rows; ragged M writes only the rows the groups cover, as the kernel
         return _no_k(out, bias, offs, ragged)
-    cfg = config or select_grouped(
-        max(1, m // G) if ragged == RAGGED_M else m, n, k, fa.name, fb.name
-    )
     tgt = _target(a, target)
-    programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, tgt)
+    table = table_target(a, target)
+    cfg = config or select_grouped(
+        max(1, m // G) if ragged == RAGGED_M else m, n, k, fa.name, fb.name, table
+    )
+    programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, tgt if tgt else table)
     mx_grouped_gemm_nt[(programs,)](
         a, sa, b, sb, out if out.dim() == 3 else out[None], offs, bias, G, m, n, k,
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from .._target import table_target
 from .._target import tensor_target as _target
 from .configs import DequantConfig, QuantConfig, select_dequant, select_quant
 from .formats import BLOCK, SCALE_DTYPE, check_block, elem_bytes, elem_format, scale_bytes
@@ -66,7 +67,7 @@ def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK, *, target=None, confi
     q = torch.empty(m, k // fmt.per_byte, dtype=torch.uint8, device=x.device)
     s = torch.empty(m, k // block, dtype=torch.uint8, device=x.device)
     if m and k:
-        cfg: QuantConfig = config or select_quant(m, k)
+        cfg: QuantConfig = config or select_quant(m, k, table_target(x, target))
         grid = (-(-m // cfg.R), -(-(k // block) // cfg.NB))
         mx_quantize[grid](
             x2,
@@ -115,7 +116,7 @@ def from_mx(
     m = u2.shape[0]
     y = torch.empty(m, k, dtype=out_dtype, device=u.device)
     if m and k:
-        cfg = config or select_dequant(m, k)
+        cfg = config or select_dequant(m, k, table_target(u, target))
         grid = (-(-m // cfg.R), -(-(k // block) // cfg.NB))
         mx_dequantize[grid](
             u2,

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from .._target import table_target
 from .._target import tensor_target as _target
 from . import configs
 from .kernels import KERNELS, MODE_ATEN, MODE_GEMMA, MODE_LLAMA
@@ -105,7 +106,7 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
         if rstd is not None:
             rstd.fill_(float("nan"))
         return rstd, res_out
-    cfg = config or configs.select_forward(n, x.dtype, m)
+    cfg = config or configs.select_forward(n, x.dtype, m, table_target(x, target))
     kern = KERNELS[cfg.kernel]
     flat = [
         _flat(x2, sx),
@@ -274,11 +275,12 @@ def rms_norm_backward(
     acc = None
     if want_dw and not deterministic:
         acc = torch.zeros(n, dtype=torch.float32, device=x.device)
-    cfgs = tuple(config) if config else configs.select_backward(n, x.dtype)
-    red = cfgs[-1] if cfgs[-1].kernel == "dw_reduce" else configs.select_dw_reduce(x.dtype)
+    table = table_target(x, target)
+    cfgs = tuple(config) if config else configs.select_backward(n, x.dtype, table)
+    red = cfgs[-1] if cfgs[-1].kernel == "dw_reduce" else configs.select_dw_reduce(x.dtype, table)
     if cfgs[0].kernel == "bwd_rows":
         cfg = cfgs[0]
-        p, chunk = configs.backward_programs(m, cfg.R)
+        p, chunk = configs.backward_programs(m, cfg.R, table)
         part = _partials(p, n, x.device) if want_dw and deterministic else None
         KERNELS["bwd_rows"][(p,)](
             fg,
@@ -302,7 +304,7 @@ def rms_norm_backward(
             KERNELS["bwd_rowdot"][(m,)](
                 fg, fx, r, wdx, coef, **common, **cdot.constexprs(), options=cdot.options()
             )
-        nb, p, chunk = configs.cols_programs(m, n, ccols.BLOCK)
+        nb, p, chunk = configs.cols_programs(m, n, ccols.BLOCK, table)
         part = _partials(p, n, x.device) if want_dw and deterministic else None
         KERNELS["bwd_cols"][(nb, p)](
             fg,

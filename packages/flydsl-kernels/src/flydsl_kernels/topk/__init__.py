@@ -86,7 +86,7 @@ def _compile_pipeline(m, n, k, dtype, target, stage):
     """Compile one stage of the pipeline ``select`` picks for (m, n, k): the report reads it."""
     from flydsl_core import TensorSpec
 
-    plan = select(m, n, k, dtype)
+    plan = select(m, n, k, dtype, target=target)
     kb = configs.KEY_BITS[dtype]
     f = lambda *s: TensorSpec(dtype, s)  # noqa: E731
     i32 = lambda *s: TensorSpec(torch.int32, s)  # noqa: E731
@@ -196,14 +196,19 @@ _MAIN_KERNEL = {
 
 def _topk_case(m, n, k, stage, up) -> ReportCase:
     dtype = torch.float32
-    plan = select(m, n, k, dtype)
-    cfg = plan.as_dict()
+    plan = select(m, n, k, dtype)  # the kernels follow the shape; the target sets the warps
     name = _MAIN_KERNEL[plan.kernel]
     if stage == "sort":
         name = "sort_tile" if plan.sorter == "tile" else "merge_pass"
-        cfg = {"kernel": plan.sorter, "num_warps": plan.sort_warps, "KP": plan.SORT_KP}
 
-    def check(device, m=m, n=n, k=k):
+    def config(target):
+        p = select(m, n, k, dtype, target=target)
+        if stage == "sort":
+            return {"kernel": p.sorter, "num_warps": p.sort_warps, "KP": p.SORT_KP}
+        return p.as_dict()
+
+    def check(device, target=None, m=m, n=n, k=k):
+        # the target's table differs from gfx950's only in warps, which the CPU backends ignore
         return _check_topk(m, n, k, device)
 
     def run(device):
@@ -218,8 +223,9 @@ def _topk_case(m, n, k, stage, up) -> ReportCase:
         family="topk",
         kernel=name,
         shape=f"{m}x{n} fp32 k={k}",
-        config=cfg,
+        config=config,
         compile=lambda target: _compile_pipeline(m, n, k, dtype, target, stage),
+        bytes=float(m * n * 4 + m * k * 12) if stage == "main" else None,
         check=check,
         run=run,
         aten=aten,
@@ -252,7 +258,6 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
     sc = {"softmax": 0, "sigmoid": 1, "topk_softmax": 2}[kw["scoring"]]
     dtype = torch.float32 if sc == 1 else torch.bfloat16
     block = configs.next_pow2(e)
-    rc = configs.router_config(block)
     ng = kw.get("n_group", 1)
     cx = dict(
         TOPK=top_k,
@@ -280,11 +285,12 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
             TensorSpec(torch.float32, (t, top_k)),
             TensorSpec(torch.int64, (t, top_k)),
         )
+        rc = configs.router_config(block, target)
         return kernels.moe_router_kernel.compile(
             *args, target=target, options={"num_warps": rc.num_warps}, **cx
         )
 
-    def check(device):
+    def check(device, target=None):
         logits, bias = inputs(device, t if device not in _CPU_BACKENDS else 64)
         w, ids = moe_router(logits, top_k, bias=bias, target=_CPU_BACKENDS.get(device), **kw)
         if sc == 0:
@@ -310,7 +316,8 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
         family="topk",
         kernel="moe_router_kernel",
         shape=f"{model}: {t}x{e} {str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16').replace('float32', 'fp32')} top-{top_k}",
-        config={**cx, "num_warps": rc.num_warps},
+        config=lambda target: {**cx, "num_warps": configs.router_config(block, target).num_warps},
+        bytes=float(t * e * (2 if dtype == torch.bfloat16 else 4) + t * top_k * 12),
         compile=compile_,
         check=check,
         run=run,

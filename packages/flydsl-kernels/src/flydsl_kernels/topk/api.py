@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._target import table_target
 from . import kernels as K
 from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Plan, next_pow2, select
 
@@ -64,7 +65,13 @@ def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, tar
     dev = x2.device
     kb = KEY_BITS[x2.dtype]
     plan = plan or select(
-        m, n, k, x2.dtype, sorted=sorted, deterministic=torch.are_deterministic_algorithms_enabled()
+        m,
+        n,
+        k,
+        x2.dtype,
+        sorted=sorted,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        target=table_target(x2, target),
     )
     target = resolve_target(dev, target)
     vals = torch.empty((m, k), dtype=x2.dtype, device=dev)
@@ -219,7 +226,14 @@ def topk(
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
         plan = select(
-            x2.shape[0], n, k, x.dtype, sorted=sorted, deterministic=deterministic, method=method
+            x2.shape[0],
+            n,
+            k,
+            x.dtype,
+            sorted=sorted,
+            deterministic=deterministic,
+            method=method,
+            target=table_target(x2, target),
         )
         v, i = topk_rows(x2, k, largest, sorted, plan=plan, target=target)
         v, i = v.reshape(out_shape), i.reshape(out_shape)

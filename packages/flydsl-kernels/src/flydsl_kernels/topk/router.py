@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .._target import table_target
 from .api import _opts, resolve_target
 from .configs import next_pow2, router_config
 from .kernels import moe_router_kernel
@@ -87,7 +88,7 @@ def moe_router(
     lg = logits if logits.stride(1) == 1 else logits.contiguous()
     b = bias.contiguous() if bias is not None else lg[0]  # unread without HAS_BIAS
     block = next_pow2(e)
-    cfg = router_config(block)
+    cfg = router_config(block, table_target(logits, target))
     target = resolve_target(logits.device, target)
     moe_router_kernel[(t,)](
         lg,
