@@ -1,9 +1,11 @@
 """Host-side launch overhead on a cache hit, measured on the CPU.
 
-    uv run python tools/bench_launch.py [--calls 20000] [--rounds 15]
+    uv run python tools/bench_launch.py [--calls 20000] [--rounds 15] [--device cpu|cuda]
+                                        [--json PATH]
 
-With no GPU here, the device call itself is replaced by one that does
-nothing, so each figure is only our own Python work per launch:
+``--device cpu`` (the default without a GPU): the device call itself is
+replaced by one that does nothing, so each figure is only our own Python
+work per launch:
 
 * ``flydsl runtime``: ``kernel[grid](...)`` up to the backend (argument key,
   cache lookup, grid), with a backend whose launch does nothing;
@@ -17,6 +19,20 @@ Rounds are interleaved and the medians printed. The upstream reference
 points are about 5 us (FlyDSL's precompiled path) and 9 us (Triton's JIT
 path) on their hosts; this machine's Python is slower, so the floor row is
 the fair yardstick.
+
+``--device cuda`` (the default with a GPU): the real driver, side by side in
+one process on the same 4096-element add (host time per call, launches
+queued back to back, medians of interleaved rounds):
+
+* ``flydsl cache hit``: ``add3[grid](x, y, out, BLOCK=1024)``;
+* ``triton @jit``: Triton's own ``@triton.jit`` launch of the same generated
+  kernel (``executable.jit_function[grid](...)``, its own cache and launcher);
+* ``triton C launcher``: the compiled kernel's launcher called directly with
+  the arguments already extracted, the floor of any Triton-based path;
+* ``aten add``: ``torch.add(x, y, out=out)``.
+
+"our Python" is flydsl minus the C launcher. Goal (issue 12): at most 3 us,
+and below Triton's JIT launch.
 """
 
 from __future__ import annotations
@@ -75,12 +91,93 @@ def _time(fn, calls):
     return (time.perf_counter() - t) / calls * 1e6
 
 
+def _host_us(fn, calls, sync):
+    sync()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    sync()
+    return dt / calls * 1e6
+
+
+def gpu_main(args) -> dict:
+    """The real-driver comparison (module doc); returns the JSON document."""
+    x, y, o = (torch.randn(4096, device="cuda") for _ in range(3))
+    g = (4,)
+    ck = add3[g](x, y, o, BLOCK=1024)  # compiles (or loads from the disk cache)
+    exe = ck.executable
+    jit = exe.jit_function
+    jit[g](x, 4096, y, 4096, o, 4096)  # Triton compiles its own copy once
+    torch.cuda.synchronize()
+    assert torch.equal(o, x + y), "the launch computed a wrong sum"
+    launcher = exe._launcher
+    kargs = launcher.extract((x, y, o))
+    get_device, get_stream, _hooks = launcher._bound
+    c = exe.compiled
+    stream = get_stream(get_device())
+
+    def raw():
+        c.run(4, 1, 1, stream, c.function, c.packed_metadata, None, None, None, *kargs)
+
+    def floor(x, y, o, BLOCK=1024):
+        return None
+
+    cases = {
+        "python call (floor)": lambda: floor(x, y, o, BLOCK=1024),
+        "triton C launcher (pre-extracted args)": raw,
+        "flydsl cache hit": lambda: add3[g](x, y, o, BLOCK=1024),
+        "triton @jit": lambda: jit[g](x, 4096, y, 4096, o, 4096),
+        "aten add (out=)": lambda: torch.add(x, y, out=o),
+    }
+    sync = torch.cuda.synchronize
+    results = {k: [] for k in cases}
+    for _ in range(args.rounds):
+        for k, f in cases.items():
+            results[k].append(_host_us(f, args.calls, sync))
+    med = {k: statistics.median(v) for k, v in results.items()}
+    ours = med["flydsl cache hit"] - med["triton C launcher (pre-extracted args)"]
+    table = Table(title=f"Launch overhead per call on {torch.cuda.get_device_name()} (medians)")
+    table.add_column("path")
+    table.add_column("host us / call", justify="right")
+    for k, m in med.items():
+        table.add_row(k, f"{m:.2f}")
+    Console(width=120).print(table)
+    print(
+        f"our Python per launch (flydsl - C launcher): {ours:.2f} us (goal <= 3 us); "
+        f"flydsl vs triton @jit: {med['flydsl cache hit']:.2f} vs {med['triton @jit']:.2f} us"
+    )
+    return {
+        "device": torch.cuda.get_device_name(),
+        "real_driver": True,
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "us": med,
+        "our_python_us": ours,
+        "goal_our_python_us": 3.0,
+        "below_triton_jit": med["flydsl cache hit"] < med["triton @jit"],
+    }
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = ap.parse_args(argv)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    doc = gpu_main(args) if device == "cuda" else cpu_main(args)
+    if args.json:
+        import json
 
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+
+
+def cpu_main(args) -> dict:
     backends._instances["__null__"] = _NullBackend()
     x, y, o = torch.randn(4096), torch.randn(4096), torch.empty(4096)
     g = (4,)
@@ -116,6 +213,15 @@ def main(argv=None):
     print(
         "goal: at most 5 us of our own Python per launch (FlyDSL precompiled ~5 us, Triton JIT ~9 us upstream)"
     )
+    med = {k: statistics.median(v) for k, v in results.items()}
+    return {
+        "device": "cpu (device call replaced by a no-op)",
+        "real_driver": False,
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "us": med,
+        "our_python_us": med["flydsl runtime"] - fl,
+    }
 
 
 if __name__ == "__main__":

@@ -223,7 +223,6 @@ def _blank_row(family, kernel, shape, config, notes, target, device, check) -> d
         "tflops": None,
         "gbps": None,
         "hbm_pct": None,
-        "guarded": 0,
         "error": None,
         "resources": None,
     }
@@ -289,7 +288,6 @@ def _guarded(fn, row: dict, phase: str):
     with GuardedAllocations() as g:
         out = fn()
     bad = g.violations()
-    row["guarded"] += g.count
     if bad:
         text = "; ".join(map(str, bad[:3])) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
         row["error"] = (row["error"] + "; " if row["error"] else "") + f"{phase} canary: {text}"
@@ -333,6 +331,7 @@ def collect(
     time_gpu: bool | None = None,
     reps: int = 50,
     guards: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per selected case (see the module doc); never raises for a failing case.
 
@@ -344,6 +343,10 @@ def collect(
     """
     device = resolve_device(device)
     cases, broken = select_cases(select)
+    if shard is not None:  # every n-th case from i; broken families go with shard 0
+        i, n = shard
+        cases = cases[i::n]
+        broken = [(name, e, 0) for name, e, _ in broken] if i == 0 else []
     rows = []
     for c in cases:
         try:
@@ -547,8 +550,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="compile and report resources only")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--reps", type=int, default=50, help="timed reps per case on a GPU")
+    p.add_argument("--no-time", action="store_true", help="no GPU timing (compile and check)")
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="only every N-th selected case, starting at I (0-based): N processes warm the "
+        "compile cache in parallel",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
     return p
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise SelectionError(f"--shard takes I/N (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise SelectionError(f"--shard {text}: I must be in 0..N-1")
+    return i, n
+
+
+def _versions() -> dict:
+    import torch
+
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = None
+    return {"torch": torch.__version__, "triton": tv}
 
 
 def _list(select) -> int:
@@ -599,6 +633,8 @@ def _collect_with_bar(args, device: str) -> list[dict[str, Any]]:
             check=not args.no_check,
             progress=progress,
             reps=args.reps,
+            time_gpu=False if args.no_time else None,
+            shard=_shard(args.shard),
         )
 
 
@@ -644,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pathlib import Path
 
         doc = {"target": args.target, "device": device, "gpu": gpu, "gpu_name": gpu_name}
-        doc["rows"] = rows
+        doc.update(_versions(), peak_hbm_tb_s=_peak_hbm_tb_s(device), rows=rows)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         log.info("wrote %d rows to %s", len(rows), args.json)
     return 1 if bad else 0

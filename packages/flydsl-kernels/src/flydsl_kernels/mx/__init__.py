@@ -142,8 +142,9 @@ def _mx_operands(a_shape, w_shape, fa, fb, device, seed):
 
 def _check_error(got, want):
     """One bf16 rounding of an fp32 sum that matches to fp32 precision: error <= 1 passes."""
+    want = want.to(got.device)
     tol = 2**-8 * want.abs() + 1e-2 * float(want.abs().max())
-    return float(((got.cpu().float() - want).abs() / tol).max()) if want.numel() else 0.0
+    return float(((got.float() - want).abs() / tol).max()) if want.numel() else 0.0
 
 
 def _gemm_case(m, n, k, fa, fb):
@@ -214,9 +215,8 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
             *ops, fa, fb, offs, out_dtype=torch.bfloat16, target=_check_target(device),
             config=cfg_of(target) if cpu else None,
         )  # fmt: skip
-        want = reference.mx_grouped_mm(
-            *(t.cpu() for t in ops), fa, fb, offs.cpu(), out_dtype=torch.float32
-        )
+        # the reference where the operands are: float64 on the GPU at the case's full shape
+        want = reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
         return _check_error(got, want)
 
     def run(device):
