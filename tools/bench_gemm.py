@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         f"{'case':44} {'shape':>22} {'ours ms':>9} {'aten ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'speedup':>7}"
     )
     g = torch.Generator().manual_seed(0)
-    speedups, failed, rows = [], 0, []
+    speedups, failed, results = [], 0, []
 
     def report(name, shape, flops, ours, theirs, out, ref, peak=peak):
         nonlocal failed
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         sp = t_aten / t_ours
         speedups.append(sp)
         pct = f"{100 * tf / peak:5.1f}%" if peak else "-"
-        rows.append(
+        results.append(
             {
                 "case": name,
                 "shape": shape,
@@ -215,10 +215,10 @@ def main(argv=None) -> int:
         import math
 
         doc = {"device": label, "cpu": cpu, "peak_bf16_tflops": peak, "reps": reps}
-        doc.update(quick=quick, geomean_speedup=gm, rows=rows)
+        doc.update(quick=quick, geomean_speedup=gm)
         with open(args.json, "w") as f:  # NaN (a mismatch's times) is no JSON: null instead
             clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                      for k, v in r.items()} for r in rows]  # fmt: skip
+                      for k, v in r.items()} for r in results]  # fmt: skip
             json.dump({**doc, "rows": clean}, f, indent=2)
     return 1 if failed else 0
 

@@ -56,9 +56,41 @@ DRY_SELECT = [
 KEEP = ("summary.md", "plots.png", "report.json", "gpu-run.tar.gz")
 
 
+def _in_process(argv: list[str], log: Path):
+    """Run an entry point's ``main(args)`` here, output to ``log``; returns its exit code."""
+    import contextlib
+    import importlib
+    import importlib.util
+
+    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        try:
+            if argv[0] == "-m" and argv[1] == "pytest":
+                import pytest
+
+                return int(pytest.main(argv[2:]))
+            if argv[0] == "-m":
+                main, args = importlib.import_module(argv[1]).main, argv[2:]
+            else:
+                spec = importlib.util.spec_from_file_location(Path(argv[0]).stem, argv[0])
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = mod
+                spec.loader.exec_module(mod)
+                main, args = mod.main, argv[1:]
+            rc = main(args)
+            return 0 if rc is None else int(rc)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except Exception:
+            import traceback
+
+            traceback.print_exc()
+            return 1
+
+
 class Run:
-    def __init__(self, out: Path, budget: float, device: str):
+    def __init__(self, out: Path, budget: float, device: str, in_process: bool = False):
         self.out, self.budget, self.device = out, budget, device
+        self.in_process = in_process
         self.t0 = time.monotonic()
         self.parts: list[dict] = []
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -69,7 +101,11 @@ class Run:
         return self.budget - (time.monotonic() - self.t0)
 
     def part(self, name: str, cmds, limit: float, reserve: float = 20.0) -> bool:
-        """Run ``cmds`` (one argv, or several run concurrently) with the log in ``name.log``."""
+        """Run ``cmds`` (one argv, or several run concurrently) with the log in ``name.log``.
+
+        An argv is ``[python, script or -m module, args...]``; with ``in_process`` the same
+        entry point's ``main(args)`` runs in this process (no interpreter start per part: the
+        dry run's test), one after another and without a time limit."""
         cmds = cmds if cmds and isinstance(cmds[0], list) else [cmds]
         limit = min(limit, self.left() - reserve)
         rec = {"part": name, "limit_s": round(limit, 1), "commands": [" ".join(c) for c in cmds]}
@@ -80,10 +116,39 @@ class Run:
             return False
         print(f"[{self._clock()}] {name}: {len(cmds)} command(s), limit {limit:.0f} s", flush=True)
         t = time.monotonic()
+        logs = [
+            self.out / (f"{name}.log" if len(cmds) == 1 else f"{name}-{i}.log")
+            for i in range(len(cmds))
+        ]
+        if self.in_process:
+            codes = [_in_process(c[1:], log) for c, log in zip(cmds, logs)]
+        else:
+            codes = self._subprocesses(cmds, logs, limit, t)
+        dt = time.monotonic() - t
+        ok = all(c == 0 for c in codes)
+        status = "ok" if ok else ("timeout" if "timeout" in codes else "failed")
+        rec.update(status=status, exit_codes=codes, seconds=round(dt, 1))
+        self.parts.append(rec)
+        print(f"[{self._clock()}] {name}: {status} in {dt:.1f} s {codes}", flush=True)
+        return ok
+
+    def _subprocesses(self, cmds, logs, limit, t):
         procs = []
-        for i, c in enumerate(cmds):
-            log = open(self.out / (f"{name}.log" if len(cmds) == 1 else f"{name}-{i}.log"), "w")
-            procs.append((subprocess.Popen(c, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))  # fmt: skip
+        for c, path in zip(cmds, logs):
+            log = open(path, "w")  # noqa: SIM115 (closed after the wait below)
+            procs.append(
+                (
+                    subprocess.Popen(
+                        c,
+                        cwd=ROOT,
+                        env=self.env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    ),
+                    log,
+                )
+            )
         codes = []
         for p, log in procs:
             try:
@@ -93,13 +158,7 @@ class Run:
                 p.wait()
                 codes.append("timeout")
             log.close()
-        dt = time.monotonic() - t
-        ok = all(c == 0 for c in codes)
-        status = "ok" if ok else ("timeout" if "timeout" in codes else "failed")
-        rec.update(status=status, exit_codes=codes, seconds=round(dt, 1))
-        self.parts.append(rec)
-        print(f"[{self._clock()}] {name}: {status} in {dt:.1f} s {codes}", flush=True)
-        return ok
+        return codes
 
     def _clock(self) -> str:
         return f"{time.monotonic() - self.t0:6.1f} s"
@@ -119,7 +178,15 @@ def env_facts(out: Path, device: str) -> dict:
     except ImportError as e:
         facts["triton"] = f"not importable: {e}"
     try:
-        facts["commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None  # fmt: skip
+        facts["commit"] = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         facts["commit"] = None
     if (ROOT / "COMMIT").exists():  # a copy without .git can say which commit it is
@@ -142,9 +209,18 @@ def env_facts(out: Path, device: str) -> dict:
         )
         if shutil.which("nvidia-smi"):
             q = "name,driver_version,clocks.sm,clocks.mem,power.limit,temperature.gpu"
-            r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv"], capture_output=True, text=True, timeout=30)  # fmt: skip
+            r = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={q}", "--format=csv"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             facts["nvidia_smi"] = r.stdout.strip()
-            facts["driver"] = r.stdout.strip().splitlines()[-1].split(",")[1].strip() if r.returncode == 0 else None  # fmt: skip
+            facts["driver"] = (
+                r.stdout.strip().splitlines()[-1].split(",")[1].strip()
+                if r.returncode == 0
+                else None
+            )
     else:
         facts.update(gpu=None, target="cpu-reference", driver=None)
     (out / "env.json").write_text(json.dumps(facts, indent=2) + "\n")
@@ -158,6 +234,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="seconds (default 480; dry run 300)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel warm-up processes")
     ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every part's entry point in this process (no interpreter start per part, no "
+        "time limits): the dry run's test",
+    )
     ap.add_argument("--env-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.out:
@@ -174,12 +256,26 @@ def main(argv=None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dry = device == "cpu"
     budget = args.budget or (300.0 if dry else 480.0)
-    pack = args.pack if args.pack is not None else (os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() == out)  # fmt: skip
-    run = Run(out, budget, device)
+    pack = (
+        args.pack
+        if args.pack is not None
+        else (os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() == out)
+    )
+    run = Run(out, budget, device, in_process=args.in_process)
+    if args.in_process:  # the parts read these at call time; a subprocess gets them as env
+        os.environ.setdefault("FLYDSL_CACHE_DIR", run.env["FLYDSL_CACHE_DIR"])
     py = sys.executable
-    print(f"FlyDSL GPU run on {device} -> {out} (budget {budget:.0f} s{', dry run' if dry else ''})", flush=True)  # fmt: skip
+    print(
+        f"FlyDSL GPU run on {device} -> {out} (budget {budget:.0f} s{', dry run' if dry else ''})",
+        flush=True,
+    )
 
-    run.part("env", [py, str(TOOLS / "gpu_run.py"), "--out", str(out), "--device", device, "--env-only"], 60)  # fmt: skip
+    run.part(
+        "env",
+        [py, str(TOOLS / "gpu_run.py"), "--out", str(out), "--device", device, "--env-only"],
+        60,
+    )
+
     facts = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {}
     target = facts.get("target") if not dry else "sm90"
     if not target or target.startswith("cpu"):
@@ -201,13 +297,23 @@ def main(argv=None) -> int:
                 str(out / f"warm-{i}.json"),
             ]
             for i in range(jobs)
-        ],  # fmt: skip
+        ],
         limit=60 if dry else 170,
     )
     # 3. the report with times, guards and speedups (cache hits now)
     run.part("report", [*report, *select, "--json", str(out / "report.json")], 60 if dry else 150)
     # 4. the GPU tier
-    pyt = [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={out / 'junit.xml'}"]  # fmt: skip
+    pyt = [
+        py,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'junit.xml'}",
+    ]
     pyt += [
         "-o",
         "addopts=--strict-markers --import-mode=importlib -ra",
@@ -218,14 +324,58 @@ def main(argv=None) -> int:
     run.part("pytest", pyt, 60 if dry else 120)
     # 5. launch overhead on the real driver (the no-op device call on the CPU)
     calls = ["--calls", "300", "--rounds", "3"] if dry else ["--calls", "2000", "--rounds", "11"]
-    run.part("launch", [py, str(TOOLS / "bench_launch.py"), "--device", device, *calls, "--json", str(out / "launch.json")], 40)  # fmt: skip
+    run.part(
+        "launch",
+        [
+            py,
+            str(TOOLS / "bench_launch.py"),
+            "--device",
+            device,
+            *calls,
+            "--json",
+            str(out / "launch.json"),
+        ],
+        40,
+    )
     # 6. the benchmarks
     quick = ["--quick", "--reps", "1"] if dry else []
-    run.part("ops", [py, str(TOOLS / "bench_ops.py"), "--device", device, *quick, "--json", str(out / "ops.json")], 40 if dry else 75)  # fmt: skip
-    run.part("gemm", [py, str(TOOLS / "bench_gemm.py"), "--device", device, *quick, "--json", str(out / "gemm.json")], 60 if dry else 75)  # fmt: skip
+    small = ["--max-n", "8192"] if dry else []  # the CPU's radix rows take seconds a call
+    run.part(
+        "ops",
+        [
+            py,
+            str(TOOLS / "bench_ops.py"),
+            "--device",
+            device,
+            *quick,
+            *small,
+            "--json",
+            str(out / "ops.json"),
+        ],
+        40 if dry else 75,
+    )
+    run.part(
+        "gemm",
+        [
+            py,
+            str(TOOLS / "bench_gemm.py"),
+            "--device",
+            device,
+            *quick,
+            "--json",
+            str(out / "gemm.json"),
+        ],
+        60 if dry else 75,
+    )
     disp = ["--rounds", "3", "--calls", "200"] if dry else ["--rounds", "11", "--calls", "1000"]
-    run.part("dispatch", [py, str(TOOLS / "bench_dispatch.py"), *disp, "--json", str(out / "dispatch.json")], 30)  # fmt: skip
-    (out / "parts.json").write_text(json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n")  # fmt: skip
+    run.part(
+        "dispatch",
+        [py, str(TOOLS / "bench_dispatch.py"), *disp, "--json", str(out / "dispatch.json")],
+        30,
+    )
+    (out / "parts.json").write_text(
+        json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n"
+    )
     # 7. the summary (in-process: it must run whatever happened before)
     sys.path.insert(0, str(TOOLS))
     from gpu_summary import write_summary
@@ -237,8 +387,12 @@ def main(argv=None) -> int:
     except Exception as e:  # the summary of a broken run still says what broke
         (out / "summary.md").write_text(f"# FlyDSL GPU run\n\nthe summary failed: {e!r}\n")
         status = "failed"
-    run.parts.append({"part": "summary", "status": status, "seconds": round(time.monotonic() - t, 1)})  # fmt: skip
-    (out / "parts.json").write_text(json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n")  # fmt: skip
+    run.parts.append(
+        {"part": "summary", "status": status, "seconds": round(time.monotonic() - t, 1)}
+    )
+    (out / "parts.json").write_text(
+        json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n"
+    )
     print(f"[{run._clock()}] summary: {status}", flush=True)
     if pack:
         _pack(out)

@@ -45,7 +45,9 @@ def _junit(path: Path) -> dict | None:
     except (OSError, ET.ParseError):
         return None
     suites = [root] if root.tag == "testsuite" else list(root)
-    tot = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}  # fmt: skip
+    tot = {
+        k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")
+    }
     failed = [
         f"{c.get('classname')}::{c.get('name')}"
         for s in suites
@@ -71,43 +73,61 @@ def goals(report: dict | None, launch: dict | None, gpu: bool) -> list[dict]:
 
     r = by.get("rmsnorm/rmsnorm_fwd_row/4096x8192 bf16")
     v = r and r.get("hbm_pct")
-    out.append({
-        "goal": f"RMSNorm fwd 4096x8192 bf16 >= {RMSNORM_GOAL_PCT:.0f}% of peak HBM (90% aim)",
-        "value": f"{v:.1f}% ({r['gbps']:.0f} GB/s)" if gpu and v else "not measured",
-        "met": (v >= RMSNORM_GOAL_PCT) if gpu and v else None,
-    })  # fmt: skip
+    out.append(
+        {
+            "goal": f"RMSNorm fwd 4096x8192 bf16 >= {RMSNORM_GOAL_PCT:.0f}% of peak HBM (90% aim)",
+            "value": f"{v:.1f}% ({r['gbps']:.0f} GB/s)" if gpu and v else "not measured",
+            "met": (v >= RMSNORM_GOAL_PCT) if gpu and v else None,
+        }
+    )
     small = [
-        x for x in rows
-        if x["kernel"] == "topk_small" and x.get("speedup") and int(x["shape"].split("k=")[1]) <= 16
+        x
+        for x in rows
+        if x["kernel"] == "topk_small"
+        and x.get("speedup")
+        and int(x["shape"].split("k=")[1]) <= 16
         and int(x["shape"].split("x")[1].split()[0]) <= 8192
-    ]  # fmt: skip
+    ]
     worst = min((x["speedup"] for x in small), default=None)
-    out.append({
-        "goal": f"TopK small k (k<=16, N<=8192, fp32) >= {TOPK_GOAL_X:.0f}x torch.topk",
-        "value": ", ".join(f"{x['shape']}: {x['speedup']:.2f}x" for x in small) if gpu and small else "not measured",  # fmt: skip
-        "met": (worst >= TOPK_GOAL_X) if gpu and worst else None,
-    })  # fmt: skip
+    out.append(
+        {
+            "goal": f"TopK small k (k<=16, N<=8192, fp32) >= {TOPK_GOAL_X:.0f}x torch.topk",
+            "value": ", ".join(f"{x['shape']}: {x['speedup']:.2f}x" for x in small)
+            if gpu and small
+            else "not measured",
+            "met": (worst >= TOPK_GOAL_X) if gpu and worst else None,
+        }
+    )
     gem = []
     for x in rows:
         mnk = _dense_mnk(x["shape"]) if x["kernel"] == "gemm_kernel" else None
         if mnk and (mnk[0] <= 64 or mnk[0] >= 2048) and x.get("speedup"):
             gem.append(x)
     g = _geomean([x["speedup"] for x in gem])
-    out.append({
-        "goal": f"dense bf16 GEMM geomean >= {GEMM_GOAL_X}x cuBLAS (Llama-3.1-8B decode M<=64, prefill M>=2048)",  # fmt: skip
-        "value": f"{g:.2f}x over {len(gem)} shapes" if gpu and g else "not measured",
-        "met": (g >= GEMM_GOAL_X) if gpu and g else None,
-    })  # fmt: skip
+    out.append(
+        {
+            "goal": f"dense bf16 GEMM geomean >= {GEMM_GOAL_X}x cuBLAS (Llama-3.1-8B decode M<=64, prefill M>=2048)",
+            "value": f"{g:.2f}x over {len(gem)} shapes" if gpu and g else "not measured",
+            "met": (g >= GEMM_GOAL_X) if gpu and g else None,
+        }
+    )
     real = bool(launch and launch.get("real_driver"))
     ours = launch and launch.get("our_python_us")
     us = (launch or {}).get("us", {})
-    out.append({
-        "goal": f"cache-hit launch: <= {LAUNCH_GOAL_US:.0f} us of our Python, below Triton's @jit launch",  # fmt: skip
-        "value": (f"our Python {ours:.2f} us; flydsl {us.get('flydsl cache hit', float('nan')):.2f} us vs "  # fmt: skip
-                  f"triton @jit {us.get('triton @jit', float('nan')):.2f} us, aten {us.get('aten add (out=)', float('nan')):.2f} us")  # fmt: skip
-        if real and ours is not None else "not measured",
-        "met": (ours <= LAUNCH_GOAL_US and bool(launch.get("below_triton_jit"))) if real and ours is not None else None,  # fmt: skip
-    })  # fmt: skip
+    out.append(
+        {
+            "goal": f"cache-hit launch: <= {LAUNCH_GOAL_US:.0f} us of our Python, below Triton's @jit launch",
+            "value": (
+                f"our Python {ours:.2f} us; flydsl {us.get('flydsl cache hit', float('nan')):.2f} us vs "
+                f"triton @jit {us.get('triton @jit', float('nan')):.2f} us, aten {us.get('aten add (out=)', float('nan')):.2f} us"
+            )
+            if real and ours is not None
+            else "not measured",
+            "met": (ours <= LAUNCH_GOAL_US and bool(launch.get("below_triton_jit")))
+            if real and ours is not None
+            else None,
+        }
+    )
     return out
 
 
@@ -142,13 +162,26 @@ def plots(report: dict | None, path: Path, title: str) -> bool:
         names = [f"{r['kernel']} {r['shape']}"[:60] for r in rs]
         vals = [r[key] * (100 if ax is axes[2] else 1) for r in rs]
         if rs:
-            ax.barh(range(len(rs)), vals, color=["tab:green" if v >= (100 if ax is axes[2] else ref) else "tab:red" for v in vals])  # fmt: skip
+            ax.barh(
+                range(len(rs)),
+                vals,
+                color=[
+                    "tab:green" if v >= (100 if ax is axes[2] else ref) else "tab:red" for v in vals
+                ],
+            )
             ax.set_yticks(range(len(rs)), names, fontsize=7)
             ax.axvline(100 if ax is axes[2] else ref, color="k", lw=0.8)
             if ax is axes[0]:
                 ax.set_xscale("log")
         else:
-            ax.text(0.5, 0.5, "no timed rows (not measured)", ha="center", va="center", transform=ax.transAxes)  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                "no timed rows (not measured)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
         ax.set_xlabel(label)
         ax.invert_yaxis()
     fig.suptitle(title, fontsize=10)
@@ -175,20 +208,28 @@ def write_summary(out: Path) -> str:
         f"peak HBM {env.get('peak_hbm_tb_s')} TB/s"
     )
     if not gpu:
-        L += ["", "**Dry run on the CPU**: the pipeline and its files, not a measurement. "
-              "Every goal below is 'not measured'."]  # fmt: skip
+        L += [
+            "",
+            "**Dry run on the CPU**: the pipeline and its files, not a measurement. "
+            "Every goal below is 'not measured'.",
+        ]
     L += ["", "## Goals (issue 12)", "", "| goal | measured | status |", "|---|---|---|"]
     L += [f"| {g['goal']} | {g['value']} | {_met(g['met'])} |" for g in goals(report, launch, gpu)]
     L += ["", "## Parts", "", "| part | status | seconds | limit |", "|---|---|---|---|"]
-    L += [f"| {p['part']} | {p['status']} | {p.get('seconds', '-')} | {p.get('limit_s', '-')} |" for p in parts]  # fmt: skip
+    L += [
+        f"| {p['part']} | {p['status']} | {p.get('seconds', '-')} | {p.get('limit_s', '-')} |"
+        for p in parts
+    ]
     rows = (report or {}).get("rows", [])
     bad = [r for r in rows if r.get("error") or r.get("ok") is False]
     canary = [r for r in rows if "canary" in (r.get("error") or "")]
     L += ["", "## Correctness", ""]
     L.append(
         f"report: {len(rows)} cases, {len(bad)} failed, {len(canary)} with an out-of-bounds write "
-        f"(guard buffers after every output)" if report else "report: missing (report.json not written)"
-    )  # fmt: skip
+        f"(guard buffers after every output)"
+        if report
+        else "report: missing (report.json not written)"
+    )
     for r in bad[:20]:
         L.append(f"- `{r['key']}`: {r.get('error') or 'check error ' + str(r.get('check_error'))}")
     if junit:
@@ -203,7 +244,10 @@ def write_summary(out: Path) -> str:
     if emu:
         L.append(f"emulated on this target: {len(emu)} MX cases ({emu[0]['emulated']})")
     L += ["", "## Cases", ""]
-    L += ["| case | ours us | ATen us | speedup | GB/s | % HBM | TFLOP/s | baseline |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    L += [
+        "| case | ours us | ATen us | speedup | GB/s | % HBM | TFLOP/s | baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         L.append(
             f"| {r['key']} | {_fmt(r.get('ours_us'))} | {_fmt(r.get('aten_us'))} | "
@@ -212,7 +256,9 @@ def write_summary(out: Path) -> str:
         )
     g = _geomean([r.get("speedup") for r in rows])
     if g:
-        L.append(f"\ngeomean speedup vs ATen over {sum(1 for r in rows if r.get('speedup'))} cases: {g:.2f}x")  # fmt: skip
+        L.append(
+            f"\ngeomean speedup vs ATen over {sum(1 for r in rows if r.get('speedup'))} cases: {g:.2f}x"
+        )
     L += ["", "## Benchmarks", ""]
     for name, doc in (("bench_ops", ops), ("bench_gemm", gemm), ("bench_dispatch", disp)):
         if doc is None:
@@ -220,9 +266,15 @@ def write_summary(out: Path) -> str:
             continue
         rs = doc.get("rows", [])
         gm = _geomean([r.get("speedup") for r in rs])
-        L.append(f"- {name}: {len(rs)} rows on {doc.get('device')}" + (f", geomean speedup {gm:.2f}x" if gm else ""))  # fmt: skip
+        L.append(
+            f"- {name}: {len(rs)} rows on {doc.get('device')}"
+            + (f", geomean speedup {gm:.2f}x" if gm else "")
+        )
     if launch:
-        L.append(f"- launch ({'real driver' if launch.get('real_driver') else 'CPU, no-op device call'}): " + ", ".join(f"{k} {v:.2f} us" for k, v in launch.get("us", {}).items()))  # fmt: skip
+        L.append(
+            f"- launch ({'real driver' if launch.get('real_driver') else 'CPU, no-op device call'}): "
+            + ", ".join(f"{k} {v:.2f} us" for k, v in launch.get("us", {}).items())
+        )
     title = f"FlyDSL on {what} ({'GPU' if gpu else 'dry run, CPU figures'})"
     try:
         plots(report, out / "plots.png", title)
