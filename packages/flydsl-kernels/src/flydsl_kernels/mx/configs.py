@@ -361,9 +361,24 @@ GROUPED_SHIPPED_SM90: dict[str, GemmConfig] = {
     "small": GemmConfig(BM=64, BN=128, BK=128, STAGES=3, num_warps=8),
     "large": GemmConfig(BM=128, BN=128, BK=64, STAGES=3, num_warps=8),
 }
+# gfx942 (no scaled MFMA: Triton upcasts to bf16 v_mfma_f32_32x32x8 / 16x16x16): `python -m
+# flydsl_kernels.mx.configs --target gfx942` (Triton 3.9, 2 stages, cross-compiled, untimed).
+# VGPR / scratch / LDS / waves per SIMD / K-loop instructions, in the model's order:
+#    64x256x64 4w 242 / 0 / 21504 / 2 / 1238;   128x128x64 8w 144 / 0 / 16384 / 3 / 914  <- large
+#    64x128x64 4w 163 / 0 / 12288 / 3 /  920 <- small;  64x128x128 8w 153 / 0 / 25600 / 3 / 1200
+#    16x128x128 4w 152 / 0 / 19456 / 3 / 954 <- decode;  16x256x128 8w 166 / 0 / 36864 / 2 / 955
+# rejected: 64x128x128 4w and 128x64x128 4w (256 VGPR + AGPRs: 1 wave per SIMD), 128x128x128 8w
+# (8 B scratch), 256x128x64 8w (24 B); gfx950's large tile (256x128x128 8w) spilled 352-432 B.
+# The same register headroom as on sm90 (<= 232 of 256 arch VGPRs) passes over 64x256x64.
+GROUPED_SHIPPED_GFX942: dict[str, GemmConfig] = {
+    "decode": GemmConfig(BM=16, BN=128, BK=128, STAGES=2, num_warps=4),
+    "small": GemmConfig(BM=64, BN=128, BK=64, STAGES=2, num_warps=4),
+    "large": GemmConfig(BM=128, BN=128, BK=64, STAGES=2, num_warps=8),
+}
 #: every target's grouped tiles (``_target.TUNED_TARGETS``; others use gfx950's)
 GROUPED_SHIPPED_BY_TARGET: dict[str, dict[str, GemmConfig]] = {
     "gfx950": GROUPED_SHIPPED,
+    "gfx942": GROUPED_SHIPPED_GFX942,
     "sm90": GROUPED_SHIPPED_SM90,
 }
 
