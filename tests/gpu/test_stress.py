@@ -151,6 +151,25 @@ def test_grouped_empty_groups(call, big):
     close(out, G.reference.grouped_mm(ak, bk, ok, out_dtype=FP32), 1e-4, 1e-3)
 
 
+def test_grouped_every_form(call, big):
+    """``torch._grouped_mm``'s four forms with awkward sizes: 3-D x 3-D (batched), 2-D x 3-D
+    (ragged M), 2-D x 2-D (ragged K), 3-D x 2-D (ragged N); bias on the forms that take it."""
+    g, m, n, k = 3, big(9, 257), big(33, 1031), big(40, 520)
+    a3, b3 = rand(g, m, k, seed=1), rand(g, n, k, seed=2).transpose(1, 2)
+    bias = rand(g, n, seed=3)
+    out = call(G.grouped_mm, a3, b3, None, bias, out_dtype=FP32)
+    close(out, G.reference.grouped_mm(a3, b3, None, bias, out_dtype=FP32), 1e-4, 1e-3)
+    a2 = rand(m, k, seed=4)
+    offs_k = _offs([8, 0, k - 8])  # ragged K: multiples of 8 (16-byte rows), an empty group
+    b2 = rand(k, n, seed=5)
+    out = call(G.grouped_mm, a2, b2, offs_k, out_dtype=FP32)
+    close(out, G.reference.grouped_mm(a2, b2, offs_k, out_dtype=FP32), 1e-4, 1e-3)
+    offs_n = _offs([n - 9, 0, 9])  # ragged N
+    a3n, b2n = rand(g, m, k, seed=6), rand(k, n, seed=7)
+    out = call(G.grouped_mm, a3n, b2n, offs_n, out_dtype=FP32)
+    close(out, G.reference.grouped_mm(a3n, b2n, offs_n, out_dtype=FP32), 1e-4, 1e-3)
+
+
 HOSTILE = {
     "decreasing": [8, 4, 12],
     "past the rows": [4, 8, 1 << 20],
