@@ -354,10 +354,37 @@ FULL_WAVES = NUM_CUS * 4 * 8
 # the model's inputs (widest load, waves per SIMD, instructions per element) are the same and its
 # table is gfx950's; sm90 and gfx1250 run warps of 32 lanes, so their table is gfx950's at equal
 # elements per lane: num_warps x 2 (``_target.lane_factor``), at most 32 warps (1024 threads).
-# The model re-run on each target at the sampled buckets (``rank(..., target=T)``, the
-# candidates' warps x {1/2, 1, 2}) ranks the derived entry first or within its tie:
-# ``EVIDENCE`` holds what it saw.
-EVIDENCE: dict[str, dict] = {}
+# The model re-run on sm90 at sampled buckets (``rank(kernel, N, bf16, target="sm90",
+# candidates=...)``, Triton 3.9, cross-compiled, untimed) ranks the derived entry first at each;
+# ``EVIDENCE`` holds what it saw, (num_warps, registers, warps per SM, PTX statements), best
+# first, no candidate with a stack frame. One entry is adjusted (``ADJUSTED``): at (bf16, 8192)
+# the derived 8 warps spill 4 bytes in the fused-residual variant at N = 5120 (40 registers,
+# 8 B stack), so sm90 takes the model's second, 16 warps (36 registers; the residual variant
+# 32, no stack): an entry must compile clean for every variant it serves.
+EVIDENCE: dict[str, dict] = {
+    "sm90": {
+        "fwd_row N=8192 bf16": [
+            (8, 59, 32, 332),
+            (16, 36, 48, 190),
+            (32, 24, 64, 116),
+            (4, 100, 16, 618),
+        ],
+        "fwd_row N=4096 bf16": [
+            (4, 58, 32, 328),
+            (8, 32, 64, 186),
+            (16, 24, 64, 116),
+            (2, 98, 16, 614),
+        ],
+        "bwd_rows N=4096 bf16": [(16, 58, 32, 227), (8, 98, 16, 378), (32, 32, 64, 141)],
+        "fwd_row N=5120 bf16 +residual (BLOCK 8192)": [
+            (4, 64, 32, 718),
+            (8, 40, 48, 386),
+            (16, 32, 64, 218),
+        ],
+    },
+}
+#: per target, (table, key) -> num_warps where the derived entry is not shipped (see above)
+ADJUSTED: dict[str, dict[tuple, int]] = {"sm90": {("fwd", (2, 8192)): 16}}
 
 
 def _derived(table: dict, factor: int) -> dict:
@@ -387,7 +414,11 @@ def tables(target=None) -> dict[str, dict]:
             "dw_reduce": SHIPPED_DW_REDUCE,
         }
         f = lane_factor(name)
-        got = _TABLES[name] = base if f == 1 else {k: _derived(v, f) for k, v in base.items()}
+        got = base if f == 1 else {k: _derived(v, f) for k, v in base.items()}
+        for (table, key), warps in ADJUSTED.get(name, {}).items():
+            c = got[table][key]
+            got[table] = {**got[table], key: Config(c.kernel, c.BLOCK, c.R, warps, notes={"from": "model, adjusted"})}  # fmt: skip
+        _TABLES[name] = got
     return got
 
 
