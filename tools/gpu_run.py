@@ -283,14 +283,16 @@ def main(argv=None) -> int:
     report = [py, "-m", "flydsl_kernels.report", "--target", target, "--device", device]
     select = DRY_SELECT if dry else []
     jobs = args.jobs or (2 if dry else min(12, max(2, (os.cpu_count() or 4) - 2)))
-    # 2. warm the compile cache: the report's compile + check phases over parallel shards
+    # 2. warm the compile cache: the report's compile, check and one timed run of each case (the
+    # run's specializations differ from the check's: bf16 outputs, full shapes) over parallel
+    # shards, so that the report and the tests load every code object from the disk cache
     run.part(
         "warm",
         [
             [
                 *report,
                 *select,
-                "--no-time",
+                *(["--no-time"] if dry else ["--reps", "1"]),
                 "--shard",
                 f"{i}/{jobs}",
                 "--json",
@@ -321,6 +323,11 @@ def main(argv=None) -> int:
     ]
     if dry:  # the dry run collects the GPU tier's own modules only (the rest is CI's)
         pyt += [str(ROOT / "tests" / "gpu")]
+    else:
+        import importlib.util
+
+        if importlib.util.find_spec("xdist") is not None:  # the stress tests compile new shapes
+            pyt += ["-n", str(min(8, jobs))]
     run.part("pytest", pyt, 60 if dry else 120)
     # 5. launch overhead on the real driver (the no-op device call on the CPU)
     calls = ["--calls", "300", "--rounds", "3"] if dry else ["--calls", "2000", "--rounds", "11"]

@@ -28,6 +28,14 @@ spills at this tile). Before the clamp the model had picked 256x128x64 for
 large (then 128 / 97 KiB / 89; now 120 / 86).
 ``python -m flydsl_kernels.gemm.configs`` reprints the ranking; the compile
 tests pin the figures of the shipped entries.
+
+Other targets (``SHIPPED_BY_TARGET``; ``select(..., target)``): the same model over a
+bounded candidate list per target (``space(target)``), each table with the figures of every
+candidate beside it: sm90 (3-4 stage Hopper tiles; the model's first key is whether Triton
+lowered the tile to ``wgmma``; occupancy in warps per SM with a floor of one 4-warp block),
+gfx942 (tiles whose two stages fit 64 KiB of LDS) and gfx1250 (16x16 WMMA, wave32).
+``Config.options(target)`` gives only the options that target's compiler takes. Grids
+(grid fill, split-K, the persistent grouped grid) use the target's CUs / SMs.
 """
 
 from __future__ import annotations
