@@ -178,12 +178,28 @@ def bucket_of(kernel: str, size: int, chunked: bool = False) -> tuple:
     return (b, False) if kernel == "small" else (b,)
 
 
-# The other targets' tables. gfx942 has gfx950's wave64 and register file, so the model's
-# inputs (waves per SIMD, instructions per element, VGPRs) and its picks are the same; sm90 and
+# The other targets' tables. gfx942 has gfx950's wave64 and register file, so it ships gfx950's
+# table (not re-ranked there; its report compiles every TopK case clean with it); sm90 and
 # gfx1250 run warps of 32 lanes: their table is gfx950's at equal elements per lane, num_warps x 2
-# (``_target.lane_factor``), at most 32 warps. ``EVIDENCE`` holds the model re-run on those
-# targets at sampled buckets.
-EVIDENCE: dict[str, dict] = {}
+# (``_target.lane_factor``), at most 32 warps. ``EVIDENCE`` holds the sm90 compile report of
+# the derived entries at the report's cases (Triton 3.9, cross-compiled, untimed): (num_warps,
+# registers per thread, warps per SM, PTX statements), none with a stack frame. The model's
+# full re-ranking on sm90 (``derive(target="sm90")``) was not run: on the shared 2-core
+# machine its unrolled small-k candidates alone took over 15 minutes; RMSNorm's re-ranking on
+# sm90 picked the derived entry at every sampled bucket (rmsnorm/configs.py).
+EVIDENCE: dict[str, dict] = {
+    "sm90": {
+        "small 256x4096 k=8": (8, 56, 32, 1636),
+        "small 256x1024 k=2": (2, 48, 40, 506),
+        "sort 256x8192 k=64": (32, 54, 32, 4584),
+        "radix fp32 keys (N 16k-256k)": (8, 64, 32, 1032),
+        "sort_tile k=256": (4, 32, 64, 898),
+        "sort_tile k=1024": (4, 56, 36, 4115),
+        "radix_hist_split 4x262144": (8, 34, 48, 340),
+        "router 128 experts": (2, 30, 64, 583),
+        "router 256 experts (DeepSeek-V3)": (2, 32, 64, 1002),
+    },
+}
 
 
 def shipped(kernel: str, bucket: tuple, target=None) -> dict:
