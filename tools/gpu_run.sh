@@ -15,6 +15,8 @@
 #
 #   run(command="bash tools/gpu_run.sh", timeout_s=570)
 #
+# after `git rev-parse HEAD > COMMIT` here (the copy that travels may have no .git; env.json
+# reads COMMIT then),
 # with no carry (nothing ignored is needed); the files come back from $OUT: summary.md,
 # plots.png, report.json and gpu-run.tar.gz (everything else: logs, JSON, junit.xml, env.json).
 set -u
