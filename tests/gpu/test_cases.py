@@ -32,8 +32,6 @@ def test_case(device, key):
         return
     from flydsl_core.targets import resolve_target
 
-    (row,) = report.collect(
-        [key], target=resolve_target().name, device="cuda", time_gpu=True, reps=3
-    )
-    assert row["key"] == key  # the selection matched exactly this case
+    rows = report.collect([key], target=resolve_target().name, device="cuda", time_gpu=True, reps=3)
+    (row,) = [r for r in rows if r["key"] == key]  # a key may be a prefix of another's
     assert row["error"] is None and row["ok"], row["error"] or row["check_error"]
