@@ -328,6 +328,8 @@ def main(argv=None) -> int:
 
         if importlib.util.find_spec("xdist") is not None:  # the stress tests compile new shapes
             pyt += ["-n", str(min(8, jobs))]
+        if importlib.util.find_spec("expecttest") is None:  # torch's OpInfo samples need it
+            pyt += [f"--ignore={ROOT / 'tests' / 'torch_flydsl' / 'test_opinfo.py'}"]
     run.part("pytest", pyt, 60 if dry else 120)
     # 5. launch overhead on the real driver (the no-op device call on the CPU)
     calls = ["--calls", "300", "--rounds", "3"] if dry else ["--calls", "2000", "--rounds", "11"]
