@@ -63,7 +63,9 @@ def _reason(module, hidden_states, mx: bool) -> str | None:
     if getattr(module, "_is_expert_parallel", False):
         return "params"  # EP sentinels: transformers' own implementations handle them
     if mx:
-        why = _ops._device_reason(hidden_states)
+        why = _ops._device_reason(hidden_states) or _ops._grad_reason(
+            hidden_states, *_weights(module)
+        )
         if why:
             return why
         return "dtype" if hidden_states.dtype not in (torch.bfloat16, torch.float16) else None

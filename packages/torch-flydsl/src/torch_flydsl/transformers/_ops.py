@@ -11,7 +11,9 @@ Each route's kernel call is one ``torch.library.custom_op`` with a fake
   FlyDSL time from ATen time by the namespace alone (``PROFILE_PREFIXES``).
 
 Eligibility is decided before the op is called (``why_not_*``, a reason
-from ``torch_flydsl.stats.REASONS`` or None); the ops count their hits in
+from ``torch_flydsl.stats.REASONS`` or ``autograd``, or None: the ops are
+forward-only, so a call that autograd records, grad mode on and an input or
+weight requiring grad, takes the module's own forward); the ops count their hits in
 ``torch_flydsl.stats`` (keys ``STAT_KEYS``) every time they run, compiled or
 not. A kernel that raises inside an op is logged at warning, counted as an
 ``error`` fallback, and answered by the PyTorch formula of the same route,
@@ -58,6 +60,13 @@ def _target(t: torch.Tensor):
     return _runtime.cpu_target() if t.device.type == "cpu" else None
 
 
+def _grad_reason(*ts) -> str | None:
+    """``autograd`` when a backward may follow: the routes are forward-only kernels."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
+        return "autograd"
+    return None
+
+
 def _device_reason(t: torch.Tensor) -> str | None:
     """``subclass`` / ``arch`` when FlyDSL may not run on ``t`` (FakeTensor, DTensor, other GPUs)."""
     if type(t) not in _PLAIN:
@@ -75,7 +84,7 @@ def _device_reason(t: torch.Tensor) -> str | None:
 
 
 def _norm_reason(x, weight) -> str | None:
-    why = _device_reason(x)
+    why = _device_reason(x) or _grad_reason(x, weight)
     if why:
         return why
     if x.dtype not in _FLOATS or (weight is not None and weight.dtype not in _FLOATS):
@@ -108,7 +117,7 @@ def why_not_add_norm(x, residual, weight) -> str | None:
 
 
 def why_not_router(logits, top_k: int) -> str | None:
-    why = _device_reason(logits)
+    why = _device_reason(logits) or _grad_reason(logits)
     if why:
         return why
     if logits.dtype not in _FLOATS:
@@ -121,7 +130,7 @@ def why_not_router(logits, top_k: int) -> str | None:
 
 
 def why_not_experts(hidden, *weights) -> str | None:
-    why = _device_reason(hidden)
+    why = _device_reason(hidden) or _grad_reason(hidden, *weights)
     if why:
         return why
     for w in weights:

@@ -83,8 +83,14 @@ class Patch:
 
     # -- helpers used by patch() --
 
-    def set_forward(self, module, fn) -> None:
-        module.forward = types.MethodType(fn, module)
+    def set_forward(self, module, fn, **options) -> None:
+        """``module.forward = fn(module, *args, **options, **kwargs)`` on the instance."""
+
+        # a plain function (not a partial): torch.compile traces bound methods of functions only
+        def forward(self, *args, **kwargs):
+            return fn(self, *args, **options, **kwargs)
+
+        module.forward = types.MethodType(forward, module)
         self._undo.append(functools.partial(_del_forward, module))
 
     def set_attr(self, obj, name: str, value) -> None:
@@ -258,7 +264,7 @@ def patch(
                 )
             )
             continue
-        p.set_forward(m, functools.partial(_norm_forward, eps=eps, mode=_ops.MODES[mode]))
+        p.set_forward(m, _norm_forward, eps=eps, mode=_ops.MODES[mode])
         p.replaced.append(
             Replacement("rms_norm", name, type(m).__name__, f"{mode} numerics, eps={eps:g}")
         )
@@ -301,9 +307,7 @@ def _patch_layers(p: Patch, model, modes) -> None:
             )
             continue
         mode, eps = modes[post]
-        p.set_forward(
-            m, functools.partial(_layer_forward, tuple_mlp=form == "tuple", eps=eps, mode=mode)
-        )
+        p.set_forward(m, _layer_forward, tuple_mlp=form == "tuple", eps=eps, mode=mode)
         p.replaced.append(
             Replacement(
                 "add_rms_norm",
@@ -331,12 +335,7 @@ def _patch_routers(p: Patch, model) -> None:
             )
             continue
         scoring, renorm, has_bias = form
-        p.set_forward(
-            m,
-            functools.partial(
-                _router_forward, scoring=scoring, renormalize=renorm, has_bias=has_bias
-            ),
-        )
+        p.set_forward(m, _router_forward, scoring=scoring, renormalize=renorm, has_bias=has_bias)
         r = renorm if renorm is not None else bool(getattr(m, "norm_topk_prob", False))
         p.replaced.append(
             Replacement(
