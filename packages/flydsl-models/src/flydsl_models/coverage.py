@@ -71,16 +71,17 @@ _ATTENTION_MARKS = (
 
 @functools.cache
 def flydsl_kernel_names() -> frozenset[str]:
-    """The names FlyDSL kernels carry on a GPU (the generated Triton function's name)."""
+    """The names FlyDSL kernels carry on a GPU (the generated Triton function is named after the
+    kernel): every ``flydsl_core`` kernel defined in a shipped family's ``kernels`` module."""
+    import importlib
+
     import flydsl_kernels
+    from flydsl_core import Kernel
 
     names = set()
     for fam in flydsl_kernels.FAMILIES:
-        mod = __import__(f"flydsl_kernels.{fam}", fromlist=["KERNELS"])
-        for k in getattr(mod, "KERNELS", {}).values():
-            n = getattr(k, "name", None)
-            if n:
-                names.add(n)
+        mod = importlib.import_module(f"flydsl_kernels.{fam}.kernels")
+        names.update(v.name for v in vars(mod).values() if isinstance(v, Kernel))
     return frozenset(names)
 
 

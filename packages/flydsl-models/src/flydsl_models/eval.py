@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     try:
         results = run(args, console)
     except ValueError as e:  # a bad option: say what was wrong, no traceback
-        console.print(f"[red]flydsl-eval: {e}[/]")
+        console.print(f"[red]flydsl-eval: {e}[/]", soft_wrap=True)
         return 2
     if results.get("rank", 0) == 0:
         paths = write_all(results, args.out)
