@@ -39,7 +39,7 @@ def _profile(model, x, *, module_context=True):
             model(x[:, :1])
         if ctx:
             ctx.__exit__(None, None, None)
-    return prof.events()
+    return prof.profiler.kineto_results
 
 
 def test_attribution_off_and_patched():
@@ -75,7 +75,7 @@ def test_flydsl_ranges_and_kernel_names():
         with torch.autograd.profiler.record_function("flydsl::some_launch"):
             torch.ones(64, 64) @ torch.ones(64, 64)
         torch.ones(64, 64) @ torch.ones(64, 64)
-    cov = coverage.attribute(prof.events(), gpu=False, module_context=False)
+    cov = coverage.attribute(prof.profiler.kineto_results, gpu=False, module_context=False)
     assert cov.flydsl_us > 0 and cov.flydsl_us < cov.total_us
     names = coverage.flydsl_kernel_names()
     assert {

@@ -20,9 +20,12 @@ Attribution (the same on a CPU and a GPU):
   runs inside an attention module besides its projections are attention, and
   the rest is other. Under torch.compile the module ranges are not installed
   (hooks would be traced), so families come from op names alone there.
-* **Which time.** Each profiler event's *self* time (CPU: ``self_cpu_time_total``;
-  GPU: the device time of the kernels it launched), so nothing counts twice,
-  over the events inside the measured phases' ranges.
+* **Which time.** CPU: each op's *self* time (its span less its children's),
+  so nothing counts twice; GPU: the device time of each kernel, charged to the
+  CPU op that launched it (kineto's correlation ids). Only events inside the
+  measured phases' ranges count. The raw kineto events are read directly
+  (``_cpu_tree``): building ``prof.events()`` for the CPU backend's many small
+  ops takes longer than the run profiled.
 """
 
 from __future__ import annotations
@@ -102,34 +105,65 @@ def _op_family(name: str) -> str | None:
     return None
 
 
-def _context(ev):
-    """``(flydsl op name or None, module kind or None, outermost op name, phase)`` of an event."""
-    chain = []
-    e = ev
-    while e is not None:
-        chain.append(e.name)
-        e = e.cpu_parent
-    chain.reverse()  # outermost first
-    fly = next((n for n in chain if _is_flydsl(n)), None)
-    module = None
-    phase = None
-    outer = None
-    for n in chain:
-        if n.startswith(PHASE_PREFIX):
-            phase = n[len(PHASE_PREFIX) :]
-        elif n.startswith(MODULE_PREFIX):
-            module = n[len(MODULE_PREFIX) :]  # innermost module range wins
-        elif outer is None and "::" in n and not n.startswith("flydsl_models::"):
-            outer = n
-    return fly, module, outer or ev.name, phase, chain
+def _cpu_tree(result):
+    """``[(name, self_us, ctx)]`` of the profile's CPU events, nested per thread by time, and
+    ``{correlation id: index}``; ``ctx = (phase, module, flydsl op, op family, outermost op)``.
+
+    Reads the profiler's raw kineto events rather than ``prof.events()``: the CPU
+    backend's kernels are torch ops, tens of thousands of events, and building
+    ``FunctionEvent``s for them costs far more than the run profiled.
+    """
+    cpu = []
+    for e in result.events():
+        if e.device_type() != torch.autograd.DeviceType.CPU or e.is_async():
+            continue
+        if e.start_thread_id() != e.end_thread_id() or e.linked_correlation_id() > 0:
+            continue  # async spans, and device-runtime calls (launches): the kernels carry time
+        name = e.name()
+        if name.startswith("[") or name.startswith("ProfilerStep"):
+            continue  # memory records, profiler steps
+        cpu.append((e.start_thread_id(), e.start_ns(), -e.end_ns(), name, e.correlation_id()))
+    cpu.sort()
+    records = []
+    by_corr = {}
+    stack: list[tuple[int, int]] = []  # (end_ns, record index)
+    thread = None
+    for tid, start, neg_end, name, corr in cpu:
+        end = -neg_end
+        if tid != thread:
+            stack.clear()
+            thread = tid
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        dur = (end - start) / 1000.0
+        if stack:
+            parent = records[stack[-1][1]]
+            parent[1] -= dur
+            phase, module, fly, fam, outer = parent[2]
+        else:
+            phase = module = fly = fam = outer = None
+        if name.startswith(PHASE_PREFIX):
+            phase = name[len(PHASE_PREFIX) :]
+        elif name.startswith(MODULE_PREFIX):
+            module = name[len(MODULE_PREFIX) :]  # the innermost module range wins
+        else:
+            if fly is None and _is_flydsl(name):
+                fly = name
+            if fam is None:
+                fam = _op_family(name)
+            if outer is None and "::" in name and not name.startswith("flydsl_models::"):
+                outer = name
+        records.append([name, dur, (phase, module, fly, fam, outer)])
+        by_corr[corr] = len(records) - 1
+        stack.append((end, len(records) - 1))
+    return records, by_corr
 
 
-def _family(fly, module, outer, chain) -> str:
+def _family(fly, module, fam) -> str:
     if fly is not None:
         return _flydsl_family(fly)
     if module in ("moe", "norm"):
         return module
-    fam = next((f for n in chain if (f := _op_family(n))), None)
     if fam is not None:
         return fam
     if module == "attention":
@@ -164,40 +198,42 @@ class Coverage:
         return d
 
 
-def attribute(events, *, gpu: bool, module_context: bool, top: int = 8) -> Coverage:
-    """Coverage of the profiler ``events`` (``prof.events()``) inside the phase ranges."""
+def attribute(result, *, gpu: bool, module_context: bool, top: int = 8) -> Coverage:
+    """Coverage of a profile (``prof.profiler.kineto_results``) inside the phase ranges."""
     kernel_names = flydsl_kernel_names() if gpu else frozenset()
+    records, by_corr = _cpu_tree(result)
+    items = []  # (record index, kernel or op name, us)
+    if gpu:
+        for e in result.events():
+            if e.device_type() == torch.autograd.DeviceType.CPU:
+                continue
+            i = by_corr.get(e.linked_correlation_id())
+            if i is not None:
+                items.append((i, e.name(), e.duration_ns() / 1000.0))
+    else:
+        items = [(i, r[0], r[1]) for i, r in enumerate(records)]
     fam = {f: {"total_us": 0.0, "flydsl_us": 0.0} for f in FAMILIES}
     phases: dict[str, dict] = {}
     unrouted: dict[tuple[str, str], float] = {}
     fly_ops: dict[str, float] = {}
-    for ev in events:
-        if ev.device_type != torch.autograd.DeviceType.CPU:
+    for i, kname, us in items:
+        name, _, (phase, module, fly, opfam, outer) = records[i]
+        if phase is None or us <= 0 or name.startswith("flydsl_models::"):
             continue
-        fly, module, outer, phase, chain = _context(ev)
-        if phase is None or ev.name.startswith("flydsl_models::"):
-            continue
-        family = _family(fly, module, outer, chain)
-        if gpu:
-            items = [(k.name, k.duration) for k in ev.kernels]
+        f = _family(fly, module, opfam)
+        # a FlyDSL kernel launched under an ATen op (a compile backend's) keeps that op's family
+        is_fly = fly is not None or kname in kernel_names
+        fam[f]["total_us"] += us
+        ph = phases.setdefault(phase, {"total_us": 0.0, "flydsl_us": 0.0})
+        ph["total_us"] += us
+        if is_fly:
+            fam[f]["flydsl_us"] += us
+            ph["flydsl_us"] += us
+            key = fly or kname
+            fly_ops[key] = fly_ops.get(key, 0.0) + us
         else:
-            items = [(ev.name, ev.self_cpu_time_total)]
-        for kname, us in items:
-            if us <= 0:
-                continue
-            # a FlyDSL kernel under an ATen op (a compile backend's) keeps that op's family
-            is_fly = fly is not None or kname in kernel_names
-            f = family
-            fam[f]["total_us"] += us
-            ph = phases.setdefault(phase, {"total_us": 0.0, "flydsl_us": 0.0})
-            ph["total_us"] += us
-            if is_fly:
-                fam[f]["flydsl_us"] += us
-                ph["flydsl_us"] += us
-                key = fly or kname
-                fly_ops[key] = fly_ops.get(key, 0.0) + us
-            else:
-                unrouted[(outer, f)] = unrouted.get((outer, f), 0.0) + us
+            key = (outer or name, f)
+            unrouted[key] = unrouted.get(key, 0.0) + us
     total = sum(v["total_us"] for v in fam.values())
     biggest = sorted(unrouted.items(), key=lambda kv: -kv[1])[:top]
     return Coverage(

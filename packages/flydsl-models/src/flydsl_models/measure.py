@@ -182,7 +182,7 @@ def phase(name: str):
 
 
 def profile(runner: Runner, ids, steps: int, *, module_context: bool):
-    """``prof.events()`` of one prefill and ``steps`` decode steps under phase ranges."""
+    """The raw profile (kineto results) of one prefill and ``steps`` decode steps, in phase ranges."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -201,4 +201,4 @@ def profile(runner: Runner, ids, steps: int, *, module_context: bool):
             for _ in range(steps):
                 last = runner.step(last.argmax(-1)[:, None], cache)
             _sync(runner.device)
-    return prof.events()
+    return prof.profiler.kineto_results
