@@ -56,7 +56,8 @@ SIZES = {
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model", ["qwen3_moe"])  # dense attention projections and experts both shard
+# one model: its dense attention projections and its experts both shard
+@pytest.mark.parametrize("model", ["qwen3_moe"])
 def test_tp2_on_gloo_matches_one_process(tmp_path, model):
     out = tmp_path / "out"
     cmd = [
