@@ -183,3 +183,25 @@ def test_bad_options_say_what_is_supported(tmp_path, capsys):
     assert ev.main(["--model", "llama-3.1-8b", "--experts", "4", "--out", str(tmp_path)]) == 2
     assert ev.main(["--arms", "off,fast", "--out", str(tmp_path)]) == 2
     assert "subset of off,eager,compile" in capsys.readouterr().out
+
+
+def test_compile_arm_runs_whatever_backend_is_registered(tmp_path, monkeypatch):
+    """The compile arm's plumbing with a stand-in: torch's "eager" backend registered under the
+    name "flydsl" for this test only (so no FlyDSL GEMM runs; the eager routes still do). Once
+    torch-flydsl registers its own backend, the same code path runs it."""
+    from torch._dynamo.backends import registry
+
+    monkeypatch.setitem(registry._BACKENDS, "flydsl", None)
+    monkeypatch.setitem(registry._COMPILER_FNS, "flydsl", registry.lookup_backend("eager"))
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        rc, r = _run(tmp_path, *LLAMA, "--arms", "off,compile", "--layers", "1")
+    finally:
+        torch._dynamo.reset()
+    comp = r["arms"]["compile"]
+    assert rc == 0 and comp["available"]
+    assert comp["correctness"]["ok"] and comp["warmup_s"] > 0
+    assert comp["stats"]["hf.rms_norm"]["hits"] > 0  # the routes run inside the compiled graph
+    assert comp["coverage"]["module_context"] is False and comp["coverage"]["share"] > 0

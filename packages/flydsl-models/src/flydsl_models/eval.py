@@ -193,7 +193,7 @@ def run(args, console) -> dict:
             "overrides": spec.overrides,
             "summary": spec.summary(),
             "dtype": str(dtype).replace("torch.", ""),
-            "params": sum(p.numel() for p in model.parameters()) * args.tp,
+            "params": sum(p.numel() for p in model.parameters()),  # DTensor: global sizes
             "class": type(model).__name__,
             "mxfp4_experts": mx,
         }
