@@ -341,6 +341,22 @@ def test_patch_undo_round_trip(cfg):
         assert hits["hf.moe_router"] > 0 and hits["hf.experts"] > 0
 
 
+def test_a_second_patch_leaves_patched_modules_alone():
+    m = tiny(qwen_moe_cfg())
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(2))
+    ref = m(ids).logits
+    p1 = patch(m, mx_experts=False)
+    p2 = patch(m, mx_experts=False)
+    assert not p2.replaced
+    assert {n.reason for n in p2.not_routed if n.what in ("rms_norm", "router", "experts")} == {
+        "forward already replaced on the instance",
+        "already patched (undo that patch first)",
+    }
+    p2.undo()
+    p1.undo()
+    assert torch.equal(m(ids).logits, ref)
+
+
 def test_patched_modules_compile_without_graph_breaks():
     """The routes are custom ops: torch.compile(fullgraph=True) traces through a patched norm."""
     mod = LlamaRMSNorm(48, eps=1e-5).bfloat16()

@@ -22,6 +22,8 @@ import os
 import sys
 import time
 
+log = logging.getLogger("flydsl_models")
+
 DTYPES = {
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
@@ -139,14 +141,14 @@ def run(args, console) -> dict:
     import torch_flydsl
 
     from . import arms as arms_mod
-    from . import coverage, measure, models, tp
+    from . import measure, models, tp
 
     t_start = time.perf_counter()
     dtype = getattr(torch, DTYPES[args.dtype])
     overrides = {n: getattr(args, n) for n, _ in _SIZE_OPTIONS}
     spec = models.resolve(args.model, overrides)
     arm_names = arms_mod.parse(args.arms)
-    mx = {"on": True, "off": False}.get(args.mx_experts) if args.mx_experts != "auto" else None
+    mx = {"on": True, "off": False}.get(args.mx_experts)  # None: auto
     if mx is None:
         mx = models.is_mxfp4(spec.config())
     dist = (
@@ -211,41 +213,26 @@ def run(args, console) -> dict:
                 if rank == 0:
                     console.print(f"[yellow]arm {name} unavailable[/]: {arm.reason}")
                 continue
-            runner = measure.Runner(arm.forward, model)
-            torch_flydsl.reset_stats()
-            task = prog.add_task(
-                f"{name}: warm-up{' + compile' if name == 'compile' else ''}", total=1
-            )
-            entry["warmup_s"] = measure.warmup(runner, ids)
-            prog.advance(task)
-            task = prog.add_task(f"{name}: greedy decode ({args.gen_len} tokens)", total=1)
-            outputs = runner.greedy(ids, args.gen_len)
-            prog.advance(task)
+            try:
+                outputs = _measure_arm(args, name, arm, model, ids, entry, prog)
+            except Exception as e:
+                if name == "off":
+                    raise  # nothing to compare against
+                log.warning("arm %s failed", name, exc_info=True)
+                entry["error"] = f"{type(e).__name__}: {e}"
+                continue
             if name == "off":
                 ref = outputs
             else:
-                entry["correctness"] = measure.compare(ref, outputs, dtype, mx=mx and name != "off")
+                mx_ran = arm.patch is not None and arm.patch.counts()["mx_experts"] > 0
+                entry["correctness"] = measure.compare(ref, outputs, dtype, mx=mx_ran)
             if args.tp > 1:
                 tp_outputs[name] = outputs
-            task = prog.add_task(f"{name}: timing", total=args.repeats)
-            entry["timing"] = measure.timing(
-                runner, ids, args.gen_len, args.repeats, lambda t=task: prog.advance(t)
-            )
-            task = prog.add_task(f"{name}: profile", total=1)
-            events = measure.profile(
-                runner, ids, args.profile_steps, module_context=name != "compile"
-            )
-            cov = coverage.attribute(
-                events, gpu=dev.type == "cuda", module_context=name != "compile"
-            )
-            entry["coverage"] = cov.as_dict()
-            prog.advance(task)
-            entry["stats"] = {k: v for k, v in torch_flydsl.stats().items() if v["calls"]}
-            if arm.patch is not None:
-                entry["routes"] = arm.patch.as_dict()
         p = state.pop("patch", None)
         if p is not None:
             p.undo()
+        if "compile" in results["arms"] and results["arms"]["compile"]["available"]:
+            torch._dynamo.reset()  # the compiled graphs hold guards on the undone forwards
         if args.tp > 1 and args.tp_reference:
             results["tp"]["reference"] = _tp_reference(
                 args, ckpt, dtype, device, ids, tp_outputs, mx, rank, prog
@@ -254,10 +241,41 @@ def run(args, console) -> dict:
         tp.finish(ckpt, temporary, rank)
     results["elapsed_s"] = time.perf_counter() - t_start
     results["ok"] = all(
-        a.get("correctness", {}).get("ok", True) for a in results["arms"].values()
+        a.get("correctness", {}).get("ok", True) and "error" not in a
+        for a in results["arms"].values()
     ) and all(c["ok"] for c in (results["tp"].get("reference") or {}).values())
     results["rank"] = rank
     return results
+
+
+def _measure_arm(args, name, arm, model, ids, entry, prog):
+    """Warm-up, greedy outputs, timing, profile and stats of one arm into ``entry``."""
+    import torch_flydsl
+
+    from . import coverage, measure
+
+    runner = measure.Runner(arm.forward, model)
+    torch_flydsl.reset_stats()
+    task = prog.add_task(f"{name}: warm-up{' + compile' if name == 'compile' else ''}", total=1)
+    entry["warmup_s"] = measure.warmup(runner, ids)
+    prog.advance(task)
+    task = prog.add_task(f"{name}: greedy decode ({args.gen_len} tokens)", total=1)
+    outputs = runner.greedy(ids, args.gen_len)
+    prog.advance(task)
+    task = prog.add_task(f"{name}: timing", total=args.repeats)
+    entry["timing"] = measure.timing(
+        runner, ids, args.gen_len, args.repeats, lambda: prog.advance(task)
+    )
+    task = prog.add_task(f"{name}: profile", total=1)
+    context = name != "compile"  # module hooks would be traced into the compiled graph
+    events = measure.profile(runner, ids, args.profile_steps, module_context=context)
+    gpu = runner.device.type == "cuda"
+    entry["coverage"] = coverage.attribute(events, gpu=gpu, module_context=context).as_dict()
+    prog.advance(task)
+    entry["stats"] = {k: v for k, v in torch_flydsl.stats().items() if v["calls"]}
+    if arm.patch is not None:
+        entry["routes"] = arm.patch.as_dict()
+    return outputs
 
 
 _DESCRIPTIONS = {

@@ -82,10 +82,12 @@ def markdown(results) -> str:
         )
     lines += ["", "## Arms", ""]
     for name, arm in results["arms"].items():
-        if arm.get("available", True):
-            lines.append(f"- `{name}`: {arm.get('description', '')}")
-        else:
+        if not arm.get("available", True):
             lines.append(f"- `{name}`: **unavailable**: {arm.get('reason')}")
+        elif "error" in arm:
+            lines.append(f"- `{name}`: **failed**: {arm['error']}")
+        else:
+            lines.append(f"- `{name}`: {arm.get('description', '')}")
     lines += ["", "## Correctness (against off)", ""]
     lines.append(
         "| arm | logits max abs err | max rel err | tolerance (rel) | top-1 agreement | greedy decode | verdict |"

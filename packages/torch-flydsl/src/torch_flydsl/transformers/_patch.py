@@ -360,6 +360,13 @@ def _patch_experts(p: Patch, model, mx_experts) -> None:
     _experts.register()
     previous: dict[int, str] = {}  # id(config) -> the implementation it named before
     for name, m in found:
+        if "_flydsl_fallback" in m.__dict__:
+            p.not_routed.append(
+                NotRouted(
+                    "experts", name, type(m).__name__, "already patched (undo that patch first)"
+                )
+            )
+            continue
         cfg = m.config
         if id(cfg) not in previous:
             prev = getattr(cfg, "_experts_implementation", None)
