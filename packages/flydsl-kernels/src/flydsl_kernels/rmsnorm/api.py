@@ -132,7 +132,17 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
 # -- forward ----------------------------------------------------------------------------------------
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=None, *, target=None, config=None):
+def rms_norm(
+    x,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    llama_numerics=False,
+    gemma=False,
+    target=None,
+    config=None,
+):
     """``aten::_fused_rms_norm(x, normalized_shape, weight, eps) -> (y, rstd)``.
 
     ``rstd = rsqrt(mean(x^2 over normalized_shape) + eps)`` in fp32, shaped
@@ -142,13 +152,25 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, *, target=None, config=
     ATen's default, ``torch.finfo(torch.float32).eps``: ATen takes the
     epsilon of the accumulation type, fp32 for fp16/bf16/fp32 inputs (not
     the input dtype's, whatever the torch.nn.functional.rms_norm docs say).
+
+    ``llama_numerics`` / ``gemma`` give ``y`` the numerics of transformers'
+    RMSNorm modules, as ``fused_add_rms_norm`` documents them (LlamaRMSNorm:
+    the normalized value rounded to ``x.dtype`` before the weight product,
+    result dtype ``promote_types(weight.dtype, x.dtype)``; GemmaRMSNorm:
+    ``(1 + weight)`` in fp32); ``rstd`` is the same in every mode.
     """
+    if llama_numerics and gemma:
+        raise ValueError("llama_numerics and gemma are exclusive")
     _check_dtype(x, "inputs")
     ns, n, m = _normalized(x, normalized_shape)
     w = _weight(weight, ns, n, x.device)
     eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd, _ = _forward(x, m, n, w, None, y, MODE_ATEN, eps, target, config, True)
+    mode = MODE_LLAMA if llama_numerics else MODE_GEMMA if gemma else MODE_ATEN
+    out_dtype = x.dtype
+    if llama_numerics and weight is not None:
+        out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rstd, _ = _forward(x, m, n, w, None, y, mode, eps, target, config, True)
     lead = tuple(x.shape[: x.dim() - len(ns)])
     return y, rstd.view(lead + (1,) * len(ns))
 
