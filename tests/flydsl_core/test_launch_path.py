@@ -13,7 +13,7 @@ from flydsl_core.runtime.binder import generic_key, make_key_fn
 pytestmark = pytest.mark.cpu
 
 
-class _Recorder:
+class _Recorder(backends.Backend, backends.Executable):
     """A backend that counts compiles and records launches instead of running them."""
 
     def __init__(self):
@@ -31,9 +31,8 @@ class _Recorder:
 @pytest.fixture
 def rec():
     r = _Recorder()
-    backends._instances["recorder"] = r
-    yield r
-    del backends._instances["recorder"]
+    with backends.temporary("recorder", r):
+        yield r
 
 
 def _kernel():

@@ -157,12 +157,17 @@ def cmd_inspect(args) -> int:
 def _example_spec(mod, dtype):
     import torch
 
-    from . import backends
+    from .backends import Backend, Executable, temporary
 
     inputs = mod.make_inputs(dtype=dtype, generator=torch.Generator().manual_seed(0))
     captured = {}
 
-    class _Capture:
+    class _Capture(Backend, Executable):
+        """Records the specialization the example launches with; runs nothing."""
+
+        def __init__(self):
+            pass
+
         def compile(self, fn, spec, options):
             captured["spec"] = spec
             return self
@@ -170,13 +175,11 @@ def _example_spec(mod, dtype):
         def launch(self, grid, a):
             pass
 
-    backends._instances["__capture__"] = _Capture()
-    try:
-        mod.run(*inputs, target="__capture__")
-    finally:
-        del backends._instances["__capture__"]
-        mod.KERNEL._cache.clear()
-        mod.KERNEL._fast.clear()
+    with temporary("__capture__", _Capture()):
+        try:
+            mod.run(*inputs, target="__capture__")
+        finally:
+            mod.KERNEL.clear_cache()
     return captured["spec"]
 
 

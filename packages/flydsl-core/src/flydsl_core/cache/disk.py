@@ -42,8 +42,9 @@ from typing import NamedTuple
 
 import filelock
 
-from ..exc import CacheError
-from ..settings import default_cache_dir, env_flag
+from .. import settings as _settings
+from ..exc import CacheCorruptionWarning, CacheError
+from ..settings import default_cache_dir
 
 __all__ = ["FORMAT_VERSION", "MANIFEST", "CacheCorruptionWarning", "CacheInfo", "DiskCache"]
 
@@ -67,10 +68,6 @@ _TAG_TEXT = (
 )
 
 Files = dict[str, bytes]
-
-
-class CacheCorruptionWarning(UserWarning):
-    """A cache entry failed verification; it was removed and counted as a miss."""
 
 
 class CacheInfo(NamedTuple):
@@ -254,7 +251,7 @@ class DiskCache:
         """The cache at ``settings.default_cache_dir()``, disabled (a no-op that
         always misses) when ``FLYDSL_DISABLE_CACHE=1``. Reads the environment
         at call time."""
-        return cls(None, enabled=not env_flag("FLYDSL_DISABLE_CACHE"))
+        return cls(None, enabled=not _settings.get("FLYDSL_DISABLE_CACHE"))
 
     def __repr__(self) -> str:
         state = "" if self.enabled else ", disabled"

@@ -28,7 +28,9 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
+import itertools
 import json
+import operator
 import os
 import sys
 import sysconfig
@@ -42,8 +44,10 @@ from typing import Any
 __all__ = [
     "KEY_FORMAT",
     "CacheKey",
+    "SourceGuard",
     "canonical_json",
     "compiler_fingerprint",
+    "guarded_fingerprint",
     "make_key",
     "source_fingerprint",
 ]
@@ -412,6 +416,7 @@ class _Walker:
         self.entries: list[dict[str, Any] | None] = []
         self.index: dict[int, int] = {}
         self.keep: list[Any] = []  # keeps ids stable during the walk
+        self.reads = _Reads()  # what the walk read, for a SourceGuard
 
     def function(self, fn: types.FunctionType) -> int:
         ident = id(fn)
@@ -424,19 +429,25 @@ class _Walker:
         code = fn.__code__
         names = _all_names(code)
         g = fn.__globals__
+        self.reads.function(fn)
         refs: dict[str, Any] = {}
         for name in names:
             if name in g:
                 d = self.value(g[name], names)
+                self.reads.item(g, name, d)
                 if d is not None:
                     refs[name] = d
+            else:
+                self.reads.absent(g, name)
         closure: dict[str, Any] = {}
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
+                self.reads.cell(cell, None)
                 continue
             d = self.value(contents, names)
+            self.reads.cell(cell, d)
             if d is not None:
                 closure[name] = d
         defaults = [self.value(v, ()) for v in fn.__defaults__ or ()]
@@ -477,6 +488,7 @@ class _Walker:
             for n in names:
                 if n in members and members[n] is not value:
                     d = self.value(members[n], ())
+                    self.reads.item(members, n, d)
                     if d is not None:
                         attrs[n] = d
             return {"user_module": attrs}
@@ -514,9 +526,131 @@ def source_fingerprint(fn: Any) -> str:
     project directory or renaming a module keeps the fingerprint.
     Not followed: methods reached through classes or instances.
     """
+    return _walk(fn)[0]
+
+
+def _walk(fn: Any) -> tuple[str, _Walker]:
     target = _as_function(fn)
     if target is None:
         raise TypeError(f"source_fingerprint needs a Python function, got {type(fn).__qualname__}")
     walker = _Walker()
     walker.function(target)
-    return _sha256(canonical_json({"format": KEY_FORMAT, "functions": walker.entries}))
+    digest = _sha256(canonical_json({"format": KEY_FORMAT, "functions": walker.entries}))
+    return digest, walker
+
+
+# --------------------------------------------------------------------------- #
+# source guards: is a fingerprint still current? (cheap enough for every launch)
+# --------------------------------------------------------------------------- #
+
+#: constants held by value that can change in place (their identity does not say enough)
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), enum.Enum)
+
+
+def _frozen(v: Any) -> bool:
+    if isinstance(v, tuple | frozenset):
+        return all(_frozen(x) for x in v)
+    return isinstance(v, _IMMUTABLE)
+
+
+class _Reads:
+    """The lookups a fingerprint walk made: global and module-attribute reads (and names it
+    found absent), closure cells and the function objects themselves."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, tuple[dict, dict[str, Any]]] = {}  # id(dict) -> (dict, name -> value)
+        self.missing: dict[int, tuple[dict, set[str]]] = {}
+        self.cells: list[tuple[Any, Any]] = []
+        self.functions: list[types.FunctionType] = []
+        self.by_value: list[tuple[dict, str, str]] = []  # mutable constants: (dict, name, json)
+
+    def function(self, fn: types.FunctionType) -> None:
+        self.functions.append(fn)
+
+    def item(self, d: dict, name: str, encoded: Any) -> None:
+        value = d[name]
+        self.items.setdefault(id(d), (d, {}))[1][name] = value
+        if isinstance(encoded, dict) and "const" in encoded and not _frozen(value):
+            self.by_value.append((d, name, _dumps(encoded["const"])))
+
+    def absent(self, d: dict, name: str) -> None:
+        self.missing.setdefault(id(d), (d, set()))[1].add(name)
+
+    def cell(self, cell: Any, encoded: Any) -> None:
+        try:
+            self.cells.append((cell, cell.cell_contents))
+        except ValueError:
+            self.cells.append((cell, _EMPTY))
+
+
+_EMPTY = object()
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY
+
+
+class SourceGuard:
+    """``guard()`` is True while every lookup a fingerprint was computed from gives the same
+    object (identity, plus the value of mutable constants): the kernel's globals, the helpers
+    it calls, their code, defaults and closures, the module attributes it reads, and names
+    it found unbound that are still unbound. A False answer means "maybe stale": recompute
+    the fingerprint. The check is generated code over C-level lookups (``itemgetter`` per
+    globals dict), so it costs well under a microsecond for a typical kernel."""
+
+    def __init__(self, reads: _Reads):
+        env: dict[str, Any] = {
+            "_id": id,
+            "_map": map,
+            "_tuple": tuple,
+            "_chain": itertools.chain.from_iterable,
+            "_fattrs": operator.attrgetter("__code__", "__defaults__", "__kwdefaults__"),
+            "_cell": _cell_contents,
+            "_cj": lambda v: _dumps(_canon(v, "constant")),
+        }
+        parts, expected, checks = [], [], []
+        for i, (d, vals) in enumerate(reads.items.values()):
+            names = list(vals) if len(vals) > 1 else [*vals, *vals]  # itemgetter(one) is no tuple
+            env[f"_d{i}"], env[f"_g{i}"] = d, operator.itemgetter(*names)
+            parts.append(f"*_g{i}(_d{i})")
+            expected += [vals[n] for n in names]
+        for i, (d, names) in enumerate(reads.missing.values()):
+            env[f"_k{i}"], env[f"_a{i}"] = d.keys(), frozenset(names)
+            checks.append(f"_k{i}.isdisjoint(_a{i})")
+        if reads.cells:
+            env["_cells"] = tuple(c for c, _ in reads.cells)
+            parts.append("*_map(_cell, _cells)")
+            expected += [v for _, v in reads.cells]
+        env["_fns"] = tuple(reads.functions)
+        parts.append("*_chain(_map(_fattrs, _fns))")
+        expected += [x for f in reads.functions for x in _fattrs_of(f)]
+        for i, (d, name, text) in enumerate(reads.by_value):
+            env[f"_vd{i}"], env[f"_vt{i}"] = d, text
+            checks.append(f"_cj(_vd{i}[{name!r}]) == _vt{i}")
+        self._keep = expected  # the ids below stay those objects' while they are held here
+        env["_ids"] = tuple(map(id, expected))
+        cond = " and ".join(["_tuple(_map(_id, vals)) == _ids", *checks])
+        src = (
+            "def guard():\n"
+            "    try:\n"
+            f"        vals = ({', '.join(parts)},)\n"
+            f"        return {cond}\n"
+            "    except Exception:\n"
+            "        return False\n"
+        )
+        exec(compile(src, "<flydsl source guard>", "exec"), env)
+        self.check = env["guard"]
+        self.source = src
+
+
+def _fattrs_of(fn: types.FunctionType) -> tuple:
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+
+
+def guarded_fingerprint(fn: Any) -> tuple[str, SourceGuard]:
+    """``source_fingerprint(fn)`` and a ``SourceGuard`` that says cheaply whether it still holds."""
+    digest, walker = _walk(fn)
+    return digest, SourceGuard(walker.reads)

@@ -20,6 +20,32 @@ from ..exc import ArgumentError
 DIV = 16  # the divisibility Triton specializes on, and that 128-bit access needs for 8-bit types
 
 
+class constexpr:
+    """Annotation: this parameter is a compile-time value."""
+
+
+class Tensor:
+    """Annotation: this parameter is a tensor."""
+
+
+def is_constexpr_annotation(a) -> bool:
+    return a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
+
+
+def is_tensor_annotation(a) -> bool:
+    return a is Tensor or a == "Tensor" or str(a).endswith(".Tensor")
+
+
+def typed(v):
+    """A constexpr as part of a cache key. Equal values of different types (2, 2.0, True)
+    or signs (0.0, -0.0) trace differently, so they must not share a compile."""
+    if isinstance(v, tuple):
+        return (tuple, tuple(typed(x) for x in v))
+    if isinstance(v, float):
+        return (float, v, repr(v))
+    return (type(v), v)
+
+
 def int_facts(v: int) -> tuple:
     """Facts of one integer, as a hashable tuple of (name, value) pairs."""
     if v == 1:
