@@ -52,7 +52,7 @@ class Executable(ABC):
         return {}
 
     def describe(self) -> dict[str, Any]:
-        """Launch facts for manifests (warps, shared memory, symbol name)."""
+        """Launch facts for manifests (warps, shared memory, symbol name, compile options)."""
         return {}
 
 

@@ -21,6 +21,7 @@ part is passed explicitly.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import functools
@@ -28,9 +29,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
-import itertools
 import json
-import operator
 import os
 import sys
 import sysconfig
@@ -554,12 +553,12 @@ def _frozen(v: Any) -> bool:
 
 
 class _Reads:
-    """The lookups a fingerprint walk made: global and module-attribute reads (and names it
-    found absent), closure cells and the function objects themselves."""
+    """The lookups a fingerprint walk made: global and module-attribute reads, builtins it
+    reached through unbound globals, closure cells and the function objects themselves."""
 
     def __init__(self) -> None:
-        self.items: dict[int, tuple[dict, dict[str, Any]]] = {}  # id(dict) -> (dict, name -> value)
-        self.missing: dict[int, tuple[dict, set[str]]] = {}
+        self.items: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+        self.unbound: dict[tuple[int, str], tuple[dict, str]] = {}
         self.cells: list[tuple[Any, Any]] = []
         self.functions: list[types.FunctionType] = []
         self.by_value: list[tuple[dict, str, str]] = []  # mutable constants: (dict, name, json)
@@ -569,18 +568,18 @@ class _Reads:
 
     def item(self, d: dict, name: str, encoded: Any) -> None:
         value = d[name]
-        self.items.setdefault(id(d), (d, {}))[1][name] = value
+        self.items[(id(d), name)] = (d, name, value)
         if isinstance(encoded, dict) and "const" in encoded and not _frozen(value):
             self.by_value.append((d, name, _dumps(encoded["const"])))
 
     def absent(self, d: dict, name: str) -> None:
-        self.missing.setdefault(id(d), (d, set()))[1].add(name)
+        # Only names that resolve to a builtin can change meaning by being bound later; any
+        # other unbound name was an attribute name (or the trace failed with a NameError).
+        if hasattr(builtins, name):
+            self.unbound[(id(d), name)] = (d, name)
 
     def cell(self, cell: Any, encoded: Any) -> None:
-        try:
-            self.cells.append((cell, cell.cell_contents))
-        except ValueError:
-            self.cells.append((cell, _EMPTY))
+        self.cells.append((cell, _cell_contents(cell)))
 
 
 _EMPTY = object()
@@ -594,60 +593,52 @@ def _cell_contents(cell: Any) -> Any:
 
 
 class SourceGuard:
-    """``guard()`` is True while every lookup a fingerprint was computed from gives the same
-    object (identity, plus the value of mutable constants): the kernel's globals, the helpers
-    it calls, their code, defaults and closures, the module attributes it reads, and names
-    it found unbound that are still unbound. A False answer means "maybe stale": recompute
-    the fingerprint. The check is generated code over C-level lookups (``itemgetter`` per
-    globals dict), so it costs well under a microsecond for a typical kernel."""
+    """``check()`` is True while every lookup a fingerprint was computed from gives the same
+    object: the kernel's globals and module attributes (by identity; mutable constants also
+    by value), the helpers it calls and their ``__code__``, closure cells, and builtins not
+    shadowed by a global since. False means "maybe stale": recompute the fingerprint.
+
+    ``check`` is generated code, one identity test per lookup (a few tens of ns each), so it
+    can run on every launch."""
 
     def __init__(self, reads: _Reads):
-        env: dict[str, Any] = {
-            "_id": id,
-            "_map": map,
-            "_tuple": tuple,
-            "_chain": itertools.chain.from_iterable,
-            "_fattrs": operator.attrgetter("__code__", "__defaults__", "__kwdefaults__"),
-            "_cell": _cell_contents,
-            "_cj": lambda v: _dumps(_canon(v, "constant")),
-        }
-        parts, expected, checks = [], [], []
-        for i, (d, vals) in enumerate(reads.items.values()):
-            names = list(vals) if len(vals) > 1 else [*vals, *vals]  # itemgetter(one) is no tuple
-            env[f"_d{i}"], env[f"_g{i}"] = d, operator.itemgetter(*names)
-            parts.append(f"*_g{i}(_d{i})")
-            expected += [vals[n] for n in names]
-        for i, (d, names) in enumerate(reads.missing.values()):
-            env[f"_k{i}"], env[f"_a{i}"] = d.keys(), frozenset(names)
-            checks.append(f"_k{i}.isdisjoint(_a{i})")
-        if reads.cells:
-            env["_cells"] = tuple(c for c, _ in reads.cells)
-            parts.append("*_map(_cell, _cells)")
-            expected += [v for _, v in reads.cells]
-        env["_fns"] = tuple(reads.functions)
-        parts.append("*_chain(_map(_fattrs, _fns))")
-        expected += [x for f in reads.functions for x in _fattrs_of(f)]
-        for i, (d, name, text) in enumerate(reads.by_value):
-            env[f"_vd{i}"], env[f"_vt{i}"] = d, text
-            checks.append(f"_cj(_vd{i}[{name!r}]) == _vt{i}")
-        self._keep = expected  # the ids below stay those objects' while they are held here
-        env["_ids"] = tuple(map(id, expected))
-        cond = " and ".join(["_tuple(_map(_id, vals)) == _ids", *checks])
+        env: dict[str, Any] = {"_cell": _cell_contents, "_cj": lambda v: _dumps(_canon(v, "c"))}
+        dicts: dict[int, str] = {}
+        tests: list[str] = []
+        keep: list[Any] = []
+
+        def name_of(obj: Any, prefix: str) -> str:
+            n = f"_{prefix}{len(env)}"
+            env[n] = obj
+            return n
+
+        def dict_name(d: dict) -> str:
+            if id(d) not in dicts:
+                dicts[id(d)] = name_of(d, "d")
+            return dicts[id(d)]
+
+        for d, key, value in reads.items.values():
+            tests.append(f"{dict_name(d)}[{key!r}] is {name_of(value, 'v')}")
+        for d, key in reads.unbound.values():
+            tests.append(f"{key!r} not in {dict_name(d)}")
+        for cell, value in reads.cells:
+            tests.append(f"_cell({name_of(cell, 'c')}) is {name_of(value, 'v')}")
+        for fn in dict.fromkeys(reads.functions):
+            tests.append(f"{name_of(fn, 'f')}.__code__ is {name_of(fn.__code__, 'v')}")
+        for d, key, text in reads.by_value:
+            tests.append(f"_cj({dict_name(d)}[{key!r}]) == {name_of(text, 't')}")
+        keep.extend(env.values())
         src = (
-            "def guard():\n"
+            "def check():\n"
             "    try:\n"
-            f"        vals = ({', '.join(parts)},)\n"
-            f"        return {cond}\n"
+            f"        return {' and '.join(tests) or 'True'}\n"
             "    except Exception:\n"
             "        return False\n"
         )
         exec(compile(src, "<flydsl source guard>", "exec"), env)
-        self.check = env["guard"]
+        self.check = env["check"]
         self.source = src
-
-
-def _fattrs_of(fn: types.FunctionType) -> tuple:
-    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+        self.lookups = len(tests)
 
 
 def guarded_fingerprint(fn: Any) -> tuple[str, SourceGuard]:

@@ -254,7 +254,7 @@ class Kernel:
             try:
                 ret = self.fn(**call)
             except AttributeError as e:
-                misuse = _misused_parameter(self.name, e, call)
+                misuse = _misused_parameter(self.name, e, call, spec)
                 if misuse is None:
                     raise
                 raise misuse from None
@@ -467,7 +467,7 @@ def _described(value) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _misused_parameter(kernel_name, e: AttributeError, call: dict) -> ArgumentError | None:
+def _misused_parameter(kernel_name, e: AttributeError, call: dict, spec) -> ArgumentError | None:
     """An ``AttributeError`` the kernel body raised using the stand-in of a number or None
     argument as a tensor (``x.tile``, ``x.shape``): the caller passed a number or None where
     the kernel wants a tensor. Parameters annotated ``fly.Tensor`` are checked before this."""
@@ -479,7 +479,8 @@ def _misused_parameter(kernel_name, e: AttributeError, call: dict) -> ArgumentEr
         got = "None"
     else:
         names = [n for n, v in call.items() if v is obj and isinstance(v, Tile)]
-        got = "a number"
+        kinds = {spec.specs[n].kind for n in names if n in spec.specs}
+        got = "an int" if kinds == {"int"} else "a float" if kinds == {"float"} else "a number"
     if not names:
         return None
     which = " or ".join(repr(n) for n in names)

@@ -62,10 +62,11 @@ def lookup(name: str, key: str, backend):
     try:
         return backend.deserialize(cache.path(key))
     except Exception as e:  # an entry that verifies but does not load: rebuild it
-        if cache.remove(key):
+        try:
+            cache.remove(key)
             done = "removed it; compiling again"
-        else:
-            done = "could not remove it; compiling again, kept in memory only"
+        except CacheError as gone:
+            done = f"{gone.msg}; compiling again, the result is kept in memory only"
         log.warning(
             "stored kernel %s for %s did not load (%s: %s); %s",
             name,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_target as _check_target
 from . import configs, reference
 from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm
 from .kernels import KERNELS
@@ -34,14 +35,6 @@ def _err(out, ref) -> float:
     rtol, atol = TOLERANCE[out.dtype]
     out, ref = out.double(), ref.double()
     return float(((out - ref).abs() / (atol + rtol * ref.abs())).max()) if out.numel() else 0.0
-
-
-def _cpu(device):
-    return device in ("cpu", "cpu-reference", "cpu-interpret")
-
-
-def _check_target(device):
-    return ("cpu-reference" if device == "cpu" else device) if _cpu(device) else None
 
 
 def _nt(m, n, k, device, seed=0):
@@ -60,9 +53,9 @@ def _dense_case(cls, m, n, k, model):
     def check(device):
         # small shapes on the CPU (not tile multiples, so masks are exercised); full on a GPU
         mm, nn, kk = (min(m, _CHECK_MAX), min(n, _CHECK_MAX) - 3, min(k, 4 * cfg.BK) + 8)
-        if not _cpu(device):
+        if not (_check_target(device) is not None):
             mm, nn, kk = m, n, k
-        a, b = _nt(mm, nn, kk, "cpu" if _cpu(device) else device, seed=1)
+        a, b = _nt(mm, nn, kk, "cpu" if (_check_target(device) is not None) else device, seed=1)
         out = gemm(a, b, out_dtype=torch.float32, config=cfg, target=_check_target(device))
         return _err(out, reference.gemm(a, b, out_dtype=torch.float32))
 
@@ -114,7 +107,7 @@ def _grouped_case(tokens, experts, n, k, model):
         )  # fmt: skip
 
     def check(device):
-        if _cpu(device):
+        if _check_target(device) is not None:
             a, w, offs = inputs("cpu", 64, 8, 72, 136, seed=1)
         else:
             a, w, offs = inputs(device, tokens, experts, n, k, seed=1)

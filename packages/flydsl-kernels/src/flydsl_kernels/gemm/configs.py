@@ -295,7 +295,9 @@ def select_grouped(m_per_group: int, N: int, K: int) -> Config:
 def grouped_programs(target) -> int:
     """Programs of the persistent grouped kernel: two per CU on GPUs (the tiles loop inside);
     a few on the CPU backends, which run programs one after another anyway."""
-    if target is not None and str(target).startswith("cpu"):
+    from flydsl_core.targets import is_cpu_target
+
+    if target is not None and is_cpu_target(target):
         return 4
     return 2 * NUM_CUS
 

@@ -301,7 +301,12 @@ class TritonExecutable(Executable):
 
     def describe(self) -> dict[str, Any]:
         md = self.compiled.metadata
-        return {"num_warps": md.num_warps, "shared": md.shared, "name": md.name}
+        return {
+            "num_warps": md.num_warps,
+            "shared": md.shared,
+            "name": md.name,
+            "options": dict(self.options),
+        }
 
     @property
     def report(self):
