@@ -5,6 +5,7 @@ flydsl ir EXAMPLE [--stage traced|final]               print an example's FlyIR
 flydsl inspect|compile EXAMPLE [--target gfx950]       cross-compile an example, print / write stages
 flydsl aot [EXAMPLE ...] --out DIR                     an AOT bundle of the examples
 flydsl targets                                         list the known targets
+flydsl settings                                        the FLYDSL_* variables and their values
 flydsl cache info|clear                                the on-disk compile cache
 
 ``--target`` takes a target's name or alias (``mi355x``, ``GFX950``, ``interpret``);
@@ -315,6 +316,29 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def cmd_settings(args) -> int:
+    """Every FLYDSL_* variable: what it takes, what it does, its value here."""
+    import os
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from . import settings
+
+    t = Table(title="FLYDSL_* environment variables (flydsl_core.settings.VARIABLES)")
+    for col in ("variable", "package", "takes", "meaning", "value here"):
+        t.add_column(col, overflow="fold")
+    for v in settings.VARIABLES.values():
+        raw = os.environ.get(v.name)
+        try:
+            shown = "(unset)" if raw is None else repr(v.parse(raw))
+        except settings.SettingsError:
+            shown = f"[red]invalid: {escape(repr(raw))}[/]"
+        t.add_row(v.name, v.package, escape(v.accepted()), escape(v.doc), shown)
+    _console().print(t)
+    return 0
+
+
 def cmd_cache(args) -> int:
     from .cache import DiskCache
     from .exc import CacheError
@@ -374,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_aot)
     t = sub.add_parser("targets", help="list the known targets")
     t.set_defaults(func=cmd_targets)
+    st = sub.add_parser("settings", help="list the FLYDSL_* environment variables")
+    st.set_defaults(func=cmd_settings)
     ca = sub.add_parser("cache", help="inspect or clear the on-disk compile cache")
     ca.add_argument("action", choices=["info", "clear"])
     ca.set_defaults(func=cmd_cache)
@@ -389,7 +415,8 @@ def main(argv=None) -> int:
         return 2
     prog = f"flydsl {args.cmd}"
     try:
-        settings.check_all()  # a bad FLYDSL_* value is reported before any work
+        if args.cmd != "settings":  # the one command that shows bad values instead
+            settings.check_all()  # a bad FLYDSL_* value is reported before any work
         return args.func(args)
     except (UsageError, SettingsError, UnknownTargetError) as e:
         return usage_error(prog, getattr(e, "msg", str(e)))

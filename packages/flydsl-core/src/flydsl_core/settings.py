@@ -91,7 +91,8 @@ _VARS = (
     Var("FLYDSL_VERIFY", "flag", "0: skip the IR verifier between passes", True),
     Var("FLYDSL_GENERIC_BINDER", "flag", "1: compute launch keys with the plain loop instead of "
         "the generated per-kernel function (debugging)", False),
-    Var("FLYDSL_ACCEPT", "flag", "1: the golden-file tests rewrite their golden files", False),
+    Var("FLYDSL_ACCEPT", "flag", "1: the golden-file tests rewrite their golden files", False,
+        package="tests"),
     # -- torch-flydsl ----------------------------------------------------------------------
     Var("FLYDSL_TORCH", "flag", "1: `import torch_flydsl` enables the overrides", False,
         package="torch-flydsl"),
@@ -141,19 +142,12 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
-    target: str | None  # FLYDSL_TARGET: explicit target name
+    """What the pass pipeline reads (``passes/manager.py``), read at once."""
+
     dump_dir: Path | None  # FLYDSL_DUMP_DIR: write IR after every pass here
-    cache_dir: Path  # FLYDSL_CACHE_DIR
-    cache_disabled: bool  # FLYDSL_DISABLE_CACHE=1 skips the on-disk cache
     verify_each_pass: bool  # FLYDSL_VERIFY=0 turns the verifier off between passes
 
 
 def settings() -> Settings:
-    """The compiler's settings, read now."""
-    return Settings(
-        target=get("FLYDSL_TARGET"),
-        dump_dir=get("FLYDSL_DUMP_DIR"),
-        cache_dir=default_cache_dir(),
-        cache_disabled=get("FLYDSL_DISABLE_CACHE"),
-        verify_each_pass=get("FLYDSL_VERIFY"),
-    )
+    """The pass pipeline's settings, read now."""
+    return Settings(dump_dir=get("FLYDSL_DUMP_DIR"), verify_each_pass=get("FLYDSL_VERIFY"))

@@ -443,10 +443,10 @@ class _Walker:
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
-                self.reads.cell(cell, None)
+                self.reads.cell(cell)
                 continue
             d = self.value(contents, names)
-            self.reads.cell(cell, d)
+            self.reads.cell(cell)
             if d is not None:
                 closure[name] = d
         defaults = [self.value(v, ()) for v in fn.__defaults__ or ()]
@@ -578,7 +578,7 @@ class _Reads:
         if hasattr(builtins, name):
             self.unbound[(id(d), name)] = (d, name)
 
-    def cell(self, cell: Any, encoded: Any) -> None:
+    def cell(self, cell: Any) -> None:
         self.cells.append((cell, _cell_contents(cell)))
 
 

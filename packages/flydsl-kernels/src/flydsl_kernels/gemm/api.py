@@ -159,7 +159,7 @@ def gemm(
     s = max(1, min(int(s), math.ceil(K / cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
     common = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt, a),
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
         EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
         target=tgt, options=_options(cfg, tgt),
     )  # fmt: skip
@@ -182,7 +182,7 @@ def gemm(
     return result
 
 
-def target_xcds(target, t) -> int:
+def target_xcds(target) -> int:
     """XCDs to remap the pid across: the target's XCD count (1 on the CPU backends)."""
     from flydsl_core.targets import get_target, resolve_target
 
@@ -278,7 +278,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     grouped_gemm_kernel[(programs,)](
         a3, b3, o3, offs, bias, G, M, N, K,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt, mat_a), GROUP_M=cfg.GROUP_M,
+        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt), GROUP_M=cfg.GROUP_M,
         target=tgt, options=_options(cfg, tgt),
     )  # fmt: skip
     return out

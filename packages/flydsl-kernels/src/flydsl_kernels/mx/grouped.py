@@ -43,13 +43,13 @@ from __future__ import annotations
 import torch
 
 from .._offs import check_offs
+from .._target import tensor_target as _target
 from ..gemm.api import persistent_grid, target_xcds
 from ..gemm.kernels import RAGGED_K, RAGGED_M, RAGGED_NONE
 from .configs import GemmConfig, select_grouped
 from .formats import BLOCK
 from .gemm import operands
 from .kernels import mx_grouped_gemm_nt
-from .quant import _target
 
 FORMS = (
     "2-D x 3-D (ragged M, with offs), 3-D x 3-D (batched, no offs) or 2-D x 2-D (ragged K, "
@@ -135,7 +135,7 @@ def mx_grouped_mm(
     mx_grouped_gemm_nt[(programs,)](
         a, sa, b, sb, out if out.dim() == 3 else out[None], offs, bias, G, m, n, k,
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,
-        XCDS=target_xcds(tgt, a), **cfg.constexprs(), target=tgt, options=cfg.options(),
+        XCDS=target_xcds(tgt), **cfg.constexprs(), target=tgt, options=cfg.options(),
     )  # fmt: skip
     return out
 

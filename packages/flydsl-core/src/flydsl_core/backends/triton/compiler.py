@@ -241,7 +241,7 @@ class TritonBackend(Backend):
     def deserialize(self, directory: Path) -> TritonExecutable:
         return load_executable(directory, self.target)
 
-    def generate(self, fn: Function, options: dict | None = None) -> GeneratedKernel:
+    def generate(self, fn: Function) -> GeneratedKernel:
         """The Triton source this backend would compile (no compile)."""
         target = self.target
         if not target.is_gpu:
@@ -267,7 +267,7 @@ class TritonBackend(Backend):
             path = write_source(gen)
             return InterpretedExecutable(gen, path, import_source(path))
         opts = triton_options(target, options)
-        gen = self.generate(fn, options)
+        gen = self.generate(fn)
         path = write_source(gen)
         mod = import_source(path)
         jitfn = getattr(mod, gen.name)
