@@ -49,6 +49,7 @@ from .spec import (
     constexpr,
     is_constexpr_annotation,
     is_tensor_annotation,
+    is_tensor_like,
     spec_of,
     typed,
 )
@@ -202,15 +203,17 @@ class Kernel:
             if name in self.constexpr_params:
                 consts[name] = value
                 continue
-            s = spec_of(
-                value, static_dims=self.static_dims.get(name, ()), name=f"{self.name}({name}=...)"
-            )
-            if name in self.tensor_params and s.kind != "tensor":
+            if name in self.tensor_params and not is_tensor_like(value):
                 raise ArgumentError(
                     f"{self.name}: parameter {name!r} is a tensor (annotated fly.Tensor) but got "
                     f"{_described(value)}; pass a torch.Tensor (or a fly.TensorSpec to compile "
                     "ahead of time)"
                 )
+            s = spec_of(
+                value,
+                static_dims=self.static_dims.get(name, ()),
+                name=f"{self.name}: parameter {name!r}",
+            )
             if s.kind == "constexpr":
                 consts[name] = s.value
             else:
