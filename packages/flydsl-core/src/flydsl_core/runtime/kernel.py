@@ -139,6 +139,7 @@ class Kernel:
         # the sources and everything they read are unchanged (armed at the first launch).
         self._fingerprint: str | None = None
         self._guard = _stale
+        self._guard_lookups = 0
         self._constexpr_pos = frozenset(
             i for i, n in enumerate(self.signature.parameters) if n in self.constexpr_params
         )
@@ -181,6 +182,7 @@ class Kernel:
                 self._fast.clear()
                 self._fingerprint = fp
             self._guard = guard.check
+            self._guard_lookups = guard.lookups
 
     def clear_cache(self) -> None:
         """Forget this kernel's in-process compiles (stored ones stay on disk)."""
