@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from .exc import UsageError
+
 #: stages `inspect --stage` can print (which exist depends on the target)
 STAGES = ("flyir", "triton", "ttir", "ttgir", "llir", "amdgcn", "ptx", "hsaco", "cubin")
 #: dtype names the commands take
@@ -28,27 +30,19 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-class UsageError(Exception):
-    """A bad argument: reported in one line, exit status 2."""
-
-    def __init__(self, message: str, prog: str | None = None):
-        super().__init__(message)
-        self.prog = prog
-
-
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument raises ``UsageError`` (one line, exit status 2) instead of
     printing the usage; ``parse(argv)`` returns the namespace or reports the error."""
 
     def error(self, message):
-        raise UsageError(message, self.prog)
+        raise UsageError(message, prog=self.prog)
 
     def parse(self, argv) -> argparse.Namespace | None:
         """The parsed arguments, or None after printing the one-line error."""
         try:
             return self.parse_args(argv)
         except UsageError as e:
-            usage_error(e.prog or self.prog, str(e))
+            usage_error(e.fields.get("prog") or self.prog, e.msg)
             return None
 
 

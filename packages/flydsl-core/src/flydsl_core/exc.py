@@ -153,6 +153,11 @@ class CacheError(FlyDSLError):
     """The compile cache could not be read or written."""
 
 
+class UsageError(FlyDSLError, ValueError):
+    """A command-line argument that is not valid (``flydsl``, ``flydsl-kernels``): reported
+    in one line on stderr, exit status 2."""
+
+
 class CacheCorruptionWarning(UserWarning):
     """A cache entry failed verification; it was removed (or, where it could not be,
     left in place) and the kernel compiled again."""
