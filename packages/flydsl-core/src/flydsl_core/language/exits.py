@@ -26,13 +26,17 @@ import sys
 import textwrap
 import threading
 import types
+import weakref
 
 from ..exc import ControlFlowError, SourceLoc, is_user_code
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
-_cache: dict[types.CodeType, tuple[int, ast.AST] | None] = {}
+#: code -> (first line, AST) of its function (None without source); weak: kernels come and go
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: code -> {(line, kind): the first early exit of the region opened there, or None}
+_regions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 ADVICE = {
@@ -115,20 +119,35 @@ def check_region(kind: str) -> None:
         f = f.f_back
     if f is None:
         return
-    found = _function_ast(f.f_code)
+    with _lock:
+        seen = _regions.setdefault(f.f_code, {})
+    key = (f.f_lineno, kind)
+    found = seen.get(key, _UNSEEN)
+    if found is _UNSEEN:
+        found = seen[key] = _first_exit(f.f_code, f.f_lineno, kind)
+    if found is not None:
+        name, at = found
+        file = f.f_code.co_filename
+        raise ControlFlowError(
+            ADVICE[(kind, name)],
+            loc=SourceLoc(file, at, f.f_code.co_name, linecache.getline(file, at)),
+        )
+
+
+_UNSEEN = object()
+
+
+def _first_exit(code: types.CodeType, lineno: int, kind: str) -> tuple[str, int] | None:
+    """(statement kind, file line) of the first exit leaving the region at ``lineno``."""
+    found = _function_ast(code)
     if found is None:
-        return
+        return None
     start, tree = found
-    line = f.f_lineno - start + 1  # the line in the parsed (dedented) source
+    line = lineno - start + 1  # the line in the parsed (dedented) source
     for node in ast.walk(tree):
         span = _header(node, kind)
         if span is None or not span[0] <= line <= span[1]:
             continue
         for exit_ in _exits(node.body, False):
-            name = type(exit_).__name__
-            at = exit_.lineno + start - 1
-            file = f.f_code.co_filename
-            raise ControlFlowError(
-                ADVICE[(kind, name)],
-                loc=SourceLoc(file, at, f.f_code.co_name, linecache.getline(file, at)),
-            )
+            return type(exit_).__name__, exit_.lineno + start - 1
+    return None
