@@ -192,3 +192,21 @@ def test_hostile_offs_never_reach_outside_the_operands(monkeypatch):
     a2, b2 = torch.randn(5, kk).to(torch.bfloat16), torch.randn(kk, 6).to(torch.bfloat16)
     for values in ([-40, 32, 64], [64, 32, 200]):
         grouped_mm(a2, b2, torch.tensor(values, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "values", [[-5, 7, M], [7, 3, M], [3, 7, 1 << 20], [2**31 - 1, -(2**31), 5]]
+)
+def test_hostile_gpu_offs_do_not_fault(values):
+    """A GPU offs is not read on the host: the kernel's clamps must keep every access inside
+    the operands (a stray one faults or corrupts the context; the next valid call shows it).
+    Guard-buffer checks of the outputs belong to the GPU tier of the report."""
+    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    b = torch.randn(G, K, N, device="cuda").to(torch.bfloat16)
+    grouped_mm(a, b, torch.tensor(values, dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    offs = torch.tensor([3, 7, M], dtype=torch.int32, device="cuda")
+    torch.testing.assert_close(
+        grouped_mm(a, b, offs).float(), torch._grouped_mm(a, b, offs).float(), rtol=1e-2, atol=1e-2
+    )
