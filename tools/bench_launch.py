@@ -13,7 +13,10 @@ work per launch:
   executable (argument extraction, storage and device checks, stream
   lookup) with Triton's ``CompiledKernel.run`` replaced by a no-op, on meta
   tensors so no memory is touched;
-* ``python call``: an empty Python function of the same arguments, the floor.
+* ``python call``: an empty Python function of the same arguments, the floor;
+* ``source guard alone``: the check, run on every launch, that the kernel's
+  sources and what they read are unchanged (``cache/keys.py`` ``SourceGuard``),
+  already included in both flydsl rows.
 
 Rounds are interleaved and the medians printed. The upstream reference
 points are about 5 us (FlyDSL's precompiled path) and 9 us (Triton's JIT
@@ -38,6 +41,7 @@ and below Triton's JIT launch.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 import types
@@ -56,7 +60,12 @@ def add3(x: fly.Tensor, y: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
     out.tile((BLOCK,), i).store(x.tile((BLOCK,), i).load() + y.tile((BLOCK,), i).load())
 
 
-class _NullBackend:
+class _NullBackend(backends.Backend, backends.Executable):
+    """A backend whose executables launch nothing."""
+
+    def __init__(self):
+        pass
+
     def compile(self, fn, spec, options):
         return self
 
@@ -178,7 +187,11 @@ def main(argv=None):
 
 
 def cpu_main(args) -> dict:
-    backends._instances["__null__"] = _NullBackend()
+    with backends.temporary("__null__", _NullBackend()):
+        return _cpu_bench(args)
+
+
+def _cpu_bench(args) -> dict:
     x, y, o = torch.randn(4096), torch.randn(4096), torch.empty(4096)
     g = (4,)
     add3[g](x, y, o, BLOCK=1024, target="__null__")
@@ -192,8 +205,10 @@ def cpu_main(args) -> dict:
     def floor(x, y, o, BLOCK=1024, target=None):
         return None
 
+    guard = add3._guard
     cases = {
         "python call (floor)": lambda: floor(x, y, o, BLOCK=1024, target="__null__"),
+        f"source guard alone ({add3._guard_lookups} lookups)": guard,
         "flydsl runtime": lambda: add3[g](x, y, o, BLOCK=1024, target="__null__"),
         "flydsl + triton host path": lambda: add3[g](mx, my, mo, BLOCK=1024, target="sm90"),
     }
@@ -208,8 +223,9 @@ def cpu_main(args) -> dict:
     fl = statistics.median(results["python call (floor)"])
     for k, v in results.items():
         m = statistics.median(v)
-        table.add_row(k, f"{m:.2f}", f"{m - fl:.2f}")
+        table.add_row(k, f"{m:.2f}", f"{m - fl:.2f}" if not k.startswith("source") else "-")
     Console(width=120).print(table)
+    print(json.dumps({k: round(statistics.median(v), 3) for k, v in results.items()}))
     print(
         "goal: at most 5 us of our own Python per launch (FlyDSL precompiled ~5 us, Triton JIT ~9 us upstream)"
     )

@@ -107,13 +107,13 @@ def select_cases(select: Sequence[str] | None, fams: dict | None = None):
         if not any(_matches(t, k) for k in keys) and not any(_matches(t, b[0]) for b in chosen)
     ]
     if unknown:
-        lines = [f"no case matches {', '.join(map(repr, unknown))}.", "families:"]
-        for name, fam in fams.items():
-            lines.append(f"  {name}: {fam.description}" if fam.description else f"  {name}")
+        text = (
+            f"no case matches {', '.join(map(repr, unknown))}; families: {', '.join(fams)} "
+            "(`flydsl-kernels report --list` lists the cases)"
+        )
         for n, e, _ in broken:
-            lines.append(f"(the cases of {n} could not be listed: {_err_text(e)})")
-        lines.append("see `flydsl-kernels report --list` for the cases")
-        raise SelectionError("\n".join(lines))
+            text += f"; the cases of {n} could not be listed: {_err_text(e)}"
+        raise SelectionError(text)
     return cases, chosen
 
 
@@ -405,7 +405,9 @@ def collect(
         step("check", len(cases), len(cases), "")
 
     if time_gpu is None:
-        time_gpu = device not in ("cpu", "cpu-reference", "cpu-interpret")
+        from ._target import check_target
+
+        time_gpu = check_target(device) is None
     if time_gpu:
         timed = [(c, r) for c, r in zip(cases, rows) if c.run is not None]
         peak = _peak_hbm_tb_s(device)
@@ -527,8 +529,29 @@ def _console(stderr: bool = False):
     return c if c.is_terminal else Console(stderr=stderr, width=200)
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive int")
+    return n
+
+
+def _json_path(text: str) -> str:
+    from pathlib import Path
+
+    p = Path(text).expanduser()
+    if p.is_dir() or not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a file in an existing directory")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from flydsl_core.cli import Parser, target_name
+
+    p = Parser(
         prog="flydsl-kernels report",
         description="Compile every shipped kernel and default config, check it, and print "
         "its resources (and GPU times vs ATen where a GPU is present) in one table.",
@@ -539,17 +562,22 @@ def build_parser() -> argparse.ArgumentParser:
         "error is above tolerance (> 1); 2 usage error (e.g. a term that matches nothing).",
     )
     p.add_argument("select", nargs="*", metavar="SELECT", help="cases to report (default: all)")
-    p.add_argument("--target", default="gfx950", help="compile target (default: gfx950)")
+    p.add_argument(
+        "--target", type=target_name, default=None, help="compile target, a name or alias "
+        "(default: $FLYDSL_TARGET, else gfx950)",
+    )  # fmt: skip
     p.add_argument(
         "--device",
         default="auto",
         choices=["auto", "cpu", "cpu-interpret", "cuda"],
         help="where checks run: auto = cuda if a GPU is present, else cpu (reference backend)",
     )
-    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    p.add_argument(
+        "--json", metavar="PATH", type=_json_path, help="also write the rows as JSON to PATH"
+    )
     p.add_argument("--no-check", action="store_true", help="compile and report resources only")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
-    p.add_argument("--reps", type=int, default=50, help="timed reps per case on a GPU")
+    p.add_argument("--reps", type=_positive, default=50, help="timed reps per case on a GPU")
     p.add_argument("--no-time", action="store_true", help="no GPU timing (compile and check)")
     p.add_argument(
         "--shard",
@@ -638,12 +666,33 @@ def _collect_with_bar(args, device: str) -> list[dict[str, Any]]:
         )
 
 
+def target_name_from_env() -> str:
+    """``$FLYDSL_TARGET``'s canonical name (an unknown one names the variable)."""
+    from flydsl_core.targets import resolve_target
+
+    return resolve_target().name
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (see the module doc)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:  # `flydsl-kernels report ...`; the subcommand word is optional
         argv = argv[1:]
-    args = build_parser().parse_args(argv)
+    from flydsl_core import settings
+    from flydsl_core.cli import usage_error
+    from flydsl_core.exc import SettingsError, UnknownTargetError
+
+    parser = build_parser()
+    args = parser.parse(argv)
+    if args is None:
+        return 2
+    try:
+        settings.check_all()  # a bad FLYDSL_* value is a one-line usage error
+        if args.target is None:
+            env = settings.get("FLYDSL_TARGET")
+            args.target = "gfx950" if env is None else target_name_from_env()
+    except (SettingsError, UnknownTargetError) as e:
+        return usage_error(parser.prog, e.msg)
     logging.basicConfig(
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
         format="%(levelname)s %(name)s: %(message)s",
@@ -652,12 +701,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.list:
             return _list(args.select)
         device = resolve_device(args.device)
-        rows = _collect_with_bar(args, device)  # a bad selection raises before any compile
+        select_cases(args.select)  # a bad selection raises before the progress bar starts
+        rows = _collect_with_bar(args, device)
     except SelectionError as e:
-        from rich.markup import escape
-
-        _console(stderr=True).print(f"[red]error:[/] {escape(str(e))}", highlight=False)
-        return 2
+        return usage_error(parser.prog, str(e))
 
     import torch
 

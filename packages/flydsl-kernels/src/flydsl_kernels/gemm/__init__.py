@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_target as _check_target
 from . import configs, reference
 from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm
 from .kernels import KERNELS
@@ -36,12 +37,8 @@ def _err(out, ref) -> float:
     return float(((out - ref).abs() / (atol + rtol * ref.abs())).max()) if out.numel() else 0.0
 
 
-def _cpu(device):
-    return device in ("cpu", "cpu-reference", "cpu-interpret")
-
-
-def _check_target(device):
-    return ("cpu-reference" if device == "cpu" else device) if _cpu(device) else None
+def _cpu(device) -> bool:
+    return _check_target(device) is not None
 
 
 def _nt(m, n, k, device, seed=0):

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from .._offs import check_offs
 from .._target import table_target
 from .._target import tensor_target as _target
 from . import configs
@@ -161,7 +162,7 @@ def gemm(
     s = max(1, min(int(s), math.ceil(K / cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
     common = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt, a),
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
         EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
         target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
@@ -221,7 +222,11 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     * 3-D x 2-D ``(G, M, K) x (K, N) -> (M, N)``: columns ``offs[g-1]:offs[g]``
       use ``mat_a[g]`` (ragged N).
 
-    Empty groups produce nothing (ragged M / N) or zeros (ragged K).
+    Empty groups produce nothing (ragged M / N) or zeros (ragged K). ``offs`` follows
+    torch's rule (``_offs.py``): non-negative, non-decreasing, at most the ragged extent;
+    rows / columns past ``offs[-1]`` are left unwritten. A broken rule is a ``ValueError``
+    (a list or another dtype a ``TypeError``) where ``offs`` is on the CPU; a GPU ``offs`` is
+    not read on the host, and the kernel clamps it, so nothing outside the operands is touched.
     ``bias``: ``(G, N)``, one row per group, for the 2-D x 3-D and 3-D x 3-D forms.
     """
     _check_operands(mat_a, mat_b, "grouped_mm")
@@ -240,17 +245,16 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
             raise ValueError("grouped_mm: 3-D x 3-D batch sizes differ")
         G = mat_a.shape[0]
     else:
-        if offs is None:
-            raise ValueError("grouped_mm: a 2-D operand needs offs (int32 cumulative ends)")
-        if offs.dtype != torch.int32 or offs.dim() != 1:
-            raise TypeError(
-                f"grouped_mm offs must be a 1-D int32 tensor, got {offs.dtype} {offs.dim()}-D"
-            )
+        groups = {RAGGED_M: mat_b.shape[0], RAGGED_N: mat_a.shape[0]}.get(ragged)
+        dim, extent = {
+            RAGGED_M: ("row", mat_a.shape[0]),
+            RAGGED_N: ("column", mat_b.shape[1]),
+            RAGGED_K: ("K", mat_a.shape[1]),
+        }[ragged]
+        offs = check_offs(
+            offs, groups=groups, extent=extent, dim=dim, device=mat_a.device, what="grouped_mm"
+        )
         G = offs.shape[0]
-        if ragged == RAGGED_M and mat_b.shape[0] != G:
-            raise ValueError(f"grouped_mm: mat_b has {mat_b.shape[0]} groups, offs {G}")
-        if ragged == RAGGED_N and mat_a.shape[0] != G:
-            raise ValueError(f"grouped_mm: mat_a has {mat_a.shape[0]} groups, offs {G}")
     M = mat_a.shape[-2]
     K = mat_a.shape[-1]
     N = mat_b.shape[-1]

@@ -212,10 +212,10 @@ def compile_config(cfg: Config, M=4096, N=4096, K=4096, dtype="bf16", target=TAR
 def xcds(target) -> int:
     """XCDs the program ids are remapped across: the target's count (1 where it has none and on
     the CPU backends)."""
-    if target is None or str(target).startswith("cpu"):
-        return 1
-    from flydsl_core.targets import get_target
+    from flydsl_core.targets import get_target, is_cpu_target
 
+    if target is None or is_cpu_target(target):
+        return 1
     return get_target(target).num_xcds or 1
 
 
@@ -477,9 +477,11 @@ def select_grouped(m_per_group: int, N: int, K: int, target=None) -> Config:
 
 
 def grouped_programs(target) -> int:
-    """Programs of the persistent grouped kernel: two per CU / SM on GPUs (the tiles loop
-    inside); a few on the CPU backends, which run programs one after another anyway."""
-    if target is not None and str(target).startswith("cpu"):
+    """Programs of the persistent grouped kernel: two per CU / SM on GPUs (the tiles loop inside);
+    a few on the CPU backends, which run programs one after another anyway."""
+    from flydsl_core.targets import is_cpu_target
+
+    if target is not None and is_cpu_target(target):
         return 4
     return 2 * _cus(target)
 

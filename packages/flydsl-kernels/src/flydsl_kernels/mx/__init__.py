@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_device as _dev
+from .._target import check_target as _check_target
 from . import baseline, configs, reference
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .gemm import mx_gemm
@@ -36,16 +38,6 @@ _CHECK_QUANT = (4, 256)
 _CHECK_GEMM = (5, 48, 256)
 #: (rows, experts, N, K) of the grouped CPU check
 _CHECK_GROUPED = (24, 5, 40, 160)
-
-
-def _check_target(device):
-    if device in ("cpu", "cpu-reference", "cpu-interpret"):
-        return "cpu-reference" if device == "cpu" else device
-    return None
-
-
-def _dev(device):
-    return "cpu" if device in ("cpu", "cpu-reference", "cpu-interpret") else device
 
 
 def _randn(shape, device, seed):

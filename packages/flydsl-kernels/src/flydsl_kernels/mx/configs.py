@@ -205,9 +205,8 @@ def compile_gemm(m, n, k, a_format, b_format, cfg: GemmConfig | None = None, tar
 def compile_quant(m, k, elem, cfg: QuantConfig | None = None, in_dtype="bf16", target=TARGET):
     from flydsl_core import TensorSpec
 
-    from .formats import elem_format
+    from .formats import elem_format, quant_constexprs
     from .kernels import mx_quantize
-    from .quant import quant_constexprs
 
     fmt = elem_format(elem)
     cfg = cfg or select_quant(m, k, target)
@@ -229,9 +228,8 @@ def compile_quant(m, k, elem, cfg: QuantConfig | None = None, in_dtype="bf16", t
 def compile_dequant(m, k, elem, cfg: DequantConfig | None = None, out_dtype="bf16", target=TARGET):
     from flydsl_core import TensorSpec
 
-    from .formats import elem_format
+    from .formats import dequant_constexprs, elem_format
     from .kernels import mx_dequantize
-    from .quant import dequant_constexprs
 
     fmt = elem_format(elem)
     cfg = cfg or select_dequant(m, k, target)

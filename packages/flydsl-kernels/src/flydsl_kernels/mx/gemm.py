@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 
 from .._target import table_target
+from .._target import tensor_target as _target
 from .configs import GemmConfig, select_gemm
 from .formats import BLOCK, elem_bytes, elem_format, scale_bytes
 from .kernels import mx_gemm_nt
-from .quant import _target
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

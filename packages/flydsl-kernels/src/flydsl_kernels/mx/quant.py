@@ -20,34 +20,20 @@ import torch
 from .._target import table_target
 from .._target import tensor_target as _target
 from .configs import DequantConfig, QuantConfig, select_dequant, select_quant
-from .formats import BLOCK, SCALE_DTYPE, check_block, elem_bytes, elem_format, scale_bytes
+from .formats import (
+    BLOCK,
+    SCALE_DTYPE,
+    check_block,
+    dequant_constexprs,
+    elem_bytes,
+    elem_format,
+    quant_constexprs,
+    scale_bytes,
+)
 from .kernels import mx_dequantize, mx_quantize
 
 SUPPORTED_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 OUT_DTYPES = SUPPORTED_INPUTS
-
-
-def _elem_constexprs(fmt, names) -> dict:
-    fmt = elem_format(fmt)
-    every = {
-        "EMAX": fmt.emax,
-        "MB": fmt.mbits,
-        "BIAS": fmt.bias,
-        "MAXB": fmt.max_bits,
-        "PACK": fmt.per_byte,
-        "INF": fmt.has_inf,
-    }
-    return {n: every[n] for n in names}
-
-
-def quant_constexprs(fmt) -> dict:
-    """The element-format constexprs of ``mx_quantize``."""
-    return _elem_constexprs(fmt, ("EMAX", "MB", "BIAS", "MAXB", "PACK"))
-
-
-def dequant_constexprs(fmt) -> dict:
-    """The element-format constexprs of ``mx_dequantize``."""
-    return _elem_constexprs(fmt, ("MB", "BIAS", "MAXB", "PACK", "INF"))
 
 
 def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK, *, target=None, config=None):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_device as _dev
+from .._target import check_target as _check_target
 from . import configs, reference
 from .api import SUPPORTED_DTYPES, fused_add_rms_norm, rms_norm, rms_norm_backward
 from .kernels import KERNELS
@@ -53,18 +55,6 @@ def _inputs(m, n, dtype, device, seed=0):
 
 def _size(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _check_target(device):
-    return (
-        None
-        if device not in ("cpu", "cpu-reference", "cpu-interpret")
-        else ("cpu-reference" if device == "cpu" else device)
-    )
-
-
-def _dev(device):
-    return "cpu" if device in ("cpu", "cpu-reference", "cpu-interpret") else device
 
 
 def _forward_case(m, n, dtype, mode=None):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .._target import check_device, check_target
 from ..registry import Family, ReportCase
 from . import configs, kernels, reference
 from .api import topk, topk_rows
@@ -44,19 +45,9 @@ UPSTREAM = {
 }
 
 
-#: the CPU "devices" a check may name: the tensors live on the CPU, the kernels run on that backend
-_CPU_BACKENDS = {
-    "cpu": "cpu-reference",
-    "cpu-reference": "cpu-reference",
-    "cpu-interpret": "cpu-interpret",
-}
-
-
 def _inputs(m, n, dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn((m, n), generator=g).to(dtype).to("cpu" if device in _CPU_BACKENDS else device)
-    )
+    return torch.randn((m, n), generator=g).to(dtype).to(check_device(device))
 
 
 def _mismatch(x, k, largest=True, target=None) -> float:
@@ -73,9 +64,9 @@ def _mismatch(x, k, largest=True, target=None) -> float:
 def _check_topk(m, n, k, device) -> float:
     """The check of a (m, n, k) problem; cases reporting stages of one pipeline share it."""
     # the reference backend runs programs one by one: few rows there (all of them on a GPU)
-    cpu = device in _CPU_BACKENDS
+    cpu = check_target(device) is not None
     mm = m if not cpu else (8 if n <= 8192 else 2 if n <= 65536 else 1)
-    t = _CPU_BACKENDS.get(device)
+    t = check_target(device)
     return max(
         _mismatch(_inputs(mm, n, torch.float32, device, n + k), k, target=t),
         _mismatch(_inputs(mm, n, torch.float32, device, n - k), k, largest=False, target=t),
@@ -273,7 +264,7 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
 
     def inputs(device, tt):
         g = torch.Generator().manual_seed(e + top_k)
-        dev = "cpu" if device in _CPU_BACKENDS else device
+        dev = check_device(device)
         logits = torch.randn(tt, e, generator=g).to(dtype).to(dev)
         bias = (torch.randn(e, generator=g) * 0.1).to(dev) if sc == 1 else None
         return logits, bias
@@ -291,8 +282,8 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
         )
 
     def check(device, target=None):
-        logits, bias = inputs(device, t if device not in _CPU_BACKENDS else 64)
-        w, ids = moe_router(logits, top_k, bias=bias, target=_CPU_BACKENDS.get(device), **kw)
+        logits, bias = inputs(device, t if check_target(device) is None else 64)
+        w, ids = moe_router(logits, top_k, bias=bias, target=check_target(device), **kw)
         if sc == 0:
             rw, rids = reference.qwen3_moe_router(logits, top_k, kw.get("renormalize", False))
             rw, rids = reference.in_kernel_order(rw, rids, logits.float())
