@@ -38,7 +38,7 @@ import torch
 FAMILIES = ("gemm", "attention", "norm", "moe", "other")
 PHASE_PREFIX = "flydsl_models::phase::"
 MODULE_PREFIX = "flydsl_models::module::"
-FLYDSL_PREFIXES = ("torch_flydsl::", "flydsl::")
+OUR_OP_PREFIXES = ("torch_flydsl::", "flydsl::")
 
 _FLYDSL_OP_FAMILY = {
     "hf_rms_norm": "norm",
@@ -89,7 +89,7 @@ def flydsl_kernel_names() -> frozenset[str]:
 
 
 def _is_flydsl(name: str) -> bool:
-    return name.startswith(FLYDSL_PREFIXES)
+    return name.startswith(OUR_OP_PREFIXES)
 
 
 def _flydsl_family(name: str) -> str:

@@ -185,10 +185,9 @@ def gemm(
     return result
 
 
-def target_xcds(target, t) -> int:
-    """XCDs to remap the pid across: the launch target's XCD count (1 on the CPU backends;
-    the device's own where ``target`` is None)."""
-    return configs.xcds(target if target is not None else table_target(t, None))
+def target_xcds(target) -> int:
+    """XCDs to remap the pid across: the launch target's XCD count (1 on the CPU backends)."""
+    return configs.xcds(target)
 
 
 # -- grouped ---------------------------------------------------------------------------------------
@@ -280,7 +279,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     grouped_gemm_kernel[(programs,)](
         a3, b3, o3, offs, bias, G, M, N, K,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt, mat_a), GROUP_M=cfg.GROUP_M,
+        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt), GROUP_M=cfg.GROUP_M,
         target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
     return out
