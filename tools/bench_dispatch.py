@@ -1,6 +1,6 @@
 """Dispatch overhead of torch_flydsl's eager overrides, measured on the CPU test backend.
 
-    uv run python tools/bench_dispatch.py [--rounds 31] [--calls 2000]
+    uv run python tools/bench_dispatch.py [--rounds 31] [--calls 2000] [--json PATH]
 
 Per call, medians over interleaved rounds in one process (each round times a
 batch of plain ATen calls with the overrides removed, then the same calls
@@ -63,7 +63,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=31)
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     a = p.parse_args(argv)
+    rows = []
     torch.set_num_threads(1)
 
     x64 = torch.randn(4, 64, dtype=torch.float64)
@@ -122,6 +124,7 @@ def main(argv=None):
             hit = sum(v["hits"] for v in st.values())
             assert (hit > 0) == eligible, (name, st)
             table.add_row(name, f"{ta:.2f}", f"{to:.2f}", f"{to - ta:+.2f}")
+            rows.append({"case": name, "aten_us": ta, "ours_us": to, "added_us": to - ta})
     finally:
         overrides._K.clear()
         overrides._K.update(saved)
@@ -145,6 +148,13 @@ def main(argv=None):
         f"{to:.2f}",
         f"{to - ta:+.2f}",
     )
+    rows.append({"case": "floor", "aten_us": ta, "ours_us": to, "added_us": to - ta})
+    if a.json:
+        import json
+
+        doc = {"device": "cpu", "torch": torch.__version__, "rounds": a.rounds, "calls": a.calls}
+        with open(a.json, "w") as f:
+            json.dump({**doc, "rows": rows}, f, indent=2)
     Console().print(table)
     Console().print(
         "'up to launch' rows: the FlyDSL kernel is a no-op here, so 'added' compares our dispatch "

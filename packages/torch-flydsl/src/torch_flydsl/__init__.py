@@ -15,15 +15,16 @@ Eager overrides of the ops users already call: ``F.rms_norm`` /
 
 ``FLYDSL_TORCH=1`` enables at import (``FLYDSL_TORCH_DEVICE=cpu`` picks the
 CPU backend). Importing this package compiles nothing and touches no GPU:
-kernels are imported and compiled on the first eligible call. DESIGN.md
-describes the precedence, predicate order and gate table.
+kernels are imported and compiled on the first eligible call. The design
+(precedence, predicate order, gate table) is in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
+
+from flydsl_core import settings as _settings
 
 # The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
 # name on the package: a first load later would rebind the package attribute to the module.
@@ -45,7 +46,7 @@ _precedence: dict[str, str] = {}  # device -> the precedence used by its last en
 
 
 def _precedence_of(value) -> str:
-    p = (value or os.environ.get("FLYDSL_TORCH_PRECEDENCE", "") or "ours").strip().lower()
+    p = str(value).strip().lower() if value else _settings.get("FLYDSL_TORCH_PRECEDENCE")
     if p not in PRECEDENCES:
         raise ValueError(
             f"precedence {p!r}: expected one of {PRECEDENCES} (FLYDSL_TORCH_PRECEDENCE)"
@@ -217,5 +218,5 @@ __all__ = [
     "status",
 ]
 
-if os.environ.get("FLYDSL_TORCH", "").strip().lower() in ("1", "true", "yes", "on"):
+if _settings.get("FLYDSL_TORCH"):  # strict: FLYDSL_TORCH=bogus is a SettingsError here
     enable()
