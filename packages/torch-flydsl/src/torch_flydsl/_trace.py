@@ -35,8 +35,20 @@ TARGETS = {"gfx950": "gfx950", "gfx942": "gfx942", "gfx1250": "gfx1250", "sm90":
 _AMD_OPTIONS = ("matrix_instr_nonkdim", "kpack", "waves_per_eu")
 
 
+#: CPU tensors normally decompose into the opaque ``flydsl::<op>_cpu`` twins (library.py);
+#: the tests set this to ``"cpu-interpret"`` to trace them into wrap_triton kernels too (for
+#: Triton's interpreter), which checks the traced path's wiring on a machine without a GPU
+CPU_TRACE_TARGET: str | None = None
+
+
+def traces_cpu() -> bool:
+    return CPU_TRACE_TARGET is not None
+
+
 def target_for(t: torch.Tensor) -> str:
     """The FlyDSL target of ``t``'s device (its arch; ``$FLYDSL_GPU_ARCH`` overrides)."""
+    if t.device.type == "cpu" and CPU_TRACE_TARGET is not None:
+        return CPU_TRACE_TARGET
     arch = _runtime.resolve_arch(t.device.index)
     tgt = TARGETS.get(arch or "")
     if tgt is None:

@@ -36,7 +36,15 @@ import torch
 from torch.library import custom_op, triton_op
 
 from . import _runtime
-from ._trace import by_m, dense_ranges, grouped_ranges, mx_grouped_ranges, mx_ranges, sink
+from ._trace import (
+    by_m,
+    dense_ranges,
+    grouped_ranges,
+    mx_grouped_ranges,
+    mx_ranges,
+    sink,
+    traces_cpu,
+)
 from .ops._kernels import kernel
 from .stats import get as _stat
 
@@ -98,7 +106,7 @@ def gemm(
     args = (a, b, bias, c, residual, alpha, beta, activation, out_dtype)
     if _real(a):
         return _eager("gemm", lambda: _gemm_call(*args, target=_target(a)))
-    if a.device.type == "cpu":
+    if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.gemm_cpu(*args)
     tensors, unpack = _opt((a, b, bias, c, residual))
     M, N, K = a.shape[-2], b.shape[-1], a.shape[-1]
@@ -128,7 +136,7 @@ def swiglu(a: Tensor, w_gate: Tensor, w_up: Tensor, out_dtype: torch.dtype | Non
             "swiglu",
             lambda: kernel("swiglu")(a, w_gate, w_up, out_dtype=out_dtype, target=_target(a)),
         )
-    if a.device.type == "cpu":
+    if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.swiglu_cpu(a, w_gate, w_up, out_dtype)
     M, N, K = a.shape[-2], w_gate.shape[-1], a.shape[-1]
     batch = max(a.shape[0] if a.dim() == 3 else 1, w_gate.shape[0] if w_gate.dim() == 3 else 1)
@@ -164,7 +172,7 @@ def grouped_mm(
             "grouped_mm",
             lambda: kernel("grouped_mm")(a, b, offs, bias, out_dtype, target=_target(a)),
         )
-    if a.device.type == "cpu":
+    if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.grouped_mm_cpu(a, b, offs, bias, out_dtype)
     tensors, unpack = _opt((a, b, offs, bias))
     ragged_m = a.dim() == 2 and b.dim() == 3
@@ -207,7 +215,7 @@ def mx_mm(
             "mx_mm",
             lambda: kernel("mx_gemm")(*args, bias=bias, out_dtype=out_dtype, target=_target(a)),
         )
-    if a.device.type == "cpu":
+    if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.mx_mm_cpu(*args, bias, out_dtype)
     tensors, unpack = _opt((a, a_scale, b, b_scale, bias))
 
@@ -249,7 +257,7 @@ def mx_grouped_mm(
                 *args, bias=bias, out_dtype=out_dtype, target=_target(a)
             ),
         )
-    if a.device.type == "cpu":
+    if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.mx_grouped_mm_cpu(*args, bias, out_dtype)
     tensors, unpack = _opt((a, a_scale, b, b_scale, offs, bias))
     ragged_m = a.dim() == 2 and b.dim() == 3

@@ -123,16 +123,32 @@ def match_activation(x: fx.Node) -> tuple[str, fx.Node, list[fx.Node]] | None:
 
 
 def same_value(a, b) -> bool:
-    """Two nodes that compute the same tensor: one node, or the same view of the same value."""
+    """Two arguments that hold the same value: one node; two size expressions the shape
+    environment proves equal; or the same view of the same tensor."""
     if a is b:
         return True
     if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
+        if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+            return _same_size(_val(a) if isinstance(a, fx.Node) else a,
+                              _val(b) if isinstance(b, fx.Node) else b)  # fmt: skip
         return a == b
+    va, vb = _val(a), _val(b)
+    if isinstance(va, torch.SymInt) or isinstance(vb, torch.SymInt):
+        return _same_size(va, vb)
     if a.target != b.target or a.target not in VIEWS or a.kwargs != b.kwargs:
         return False
     if len(a.args) != len(b.args) or not same_value(a.args[0], b.args[0]):
         return False
-    return all(same_value(x, y) for x, y in zip(_flat(a.args[1:]), _flat(b.args[1:])))
+    fa, fb = _flat(a.args[1:]), _flat(b.args[1:])
+    return len(fa) == len(fb) and all(same_value(x, y) for x, y in zip(fa, fb))
+
+
+def _same_size(x, y) -> bool:
+    from ..ops import _sym
+
+    if not isinstance(x, (int, torch.SymInt)) or not isinstance(y, (int, torch.SymInt)):
+        return False
+    return _sym.eq(x, y)
 
 
 def _flat(args):

@@ -220,7 +220,9 @@ def _vals(args):
 
 
 def _decompose(settings: Settings, val) -> bool:
-    return settings.kernels == "triton" and val.device.type == "cuda"
+    from .._trace import traces_cpu
+
+    return settings.kernels == "triton" and (val.device.type == "cuda" or traces_cpu())
 
 
 class Rewriter:

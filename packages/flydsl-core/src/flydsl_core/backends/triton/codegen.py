@@ -714,6 +714,10 @@ def cast_expr(cx: Lowering, x: str, src: dt.DType, to: dt.DType) -> str:
         if src != dt.fp32:
             x = cast_expr(cx, x, src, dt.fp32)
         return f"{cx.helper('_fly_to_bf16', _TO_BF16_HELPER)}({x})"
+    if cx.interpret and to.is_int and src.is_int:
+        # index widening: the interpreter's loop variables are Python ints (no .to);
+        # tl.cast takes both
+        return f"tl.cast({x}, {t})"
     return f"{x}.to({t})"
 
 
@@ -1482,10 +1486,12 @@ def generate(
             if p.kind != "tensor":
                 cx.bind(p.value, TV(pnames[p.value.id], (), p.value.type.dtype))
     # Parameters Triton types from the signature; the interpreter types ints by value,
-    # so 64-bit ones are widened explicitly (a no-op when compiled).
+    # so 64-bit ones are widened explicitly (a no-op when compiled). tl.cast, not .to: a
+    # launcher that specializes an argument equal to 1 into a constexpr (Triton's JIT,
+    # its interpreter; torch's wrap_triton hands our kernels to them) passes a plain int.
     for kp in params:
         if kp.sig == "i64":
-            cx.emit(f"{kp.name} = {kp.name}.to(tl.int64)")
+            cx.emit(f"{kp.name} = tl.cast({kp.name}, tl.int64)")
         elif interpret and kp.kind == "scalar" and kp.sig.startswith("fp"):
             cx.emit(
                 f"{kp.name} = tl.full((), {kp.name}, tl.{_TL_FLOAT[kp.sig]})"
