@@ -193,9 +193,12 @@ def _strip_view(n: fx.Node):
 
 
 def _row_like(v, n_cols) -> bool:
-    """An ``(N,)``, ``(1, N)``, ``(1, 1, N)`` ... tensor."""
+    """An ``(N,)``, ``(1, N)``, ``(1, 1, N)`` ... tensor (no guard on a symbolic size: a
+    size that may be 1 or not is not a row)."""
+    from ..ops import _sym
+
     shape = tuple(v.shape)
-    return len(shape) >= 1 and shape[-1] == n_cols and all(s == 1 for s in shape[:-1])
+    return len(shape) >= 1 and _sym.eq(shape[-1], n_cols) and all(_sym.eq(s, 1) for s in shape[:-1])
 
 
 def extend(root: fx.Node) -> Chain:
@@ -227,7 +230,7 @@ def extend(root: fx.Node) -> Chain:
                 tv.dim() == 2
                 and ov.dim() == 2
                 and _sym.eq(ov.shape[0], tv.shape[0])
-                and ov.shape[1] == 1
+                and _sym.eq(ov.shape[1], 1)
                 and ov.device == tv.device
             ):
                 chain.bias, chain.bias_rows, tip = other, True, u
@@ -313,8 +316,10 @@ def _swiglu_pair(mul, x, y) -> SwiGLU | None:
         return None
     if not same_value(gate.args[0], up.args[0]):
         return None
+    from ..ops import _sym
+
     gv, uv = _val(gate.args[1]), _val(up.args[1])
-    if tuple(gv.shape) != tuple(uv.shape) or gv.dtype != uv.dtype:
+    if not _sym.shape_eq(tuple(gv.shape), tuple(uv.shape)) or gv.dtype != uv.dtype:
         return None
     return SwiGLU(mul, gate, up, gate_shape)
 

@@ -125,10 +125,13 @@ def _trace(fn, inputs, decompose: bool) -> tuple[fx.GraphModule, list]:
             f[i] = v
         return fn(*pytree.tree_unflatten(f, spec))
 
+    from torch._inductor.decomposition import select_decomp_table
+
     mode = detect_fake_mode(vals)
     body = dispatch_functionalize(traced) if decompose else traced
+    # Inductor's decompositions, as for the rest of a post-grad graph (``t`` -> ``permute``)
     with mode, enable_python_dispatcher(), preserve_node_meta():
-        gm = make_fx(body, tracing_mode="real")(*vals)
+        gm = make_fx(body, select_decomp_table(), tracing_mode="real")(*vals)
     return gm, [flat[i] for i in where]
 
 

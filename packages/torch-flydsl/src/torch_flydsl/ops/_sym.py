@@ -1,6 +1,12 @@
-"""Size checks that work on ints and, without adding a guard, on symbolic sizes (the torch.compile
-pass runs the spec predicates on FakeTensors): a symbolic fact counts only where the shape
-environment proves it for every value."""
+"""Size checks that work on ints and on symbolic sizes (the torch.compile pass runs the spec
+predicates on FakeTensors).
+
+Two kinds of sizes: the rows (M, tokens; dynamic in serving) are never guarded on, so one
+graph serves every M: a fact about them counts only where the shape environment proves it
+for every value (``eq``, ``known_zero``). The sizes FlyDSL compiles a kernel for (N, K, the
+scales' K blocks, the group count) are model constants: ``fixed`` specializes a symbolic one
+to its value with a guard, as Dynamo does for weights (a different value then recompiles);
+None only where no value is known (an unbacked size)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,16 @@ def static(v):
     if hasattr(v, "node"):
         return v.node.maybe_as_int()
     return int(v)
+
+
+def fixed(v):
+    """``v`` as an int, specializing a backed symbolic size (a guard); None if unbacked."""
+    s = static(v)
+    if s is not None:
+        return s
+    if not v.node.has_hint():
+        return None
+    return int(v)  # guards on the value: N / K / groups are the model's constants
 
 
 def hint(v) -> int:

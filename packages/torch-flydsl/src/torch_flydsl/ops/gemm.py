@@ -37,7 +37,7 @@ def _operands(ctx, a, b, batched: bool) -> str | None:
         return "params"
     if not _sym.eq(a.shape[-1], b.shape[-2]) or (batched and not _sym.eq(a.shape[0], b.shape[0])):
         return "params"
-    n, k = _sym.static(b.shape[-1]), _sym.static(a.shape[-1])
+    n, k = _sym.fixed(b.shape[-1]), _sym.fixed(a.shape[-1])
     if n is None or k is None:
         return "dynamic"
     m = a.shape[-2]

@@ -75,7 +75,7 @@ def reason(ctx, a, b, offs=None, bias=None, out_dtype=None) -> str | None:
             return "params"
         if (da, db) == (3, 2) and not _sym.eq(a.shape[0], groups):
             return "params"
-    n, k, g = _sym.static(b.shape[-1]), _sym.static(a.shape[-1]), _sym.static(groups)
+    n, k, g = _sym.fixed(b.shape[-1]), _sym.fixed(a.shape[-1]), _sym.fixed(groups)
     if (da, db) == (2, 2):
         k = 1  # ragged K: the contraction is split by offs, any length
     if n is None or k is None or g is None:

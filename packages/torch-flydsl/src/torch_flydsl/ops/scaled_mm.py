@@ -92,7 +92,7 @@ def _formats(ctx, a, b, sa, sb) -> tuple[str | None, tuple | None]:
 
 def _scale_ok(s, rows, kb, swizzle) -> bool:
     if swizzle == NO_SWIZZLE:
-        return s.dim() == 2 and _sym.eq(s.shape[0], rows) and _sym.eq(s.shape[1], kb)
+        return s.dim() == 2 and _sym.eq(s.shape[0], rows) and _sym.fixed(s.shape[1]) == kb
     if swizzle == SWIZZLE_32_4_4:
         return _sym.eq(s.numel(), swizzled_numel(rows, kb)) and s.is_contiguous()
     return False
@@ -114,7 +114,7 @@ def _mm_reason(ctx, a, b, sa, sb, bias, out_dtype, swz_a, swz_b) -> str | None:
     k = _k(a, fa)
     if not _sym.eq(k, b.shape[0] * (2 if fb == "e2m1" else 1)):
         return "params"
-    n, ks = _sym.static(b.shape[1]), _sym.static(k)
+    n, ks = _sym.fixed(b.shape[1]), _sym.fixed(k)
     if n is None or ks is None:
         return "dynamic"
     if ks % BLOCK:
@@ -261,7 +261,7 @@ def gv2_reason(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtyp
     k = _k(a, fa)
     if not _sym.eq(k, b.shape[-2] * (2 if fb == "e2m1" else 1)):
         return "params"
-    n, ks = _sym.static(b.shape[-1]), _sym.static(k)
+    n, ks = _sym.fixed(b.shape[-1]), _sym.fixed(k)
     if n is None or ks is None:
         return "dynamic"
     if ks % BLOCK:
@@ -274,15 +274,20 @@ def gv2_reason(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtyp
         return "params"
     if form == (2, 3) and not _sym.eq(b.shape[0], groups):
         return "params"
-    g = _sym.static(groups)
+    g = _sym.fixed(groups)
     if g is None:
         return "dynamic"
     kb = ks // BLOCK
     lead_a = (a.shape[0],) if form == (3, 3) else ()
     lead_b = (b.shape[0],) if b.dim() == 3 else ()
-    if not _sym.shape_eq(tuple(s_a.shape), (*lead_a, a.shape[-2], kb)):
+    if s_a.dim() != a.dim() or s_b.dim() != b.dim():
         return "params"
-    if not _sym.shape_eq(tuple(s_b.shape), (*lead_b, n, kb)):
+    if (
+        not _sym.shape_eq(tuple(s_a.shape[:-1]), (*lead_a, a.shape[-2]))
+        or _sym.fixed(s_a.shape[-1]) != kb
+    ):
+        return "params"
+    if not _sym.shape_eq(tuple(s_b.shape[:-1]), (*lead_b, n)) or _sym.fixed(s_b.shape[-1]) != kb:
         return "params"
     if bias is not None and (form == (2, 2) or not _sym.shape_eq(tuple(bias.shape), (g, n))):
         return "params"
