@@ -597,3 +597,20 @@ def test_compile_fullgraph_no_graph_breaks(cpu_backend, backend):
     torch.testing.assert_close(w.grad, rw.grad, rtol=1e-4, atol=1e-4)
     assert _s("topk")["hits"] >= 1  # the compiled graph's aten.topk ran ours
     torch._dynamo.reset()
+
+
+def test_calibration_plan_covers_every_gate_op():
+    """``torch_flydsl calibrate`` takes its buckets from the specs: every gate op has some, in
+    the dtypes the op runs, and each bucket makes a valid gate rule."""
+    from torch_flydsl.calibrate import plan
+
+    cases = plan(["rms_norm", "topk", "gemm", "grouped_mm", "scaled_mm"], quick=True)
+    ops = {c[0].op for c in cases}
+    assert ops == {"rms_norm", "rms_norm_backward", "topk", "gemm", "grouped_mm", "mx_gemm"}
+    for cal, dt, m, n, k in cases:
+        extra = cal.rule_extra(k) if cal.rule_extra else ({"k": list(k)} if k else {})
+        rule = {"arch": "gfx950", "op": cal.op, "dtype": gates.DTYPE_NAMES[dt], "m": list(m)}
+        gates.Rule.from_json({**rule, "n": list(n), **extra, "source": "test"})
+    assert {gates.DTYPE_NAMES[c[1]] for c in cases if c[0].op == "gemm"} == {"bfloat16", "float16"}
+    narrowed = plan(["gemm"], dtypes=["bfloat16"], quick=True)
+    assert narrowed and all(c[1] == torch.bfloat16 for c in narrowed)
