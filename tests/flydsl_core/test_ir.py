@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -10,7 +11,17 @@ import torch
 import flydsl_core as fly
 from flydsl_core import dtypes as dt
 from flydsl_core.exc import VerifyError
-from flydsl_core.ir import Block, Function, Op, Param, TileType, Value, print_function, verify
+from flydsl_core.ir import (
+    Block,
+    Function,
+    Op,
+    Param,
+    TensorType,
+    TileType,
+    Value,
+    print_function,
+    verify,
+)
 
 pytestmark = pytest.mark.cpu
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
@@ -109,3 +120,75 @@ def test_verifier_rejects_a_region_without_terminator():
 def test_verifier_accepts_traced_kernels():
     x = torch.randn(3, 10)
     verify(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=16))
+
+
+# -- ops declare their shape; every backend has a rule for every op ------------------------------
+
+
+def test_every_op_declares_its_operand_slots_and_effects():
+    from flydsl_core.ir.ops import EFFECTS, OPS
+
+    for name, d in OPS.items():
+        assert d.effects <= set(EFFECTS), name
+        assert d.pure == (not d.effects and not d.terminator), name
+    memory = {n for n, d in OPS.items() if d.reads_memory or d.writes_memory}
+    assert memory == {"load", "store", "atomic_rmw", "atomic_cas"}
+    assert {n for n, d in OPS.items() if d.writes_memory} == {"store", "atomic_rmw", "atomic_cas"}
+    assert OPS["load"].signature == "tensor, offsets, mask?, other?"
+    assert OPS["for"].signature == "lo, hi, step, init*"
+
+
+def _ops_needing_rules():
+    from flydsl_core.ir.ops import OPS
+
+    # a terminator is read by the rule of the region op whose block it ends
+    return {n for n, d in OPS.items() if not d.terminator}
+
+
+def test_every_op_has_a_reference_rule():
+    from flydsl_core.backends.reference.interpreter import RULES
+
+    missing = _ops_needing_rules() - set(RULES)
+    assert not missing, f"ops without a cpu-reference rule: {sorted(missing)}"
+
+
+def test_every_op_has_a_triton_rule():
+    pytest.importorskip("triton")
+    from flydsl_core.backends.triton.codegen import LOWERINGS
+
+    missing = _ops_needing_rules() - set(LOWERINGS)
+    assert not missing, f"ops without a Triton lowering rule: {sorted(missing)}"
+
+
+def test_operands_are_read_by_slot():
+    t = TileType(dt.int32, (4,))
+    mask, other = Value(TileType(dt.bool_, (4,))), Value(t)
+    ten, offs = Value(TensorType(dt.int32, 1)), Value(t)
+    load = Op("load", [ten, offs, mask, other], {}, [t])
+    assert load.operand("mask") is mask and load.operand("other") is other
+    assert load.args.tensor is ten and load.args.offsets is offs
+    load.drop_operand("mask")  # other needs the mask: both go
+    assert load.operands == [ten, offs] and load.operand("mask") is None
+    assert load.operand("other") is None
+    with pytest.raises(KeyError, match="no operand slot"):
+        load.operand("value")
+    loop = Op("for", [offs, offs, offs, mask, other], {}, [])
+    assert loop.operand_list("init") == [mask, other]
+
+
+def test_wrong_operand_counts_are_type_errors():
+    from flydsl_core.exc import TypeCheckError
+    from flydsl_core.ir import infer
+
+    i32 = TileType(dt.int32)
+    with pytest.raises(TypeCheckError, match=r"add takes 2 operands \(lhs, rhs\), got 3"):
+        infer("add", [i32, i32, i32], {})
+    with pytest.raises(TypeCheckError, match=r"load takes 2 to 4 operands"):
+        infer("load", [i32], {})
+
+
+def test_optional_operands_print_with_their_slot_name():
+    x = torch.randn(4, 64)
+    text = print_function(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=64))
+    assert re.search(r"= load %0, %\d+, mask=%\d+, other=%\d+ :", text)
+    assert re.search(r"\n  store %5, %\d+, %\d+, mask=%\d+\n", text)

@@ -2,17 +2,17 @@
 
 ``fly.range`` (carried values, nesting, run-time and zero-trip bounds),
 ``fly.static_range``, ``fly.if_`` / ``fly.else_``, ``fly.while_`` and
-branches on constexpr parameters, each run on the CPU reference backend
-against a plain Python/PyTorch computation; then the trace-, verify- and
-run-time errors with their source locations.
+branches on constexpr parameters, each run on both CPU backends (the
+``target`` fixture) against a plain Python/PyTorch computation; then the
+trace-, verify- and run-time errors with their source locations (the
+run-time ones are the reference backend's own checks).
 """
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
+from tests.flydsl_core.conftest import REF, SENTINEL, gen, line_of, ops_of, randint, randn
 
 import flydsl_core as fly
 from flydsl_core.backends.reference.rules import ReferenceRuntimeError
@@ -20,33 +20,7 @@ from flydsl_core.exc import ControlFlowError, FlyDSLError, TraceError, TypeCheck
 
 pytestmark = pytest.mark.cpu
 
-T = "cpu-reference"
-SENTINEL = -77
 INF_F = float("inf")
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def randn(shape, dtype=torch.float32, *, seed, scale=1.0):
-    return (torch.randn(shape, generator=gen(seed)) * scale).to(dtype)
-
-
-def randint(lo, hi, shape, dtype=torch.int32, *, seed):
-    return torch.randint(lo, hi, shape, generator=gen(seed)).to(dtype)
-
-
-def line_of(kernel, text: str) -> int:
-    """The file line of the (unique) source line of ``kernel`` containing ``text``."""
-    lines, start = inspect.getsourcelines(kernel.fn)
-    hits = [start + i for i, line in enumerate(lines) if text in line]
-    assert len(hits) == 1, hits
-    return hits[0]
-
-
-def ops_of(kernel, *args, **kwargs) -> list[str]:
-    return [op.name for op in kernel.ir(*args, **kwargs).walk()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,13 +59,13 @@ def carried_kernel(
 
 
 @pytest.mark.parametrize("shape", [(3, 37), (1, 1), (2, 16), (4, 5)])
-def test_range_carries_several_values_of_different_dtypes(shape):
+def test_range_carries_several_values_of_different_dtypes(target, shape):
     B = 8
     x = randn(shape, seed=1).to(torch.bfloat16).float()  # bf16-exact, so the bf16 max is exact
     out_f = torch.full((shape[0], 2), float(SENTINEL))
     out_i = torch.full((shape[0], 3), SENTINEL, dtype=torch.int32)
     out_h = torch.full((shape[0],), SENTINEL, dtype=torch.bfloat16)
-    carried_kernel[(shape[0],)](x, out_f, out_i, out_h, B=B, target=T)
+    carried_kernel[(shape[0],)](x, out_f, out_i, out_h, B=B, target=target)
     assert torch.allclose(out_f[:, 0], x.sum(1), rtol=1e-5, atol=1e-5)
     assert torch.allclose(out_f[:, 1], x.sum(1), rtol=1e-5, atol=1e-5)
     assert torch.equal(out_i[:, 0], (x > 0).sum(1).int())
@@ -114,11 +88,11 @@ def nested_kernel(x: fly.Tensor, rows: fly.Tensor, total: fly.Tensor, B: fly.con
 
 
 @pytest.mark.parametrize("shape", [(5, 21), (1, 3), (3, 16), (0, 4)])
-def test_nested_loops(shape):
+def test_nested_loops(target, shape):
     x = randn(shape, seed=2)
     rows = torch.full((shape[0],), float(SENTINEL))
     total = torch.full((1,), float(SENTINEL))
-    nested_kernel[(1,)](x, rows, total, B=8, target=T)
+    nested_kernel[(1,)](x, rows, total, B=8, target=target)
     assert torch.allclose(rows, x.sum(1), rtol=1e-5, atol=1e-5)
     assert torch.allclose(total, x.sum().reshape(1), rtol=1e-5, atol=1e-5)
 
@@ -142,14 +116,14 @@ def bounds_kernel(out: fly.Tensor, lo: int, hi: int, step: int, STATIC_STEP: fly
     [(0, 10, 1), (3, 17, 4), (-5, 6, 3), (7, 7, 1), (9, 2, 1), (0, 1, 16), (2, 3, 1)],
 )
 @pytest.mark.parametrize("static_step", [False, True])
-def test_range_with_run_time_bounds_and_zero_trips(lo, hi, step, static_step):
+def test_range_with_run_time_bounds_and_zero_trips(target, lo, hi, step, static_step):
     out = torch.full((3,), SENTINEL, dtype=torch.int32)
-    bounds_kernel[(1,)](out, lo, hi, step, STATIC_STEP=step if static_step else 0, target=T)
+    bounds_kernel[(1,)](out, lo, hi, step, STATIC_STEP=step if static_step else 0, target=target)
     r = list(range(lo, hi, step))
     assert out.tolist() == [sum(i * i for i in r), len(r), r[-1] if r else -1]
 
 
-def test_loop_index_dtype_follows_the_bounds():
+def test_loop_index_dtype_follows_the_bounds(target):
     @fly.kernel
     def k(out: fly.Tensor, n: int, big: int):
         acc = fly.zeros((), fly.int64)
@@ -161,11 +135,11 @@ def test_loop_index_dtype_follows_the_bounds():
         out[0].store(acc)
 
     out = torch.zeros(1, dtype=torch.int64)
-    k[(1,)](out, 11, 2**40, target=T)  # 2**40 needs 64 bits: an int64 scalar argument
+    k[(1,)](out, 11, 2**40, target=target)  # 2**40 needs 64 bits: an int64 scalar argument
     assert out.item() == sum(range(11))
 
 
-def test_loop_hints_stages_unroll_are_accepted():
+def test_loop_hints_stages_unroll_are_accepted(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
         acc = fly.zeros((B,), fly.fp32)
@@ -175,7 +149,7 @@ def test_loop_hints_stages_unroll_are_accepted():
 
     x = randn((29,), seed=3)
     out = torch.empty(8)
-    k[(1,)](x, out, B=8, target=T)
+    k[(1,)](x, out, B=8, target=target)
     want = torch.nn.functional.pad(x, (0, 3)).reshape(4, 8).sum(0)
     assert torch.allclose(out, want, rtol=1e-6, atol=1e-6)
 
@@ -194,11 +168,11 @@ def static_kernel(x: fly.Tensor, out: fly.Tensor, N: fly.constexpr, B: fly.const
     out.tile((B,), 0).store(acc)
 
 
-def test_static_range_unrolls():
+def test_static_range_unrolls(target):
     N, B = 5, 8
     x = randn((N, 6), seed=4)
     out = torch.full((6,), float(SENTINEL))
-    static_kernel[(1,)](x, out, N=N, B=B, target=T)
+    static_kernel[(1,)](x, out, N=N, B=B, target=target)
     want = sum(x[i] * (i + 1) for i in range(N)) - sum(x[j] for j in range(1, N, 2))
     assert torch.allclose(out, want, rtol=1e-6, atol=1e-6)
     assert "for" not in ops_of(static_kernel, x, out, N=N, B=B)
@@ -216,11 +190,11 @@ def even_kernel(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
         out.tile((B,), pid).store(x.tile((B,), pid).load() + 1)
 
 
-def test_if_only_even_programs_store():
+def test_if_only_even_programs_store(target):
     n, B = 45, 8
     x = randn((n,), seed=5)
     out = torch.full((n,), float(SENTINEL))
-    even_kernel[(fly.cdiv(n, B),)](x, out, B=B, target=T)
+    even_kernel[(fly.cdiv(n, B),)](x, out, B=B, target=target)
     block_even = (torch.arange(n) // B) % 2 == 0
     assert torch.equal(out, torch.where(block_even, x + 1, torch.tensor(float(SENTINEL))))
 
@@ -249,11 +223,11 @@ def branch_kernel(x: fly.Tensor, out: fly.Tensor, thr: float):
     out[pid, 3].store(only_then)
 
 
-def test_if_else_with_values_updated_in_one_or_both_branches():
+def test_if_else_with_values_updated_in_one_or_both_branches(target):
     n, thr = 17, 0.25
     x = randn((n,), seed=6)
     out = torch.full((n, 4), float(SENTINEL))
-    branch_kernel[(n,)](x, out, thr, target=T)
+    branch_kernel[(n,)](x, out, thr, target=target)
     for p in range(n):
         v = x[p].item()
         big = v > thr
@@ -284,17 +258,17 @@ def if_in_loop_kernel(x: fly.Tensor, out: fly.Tensor):
     out[2].store(flips.to(fly.fp32))
 
 
-def test_if_else_inside_a_loop_with_nesting():
+def test_if_else_inside_a_loop_with_nesting(target):
     x = randn((23,), seed=7)
     out = torch.full((3,), float(SENTINEL))
-    if_in_loop_kernel[(1,)](x, out, target=T)
+    if_in_loop_kernel[(1,)](x, out, target=target)
     odd_neg = sum(1 for i in range(23) if x[i] < 0 and i % 2 == 1)
     assert torch.allclose(
         out, torch.tensor([x[x >= 0].sum(), x[x < 0].sum(), float(odd_neg)]), rtol=1e-5, atol=1e-5
     )
 
 
-def test_if_with_a_constant_tile_condition_folds_away():
+def test_if_with_a_constant_tile_condition_folds_away(target):
     @fly.kernel
     def k(out: fly.Tensor):
         v = fly.full((), 3, fly.int32)
@@ -305,7 +279,7 @@ def test_if_with_a_constant_tile_condition_folds_away():
         out[0].store(v)
 
     out = torch.zeros(1, dtype=torch.int32)
-    k[(1,)](out, target=T)
+    k[(1,)](out, target=target)
     assert out.item() == 7
     assert "if" not in ops_of(k, out)
 
@@ -329,10 +303,10 @@ def while_kernel(x: fly.Tensor, out: fly.Tensor, thr: float):
 
 
 @pytest.mark.parametrize("thr", [-1.0, 0.0, 2.5, 7.0, 1e9])
-def test_while_counts_until_the_running_sum_exceeds(thr):
+def test_while_counts_until_the_running_sum_exceeds(target, thr):
     x = torch.rand(19, generator=gen(8))
     out = torch.full((2,), float(SENTINEL))
-    while_kernel[(1,)](x, out, thr, target=T)
+    while_kernel[(1,)](x, out, thr, target=target)
     s, n = 0.0, 0
     while s <= thr and n < x.numel():
         s = float(torch.tensor(s, dtype=torch.float32) + x[n])  # fp32 accumulation, as the kernel
@@ -341,7 +315,7 @@ def test_while_counts_until_the_running_sum_exceeds(thr):
     assert out[1].item() == pytest.approx(s, rel=1e-6)
 
 
-def test_while_collatz_steps_per_program():
+def test_while_collatz_steps_per_program(target):
     @fly.kernel
     def collatz(start: fly.Tensor, steps: fly.Tensor):
         pid = fly.program_id(0)
@@ -354,7 +328,7 @@ def test_while_collatz_steps_per_program():
 
     start = randint(1, 60, (9,), torch.int64, seed=9)
     steps = torch.full((9,), SENTINEL, dtype=torch.int32)
-    collatz[(9,)](start, steps, target=T)
+    collatz[(9,)](start, steps, target=target)
 
     def py(v):
         k = 0
@@ -389,17 +363,17 @@ def mode_kernel(
 
 @pytest.mark.parametrize("mode", ["square", "neg", "id"])
 @pytest.mark.parametrize("scale", [None, 3.0])
-def test_branches_on_constexpr_parameters(mode, scale):
+def test_branches_on_constexpr_parameters(target, mode, scale):
     x = randn((13,), seed=10)
     out = torch.full((13,), float(SENTINEL))
-    mode_kernel[(1,)](x, out, MODE=mode, SCALE=scale, B=16, target=T)
+    mode_kernel[(1,)](x, out, MODE=mode, SCALE=scale, B=16, target=target)
     want = {"square": x * x, "neg": -x, "id": x}[mode]
     if scale is not None:
         want = want * scale
     assert torch.equal(out, want)
 
 
-def test_bool_and_none_arguments_are_constexpr():
+def test_bool_and_none_arguments_are_constexpr(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor, negate, bias, B: fly.constexpr):
         t = x.tile((B,), 0).load()
@@ -413,14 +387,14 @@ def test_bool_and_none_arguments_are_constexpr():
     for negate in (False, True):
         for bias in (None, 2):
             out = torch.empty(7)
-            k[(1,)](x, out, negate, bias, B=8, target=T)
+            k[(1,)](x, out, negate, bias, B=8, target=target)
             want = (-x if negate else x) + (bias or 0)
             assert torch.equal(out, want)
     assert len(k._cache) == 4  # one specialization per (bool, None-ness) combination
 
 
 @pytest.mark.parametrize("binder", ["generated", "generic"])
-def test_constexpr_values_that_compare_equal_compile_separately(binder, monkeypatch):
+def test_constexpr_values_that_compare_equal_compile_separately(target, binder, monkeypatch):
     # 2 == 2.0 == True-ish and 0.0 == -0.0, but each traces to a different kernel
     if binder == "generic":
         monkeypatch.setenv("FLYDSL_GENERIC_BINDER", "1")
@@ -445,17 +419,17 @@ def test_constexpr_values_that_compare_equal_compile_separately(binder, monkeypa
         for S, want in cases:
             out = torch.zeros(3, dtype=torch.float64)
             if keyword:
-                k[(1,)](x, out, S=S, target=T)
+                k[(1,)](x, out, S=S, target=target)
             else:
-                k[(1,)](x, out, S, target=T)
+                k[(1,)](x, out, S, target=target)
             assert out.tolist() == want, (S, keyword)
     zero = torch.zeros(3, dtype=torch.float64)
-    k[(1,)](x, zero, -0.0, target=T)
+    k[(1,)](x, zero, -0.0, target=target)
     assert zero[2].item() == INF_F  # (-0.0) - (-0.0) is +0.0
     assert len(k._cache) == 5
 
 
-def test_body_writing_different_tiles_in_its_two_trace_passes_is_an_error():
+def test_body_writing_different_tiles_in_its_two_trace_passes_is_an_error(target):
     @fly.kernel
     def k(out: fly.Tensor):
         acc = fly.zeros((), fly.int32)
@@ -467,10 +441,10 @@ def test_body_writing_different_tiles_in_its_two_trace_passes_is_an_error():
         out[0].store(acc)
 
     with pytest.raises(ControlFlowError, match="two trace passes"):
-        k[(1,)](torch.zeros(1, dtype=torch.int32), target=T)
+        k[(1,)](torch.zeros(1, dtype=torch.int32), target=target)
 
 
-def test_while_and_range_nested_inside_branches():
+def test_while_and_range_nested_inside_branches(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor):
         pid = fly.program_id(0)
@@ -491,7 +465,7 @@ def test_while_and_range_nested_inside_branches():
 
     x = randint(-3, 30, (11,), seed=12)
     out = torch.full((11, 2), SENTINEL, dtype=torch.int32)
-    k[(11,)](x, out, target=T)
+    k[(11,)](x, out, target=target)
     for p, n in enumerate(x.tolist()):
         want_steps = -1 if n <= 0 else next(v for v in range(n + 1) if v * v >= n)
         assert out[p].tolist() == [want_steps, sum(range(n)) if n > 0 else 0], (p, n)
@@ -509,9 +483,9 @@ def python_if_kernel(x: fly.Tensor, out: fly.Tensor):
         out[0].store(t)
 
 
-def test_python_if_on_a_traced_value_raises_control_flow_error_at_its_line():
+def test_python_if_on_a_traced_value_raises_control_flow_error_at_its_line(target):
     with pytest.raises(ControlFlowError) as info:
-        python_if_kernel[(1,)](torch.ones(1), torch.zeros(1), target=T)
+        python_if_kernel[(1,)](torch.ones(1), torch.zeros(1), target=target)
     err = info.value
     assert "where" in err.msg and "constant" in err.msg
     assert err.loc is not None
@@ -533,7 +507,7 @@ def test_python_if_on_a_traced_value_raises_control_flow_error_at_its_line():
     ],
     ids=["and", "not", "builtin-max", "range", "float", "iter"],
 )
-def test_python_uses_of_traced_values_raise_control_flow_error(body):
+def test_python_uses_of_traced_values_raise_control_flow_error(target, body):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor, FN: fly.constexpr):
         t = x[0].load()
@@ -541,7 +515,7 @@ def test_python_uses_of_traced_values_raise_control_flow_error(body):
         out[0].store(t)
 
     with pytest.raises(ControlFlowError) as info:
-        k[(1,)](torch.ones(1), torch.zeros(1), FN=body, target=T)
+        k[(1,)](torch.ones(1), torch.zeros(1), FN=body, target=target)
     assert info.value.loc is not None and info.value.loc.file == __file__
 
 
@@ -552,9 +526,9 @@ def bad_dot_kernel(a: fly.Tensor, b: fly.Tensor, out: fly.Tensor):
     out.tile((8, 8), (0, 0)).store(fly.dot(at, bt))  # K of 16 does not chain with 8
 
 
-def test_type_error_points_at_the_kernel_line():
+def test_type_error_points_at_the_kernel_line(target):
     with pytest.raises(TypeCheckError) as info:
-        bad_dot_kernel[(1,)](torch.ones(8, 16), torch.ones(8, 8), torch.zeros(8, 8), target=T)
+        bad_dot_kernel[(1,)](torch.ones(8, 16), torch.ones(8, 8), torch.zeros(8, 8), target=target)
     err = info.value
     assert "dot" in err.msg
     assert err.loc.file == __file__
@@ -588,13 +562,13 @@ def test_type_error_points_at_the_kernel_line():
         "arange",
     ],
 )
-def test_type_errors(body):
+def test_type_errors(target, body):
     @fly.kernel
     def k(x: fly.Tensor, FN: fly.constexpr):
         FN(x)
 
     with pytest.raises(TypeCheckError) as info:
-        k[(1,)](torch.ones(8), FN=body, target=T)
+        k[(1,)](torch.ones(8), FN=body, target=target)
     assert info.value.loc is not None and info.value.loc.file == __file__
 
 
@@ -607,16 +581,16 @@ def escaped_kernel(x: fly.Tensor, out: fly.Tensor):
     out[0].store(last)  # used after the loop
 
 
-def test_value_escaping_a_loop_raises_verify_error():
+def test_value_escaping_a_loop_raises_verify_error(target):
     with pytest.raises(VerifyError) as info:
-        escaped_kernel[(1,)](torch.ones(4), torch.zeros(1), target=T)
+        escaped_kernel[(1,)](torch.ones(4), torch.zeros(1), target=target)
     err = info.value
     assert "in place" in str(err)
     assert err.loc.file == __file__
     assert err.loc.line == line_of(escaped_kernel, "out[0].store(last)")
 
 
-def test_value_escaping_a_branch_raises_verify_error():
+def test_value_escaping_a_branch_raises_verify_error(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor):
         v = x[0].load()
@@ -625,10 +599,10 @@ def test_value_escaping_a_branch_raises_verify_error():
         out[0].store(w)
 
     with pytest.raises(VerifyError, match="in place"):
-        k[(1,)](torch.ones(1), torch.zeros(1), target=T)
+        k[(1,)](torch.ones(1), torch.zeros(1), target=target)
 
 
-def test_break_inside_range_raises_control_flow_error():
+def test_break_inside_range_raises_control_flow_error(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor):
         acc = fly.zeros((), fly.fp32)
@@ -638,7 +612,7 @@ def test_break_inside_range_raises_control_flow_error():
         out[0].store(acc)
 
     with pytest.raises(ControlFlowError, match="break"):
-        k[(1,)](torch.ones(4), torch.zeros(1), target=T)
+        k[(1,)](torch.ones(4), torch.zeros(1), target=target)
 
 
 @pytest.mark.parametrize(
@@ -662,23 +636,23 @@ def test_break_inside_range_raises_control_flow_error():
         "float-bound",
     ],
 )
-def test_control_flow_misuse(body, exc):
+def test_control_flow_misuse(target, body, exc):
     @fly.kernel
     def k(x: fly.Tensor, FN: fly.constexpr):
         FN(x)
 
     with pytest.raises(exc) as info:
-        k[(1,)](torch.ones(8), FN=body, target=T)
+        k[(1,)](torch.ones(8), FN=body, target=target)
     assert isinstance(info.value, FlyDSLError)
 
 
-def test_kernel_returning_a_value_is_an_error():
+def test_kernel_returning_a_value_is_an_error(target):
     @fly.kernel
     def k(x: fly.Tensor):
         return x[0].load()
 
     with pytest.raises(TraceError, match="returned"):
-        k[(1,)](torch.ones(1), target=T)
+        k[(1,)](torch.ones(1), target=target)
 
 
 @fly.kernel
@@ -690,7 +664,7 @@ def oob_kernel(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
 
 def test_out_of_bounds_without_bounds_check_names_the_line():
     with pytest.raises(ReferenceRuntimeError) as info:
-        oob_kernel[(2,)](torch.ones(12), torch.zeros(12), B=8, target=T)
+        oob_kernel[(2,)](torch.ones(12), torch.zeros(12), B=8, target=REF)
     err = info.value
     assert "out-of-bounds" in err.msg
     assert "program (1, 0, 0)" in err.msg  # the offending program
@@ -706,7 +680,7 @@ def test_out_of_bounds_store_without_bounds_check():
 
     buf = torch.zeros(8)
     with pytest.raises(ReferenceRuntimeError, match="out-of-bounds"):
-        k[(1,)](buf[:5], B=8, target=T)
+        k[(1,)](buf[:5], B=8, target=REF)
 
 
 def test_integer_division_by_zero_is_reported():
@@ -719,6 +693,6 @@ def test_integer_division_by_zero_is_reported():
             torch.ones(1, dtype=torch.int32),
             torch.zeros(1, dtype=torch.int32),
             torch.zeros(1, dtype=torch.int32),
-            target=T,
+            target=REF,
         )
     assert info.value.loc.file == __file__

@@ -1,4 +1,4 @@
-"""Memory access of the FlyDSL language on the CPU reference backend.
+"""Memory access of the FlyDSL language on both CPU backends (the ``target`` fixture).
 
 Loads and stores through ``tile``, ``x[i]``, ``fly.ds`` slices (with steps),
 static slices, gathers with index tiles, explicit ``mask=``/``other=``, on
@@ -12,64 +12,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.flydsl_core.conftest import (
+    INTERPRET,
+    REF,
+    SENTINEL,
+    assert_bits,
+    data,
+    gen,
+    randint,
+    randn,
+    sentinel_like,
+)
 
 import flydsl_core as fly
 from flydsl_core.layout import Layout
 
 pytestmark = pytest.mark.cpu
-
-T = "cpu-reference"
-SENTINEL = -77
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def randn(shape, dtype=torch.float32, *, seed, scale=1.0):
-    return (torch.randn(shape, generator=gen(seed)) * scale).to(dtype)
-
-
-def randint(lo, hi, shape, dtype=torch.int32, *, seed):
-    return torch.randint(lo, hi, shape, generator=gen(seed)).to(dtype)
-
-
-def data(shape, dtype, *, seed):
-    """Random values of any dtype the language stores (fp8 via its bytes)."""
-    if dtype == torch.bool:
-        return randint(0, 2, shape, torch.bool, seed=seed)
-    if dtype.is_floating_point:
-        if torch.empty((), dtype=dtype).element_size() == 1:
-            return randint(0, 0x70, shape, torch.uint8, seed=seed).view(dtype)  # finite fp8 bytes
-        return randn(shape, dtype, seed=seed, scale=10)
-    info = torch.iinfo(dtype)
-    return torch.randint(
-        max(info.min, -(2**40)), min(info.max, 2**40), shape, generator=gen(seed)
-    ).to(dtype)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes, for bit-exact comparison of any dtype (fp8, bool included)."""
-    t = torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1)  # dense, whatever the strides
-    return t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
-
-
-def assert_same(out, ref):
-    assert out.dtype == ref.dtype and out.shape == ref.shape, (
-        out.dtype,
-        ref.dtype,
-        out.shape,
-        ref.shape,
-    )
-    assert torch.equal(bits(out), bits(ref)), (out, ref)
-
-
-def sentinel_like(shape, dtype):
-    if dtype == torch.bool:
-        return torch.ones(shape, dtype=torch.bool)
-    if torch.empty((), dtype=dtype).element_size() == 1 and dtype.is_floating_point:
-        return torch.full(shape, 0x3C, dtype=torch.uint8).view(dtype)
-    return torch.full(shape, SENTINEL, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,15 +58,15 @@ DTYPES = [
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).removeprefix("torch.") for d in DTYPES])
-def test_tile_copy_1d_every_dtype(dtype):
+def test_tile_copy_1d_every_dtype(target, dtype):
     for n in (0, 1, 13, 37):
         x = data((n,), dtype, seed=n)
         buf = sentinel_like((n + 20,), dtype)
         out = buf[5 : 5 + n]  # a window of a larger buffer: the tail tile must not spill
-        copy_1d[(max(1, fly.cdiv(n, 16)),)](x, out, B=16, target=T)
-        assert_same(out, x)
-        assert_same(buf[:5], sentinel_like((5,), dtype))
-        assert_same(buf[5 + n :], sentinel_like((15,), dtype))
+        copy_1d[(max(1, fly.cdiv(n, 16)),)](x, out, B=16, target=target)
+        assert_bits(out, x)
+        assert_bits(buf[:5], sentinel_like((5,), dtype))
+        assert_bits(buf[5 + n :], sentinel_like((15,), dtype))
 
 
 @fly.kernel
@@ -118,18 +76,18 @@ def tile_2d(x: fly.Tensor, out: fly.Tensor, BM: fly.constexpr, BN: fly.constexpr
     out.tile((BM, BN), (i, j)).store(t * 2 + 1)
 
 
-def launch_2d(x, out, BM=4, BN=8):
+def launch_2d(x, out, BM=4, BN=8, *, target):
     m, n = x.shape
-    tile_2d[(max(1, fly.cdiv(m, BM)), max(1, fly.cdiv(n, BN)))](x, out, BM=BM, BN=BN, target=T)
+    tile_2d[(max(1, fly.cdiv(m, BM)), max(1, fly.cdiv(n, BN)))](x, out, BM=BM, BN=BN, target=target)
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (1, 13), (9, 1), (8, 16), (0, 5), (3, 0)])
-def test_tile_2d_grid(shape):
+def test_tile_2d_grid(target, shape):
     x = randn(shape, seed=1)
     buf = torch.full((shape[0] + 3, shape[1] + 5), float(SENTINEL))
     out = buf[1 : 1 + shape[0], 2 : 2 + shape[1]]
-    launch_2d(x, out)
-    assert_same(out, x * 2 + 1)
+    launch_2d(x, out, target=target)
+    assert_bits(out, x * 2 + 1)
     mask = torch.ones_like(buf, dtype=torch.bool)
     mask[1 : 1 + shape[0], 2 : 2 + shape[1]] = False
     assert bool((buf[mask] == SENTINEL).all())
@@ -145,14 +103,14 @@ NONCONTIG = {
 
 
 @pytest.mark.parametrize("kind", list(NONCONTIG))
-def test_non_contiguous_inputs_and_outputs(kind):
+def test_non_contiguous_inputs_and_outputs(target, kind):
     base = randn((11, 14), seed=2)
     x = NONCONTIG[kind](base)
     assert not x.is_contiguous()
     out_base = torch.full((x.shape[1] + 2, x.shape[0] + 3), float(SENTINEL))
     out = out_base[1 : 1 + x.shape[1], : x.shape[0]].T  # a non-contiguous output too
-    launch_2d(x, out)
-    assert_same(out, x * 2 + 1)
+    launch_2d(x, out, target=target)
+    assert_bits(out, x * 2 + 1)
     untouched = out_base.clone()
     untouched[1 : 1 + x.shape[1], : x.shape[0]] = float(SENTINEL)
     assert bool((untouched == SENTINEL).all())
@@ -172,12 +130,12 @@ def rows_kernel(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
 
 
 @pytest.mark.parametrize("shape", [(4, 9), (1, 1), (3, 16), (6, 2)])
-def test_row_index_and_scalar_access(shape):
+def test_row_index_and_scalar_access(target, shape):
     x = randn(shape, seed=3)
     out = torch.full((shape[0], 2), float(SENTINEL))
-    rows_kernel[(shape[0],)](x, out, B=16, target=T)
+    rows_kernel[(shape[0],)](x, out, B=16, target=target)
     assert torch.allclose(out[:, 0], x.sum(1), rtol=1e-6, atol=1e-6)
-    assert_same(out[:, 1], x[:, 0] + x[:, -1])
+    assert_bits(out[:, 1], x[:, 0] + x[:, -1])
 
 
 @fly.kernel
@@ -186,11 +144,11 @@ def index3d_kernel(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
     out[j, i].tile((B,), 0).store(x[i, j].tile((B,), 0).load(other=-1))  # a fixed pair of dims
 
 
-def test_index_two_dims_of_3d():
+def test_index_two_dims_of_3d(target):
     x = randint(-100, 100, (3, 4, 5), seed=4)
     out = torch.full((4, 3, 5), SENTINEL, dtype=torch.int32)
-    index3d_kernel[(3, 4)](x, out, B=8, target=T)
-    assert_same(out, x.transpose(0, 1))
+    index3d_kernel[(3, 4)](x, out, B=8, target=target)
+    assert_bits(out, x.transpose(0, 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,15 +164,15 @@ def ds_kernel(x: fly.Tensor, out: fly.Tensor, start: int, SIZE: fly.constexpr, S
 @pytest.mark.parametrize("n", [1, 10, 37])
 @pytest.mark.parametrize("start", [0, 3, 9])
 @pytest.mark.parametrize("step", [1, 2, 5])
-def test_ds_slices_with_steps(n, start, step):
+def test_ds_slices_with_steps(target, n, start, step):
     SIZE = 8
     x = randn((n,), seed=5)
     out = torch.full((SIZE,), float(SENTINEL))
-    ds_kernel[(1,)](x, out, start, SIZE=SIZE, STEP=step, target=T)
+    ds_kernel[(1,)](x, out, start, SIZE=SIZE, STEP=step, target=target)
     want = torch.full((SIZE,), -1.0)
     got = x[start::step][:SIZE]
     want[: got.numel()] = got
-    assert_same(out, want)
+    assert_bits(out, want)
 
 
 @fly.kernel
@@ -226,16 +184,16 @@ def ds2d_kernel(
     out[fly.ds(pid * BM, BM), :].tile((None, BN), (0, 0)).store(v)
 
 
-def test_ds_2d_with_run_time_offsets():
+def test_ds_2d_with_run_time_offsets(target):
     x = randint(-1000, 1000, (13, 20), seed=6)
     r0, c0, BM, BN = 2, 3, 4, 16
     rows = fly.cdiv(13 - r0, BM)
     out = torch.full((rows * BM, BN), SENTINEL, dtype=torch.int32)
-    ds2d_kernel[(rows,)](x, out, r0, c0, BM=BM, BN=BN, target=T)
+    ds2d_kernel[(rows,)](x, out, r0, c0, BM=BM, BN=BN, target=target)
     want = torch.zeros(rows * BM, BN, dtype=torch.int32)
     sub = x[r0:, c0::2][:, :BN]
     want[: sub.shape[0], : sub.shape[1]] = sub
-    assert_same(out, want)
+    assert_bits(out, want)
 
 
 @fly.kernel
@@ -252,16 +210,16 @@ def test_static_slices(n, shape):
     x = randn((n,), seed=7)
     y = randn(shape, seed=8)
     out1, out2, out3 = torch.empty(8), torch.empty(4), torch.empty(3, 7)
-    static_slice_kernel[(1,)](x, y, out1, out2, out3, target=T)
+    static_slice_kernel[(1,)](x, y, out1, out2, out3, target=REF)
 
     def padded(src, size):
         p = torch.full(size, 0.5)
         p[tuple(slice(0, s) for s in src.shape)] = src
         return p
 
-    assert_same(out1, padded(x[2:10], (8,)))
-    assert_same(out2, padded(x[1:12:3], (4,)))
-    assert_same(out3, padded(y[1:4, 2:9], (3, 7)))
+    assert_bits(out1, padded(x[2:10], (8,)))
+    assert_bits(out2, padded(x[1:12:3], (4,)))
+    assert_bits(out3, padded(y[1:4, 2:9], (3, 7)))
 
 
 @fly.kernel
@@ -278,16 +236,16 @@ def chained_view_kernel(x: fly.Tensor, out: fly.Tensor, s: int):
 def test_chained_views(n, s):
     x = randn((n,), seed=30)
     out = torch.full((3, 8), float(SENTINEL))
-    chained_view_kernel[(1,)](x, out, s, target=T)
+    chained_view_kernel[(1,)](x, out, s, target=REF)
 
     def pick(idx):
         row = torch.full((8,), float(SENTINEL))
         row[: len(idx)] = torch.tensor([x[i].item() if i < n else -1.0 for i in idx])
         return row
 
-    assert_same(out[0], pick([s + 2 * (1 + 3 * k) for k in range(5)]))
-    assert_same(out[1], pick([s + 8 + 2 * k for k in range(4)]))
-    assert_same(out[2], pick([10 + k for k in range(4)]))
+    assert_bits(out[0], pick([s + 2 * (1 + 3 * k) for k in range(5)]))
+    assert_bits(out[1], pick([s + 8 + 2 * k for k in range(4)]))
+    assert_bits(out[2], pick([10 + k for k in range(4)]))
 
 
 @fly.kernel
@@ -296,14 +254,14 @@ def layout_kernel(x: fly.Tensor, out: fly.Tensor, L: fly.constexpr):
     out.tile((8,), 0).store(x.tile((L,), 0).load(other=-1.0))
 
 
-def test_layout_tiler_permutes_the_block():
+def test_layout_tiler_permutes_the_block(target):
     L = Layout((4, 2), (2, 1))  # k -> (k % 4) * 2 + k // 4
     x = randn((7,), seed=9)
     out = torch.empty(8)
-    layout_kernel[(1,)](x, out, L=L, target=T)
+    layout_kernel[(1,)](x, out, L=L, target=target)
     perm = [(k % 4) * 2 + k // 4 for k in range(8)]
     want = torch.tensor([x[p].item() if p < 7 else -1.0 for p in perm])
-    assert_same(out, want)
+    assert_bits(out, want)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,15 +277,15 @@ def gather_kernel(x: fly.Tensor, idx: fly.Tensor, out: fly.Tensor, B: fly.conste
 
 
 @pytest.mark.parametrize("n, m", [(10, 13), (1, 5), (37, 40), (0, 6)])
-def test_gather_masks_out_of_range_indices(n, m):
+def test_gather_masks_out_of_range_indices(target, n, m):
     x = randn((n,), seed=10)
     idx = randint(-3, n + 4, (m,), seed=11)
     out = torch.full((m,), float(SENTINEL))
-    gather_kernel[(fly.cdiv(m, 16),)](x, idx, out, B=16, target=T)
+    gather_kernel[(fly.cdiv(m, 16),)](x, idx, out, B=16, target=target)
     ok = (idx >= 0) & (idx < n)
     want = torch.full((m,), -5.0)
     want[ok] = x[idx[ok].long()]
-    assert_same(out, want)
+    assert_bits(out, want)
 
 
 @fly.kernel
@@ -350,23 +308,23 @@ def gather2d_kernel(
     out_b.tile((B, B), (0, 0)).store(both)
 
 
-def test_gather_along_either_axis_of_2d():
+def test_gather_along_either_axis_of_2d(target):
     x = randint(1, 1000, (6, 9), seed=12)
     ridx = torch.tensor([5, 0, -1, 2, 6, 2], dtype=torch.int32)
     cidx = torch.tensor([8, 9, 0, 3, 3, -2, 1], dtype=torch.int32)
     out_r = torch.full((6, 9), SENTINEL, dtype=torch.int32)
     out_c = torch.full((6, 7), SENTINEL, dtype=torch.int32)
     out_b = torch.full((6, 7), SENTINEL, dtype=torch.int32)
-    gather2d_kernel[(1,)](x, ridx, cidx, out_r, out_c, out_b, B=16, target=T)
+    gather2d_kernel[(1,)](x, ridx, cidx, out_r, out_c, out_b, B=16, target=target)
     xp = torch.zeros(x.shape[0] + 1, x.shape[1] + 1, dtype=torch.int32)  # an extra zero row/col
     xp[:-1, :-1] = x
 
     def clamp_oob(i, n):
         return torch.where((i >= 0) & (i < n), i, n).long()
 
-    assert_same(out_r, xp[clamp_oob(ridx, 6)][:, :9])
-    assert_same(out_c, xp[:6][:, clamp_oob(cidx, 9)])
-    assert_same(out_b, xp[clamp_oob(ridx, 6)][:, clamp_oob(cidx, 9)])
+    assert_bits(out_r, xp[clamp_oob(ridx, 6)][:, :9])
+    assert_bits(out_c, xp[:6][:, clamp_oob(cidx, 9)])
+    assert_bits(out_b, xp[clamp_oob(ridx, 6)][:, clamp_oob(cidx, 9)])
 
 
 @fly.kernel
@@ -375,17 +333,17 @@ def scatter_kernel(x: fly.Tensor, idx: fly.Tensor, out: fly.Tensor, B: fly.const
     out[i].store(x.tile((B,), 0).load())
 
 
-def test_scatter_store_masks_out_of_range():
+def test_scatter_store_masks_out_of_range(target):
     n = 11
     perm = torch.randperm(n, generator=gen(13)).to(torch.int32)
     idx = torch.cat([perm, torch.tensor([n, -1, n + 5], dtype=torch.int32)])
     x = randn((idx.numel(),), seed=14)
     buf = torch.full((n + 8,), float(SENTINEL))
     out = buf[4 : 4 + n]
-    scatter_kernel[(1,)](x, idx, out, B=16, target=T)
+    scatter_kernel[(1,)](x, idx, out, B=16, target=target)
     want = torch.empty(n)
     want[perm.long()] = x[:n]
-    assert_same(out, want)
+    assert_bits(out, want)
     assert bool((buf[:4] == SENTINEL).all()) and bool((buf[4 + n :] == SENTINEL).all())
 
 
@@ -412,36 +370,36 @@ def mask_kernel(x: fly.Tensor, out: fly.Tensor, fill: float, BM: fly.constexpr, 
 
 
 @pytest.mark.parametrize("shape", [(5, 7), (1, 1), (8, 16), (3, 13)])
-def test_explicit_mask_and_other(shape):
+def test_explicit_mask_and_other(target, shape):
     BM, BN = 8, 16
     x = randn(shape, seed=15)
     fill = -3.25
     out = torch.full((5, *shape), float(SENTINEL))
-    mask_kernel[(1,)](x, out, fill, BM=BM, BN=BN, target=T)
+    mask_kernel[(1,)](x, out, fill, BM=BM, BN=BN, target=target)
     m, n = shape
     r = torch.arange(m)[:, None]
     c = torch.arange(n)[None, :]
     a = torch.where((r + c) % 3 != 0, x, fill)
     b = torch.where(r < 2, x, -1.0).expand(m, n)
-    assert_same(out[0], a)
-    assert_same(out[1], b)
-    assert_same(out[2], torch.where(c > 0, x, 7.0))
-    assert_same(out[3], torch.where(c % 2 == 0, a + b, float(SENTINEL)))
-    assert_same(out[4], torch.where((r == 1) & (c < 3), 1.0, float(SENTINEL)).expand(m, n))
+    assert_bits(out[0], a)
+    assert_bits(out[1], b)
+    assert_bits(out[2], torch.where(c > 0, x, 7.0))
+    assert_bits(out[3], torch.where(c % 2 == 0, a + b, float(SENTINEL)))
+    assert_bits(out[4], torch.where((r == 1) & (c < 3), 1.0, float(SENTINEL)).expand(m, n))
 
 
-def test_load_cache_hints_are_accepted():
+def test_load_cache_hints_are_accepted(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
         out.tile((B,), 0).store(x.tile((B,), 0).load(cache="cg", eviction="evict_last"))
 
     x = randn((9,), seed=16)
     out = torch.empty(9)
-    k[(1,)](x, out, B=16, target=T)
-    assert_same(out, x)
+    k[(1,)](x, out, B=16, target=target)
+    assert_bits(out, x)
 
 
-def test_unmasked_access_with_bounds_check_off_in_bounds():
+def test_unmasked_access_with_bounds_check_off_in_bounds(target):
     @fly.kernel
     def k(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
         pid = fly.program_id(0)
@@ -451,8 +409,8 @@ def test_unmasked_access_with_bounds_check_off_in_bounds():
 
     x = randn((32,), seed=17)
     out = torch.empty(32)
-    k[(4,)](x, out, B=8, target=T)
-    assert_same(out, x + 1)
+    k[(4,)](x, out, B=8, target=target)
+    assert_bits(out, x + 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,12 +470,14 @@ ATOMIC_CASES = [
 @pytest.mark.parametrize(
     "kind, dtype", ATOMIC_CASES, ids=[f"{k}-{str(d)[6:]}" for k, d in ATOMIC_CASES]
 )
-def test_atomics_with_repeated_addresses(kind, dtype):
+def test_atomics_with_repeated_addresses(target, kind, dtype):
+    if target == INTERPRET and dtype == torch.float16 and kind in ("max", "min", "xchg"):
+        pytest.skip(f"Triton's interpreter has no fp16 atomic_{kind}")
     for n, m, unique in [(5, 37, False), (1, 6, False), (20, 13, False), (40, 29, True)]:
-        check_atomics(kind, dtype, n, m, unique)
+        check_atomics(kind, dtype, n, m, unique, target=target)
 
 
-def check_atomics(kind, dtype, n, m, unique):
+def check_atomics(kind, dtype, n, m, unique, *, target):
     B = 16
     if unique:  # distinct addresses: the backend's vectorized path
         idx = torch.randperm(n, generator=gen(18))[:m].to(torch.int32)
@@ -531,9 +491,13 @@ def check_atomics(kind, dtype, n, m, unique):
         t = randint(-(2**20), 2**20, (n,), dtype, seed=20)
     want_t, want_old = sequential_atomics(kind, t, idx, v, B)
     old = torch.full((m,), SENTINEL, dtype=dtype)
-    atomic_kernel[(fly.cdiv(m, B),)](t, idx, v, old, KIND=kind, B=B, target=T)
-    assert_same(t, want_t)
-    assert_same(old, want_old)
+    atomic_kernel[(fly.cdiv(m, B),)](t, idx, v, old, KIND=kind, B=B, target=target)
+    assert_bits(t, want_t)
+    if target == INTERPRET and dtype.is_floating_point and kind in ("max", "min") and not unique:
+        # Triton makes a float max/min two integer atomics (lanes >= 0, then the others):
+        # another valid order of the lanes at one address, so other old values.
+        return
+    assert_bits(old, want_old)
 
 
 @fly.kernel
@@ -546,19 +510,19 @@ def counter_kernel(
     hist.tile((4,), 0).atomic_add(fly.sum(v[None, :] == fly.arange(0, 4)[:, None], 1))
 
 
-def test_scalar_atomic_counter_and_histogram():
+def test_scalar_atomic_counter_and_histogram(target):
     grid = (3, 4)
     P, B = 12, 8
     x = randint(0, 4, (P * B - 5,), seed=21)
     c = torch.zeros(1, dtype=torch.int32)
     out = torch.full((P,), SENTINEL, dtype=torch.int32)
     hist = torch.zeros(4, dtype=torch.int32)
-    counter_kernel[grid](c, out, hist, x, B=B, target=T)
+    counter_kernel[grid](c, out, hist, x, B=B, target=target)
     assert c.item() == P
     assert sorted(out.tolist()) == list(range(P))
     want_hist = torch.bincount(x.long(), minlength=4).to(torch.int32)
     want_hist[0] += 5  # the masked tail lanes read other=0
-    assert_same(hist, want_hist)
+    assert_bits(hist, want_hist)
 
 
 @fly.kernel
@@ -567,7 +531,7 @@ def atomic_tile_kernel(t: fly.Tensor, v: fly.Tensor, old: fly.Tensor, B: fly.con
     old.tile((B,), 0).store(r)
 
 
-def test_atomic_on_a_tile_is_bounds_masked():
+def test_atomic_on_a_tile_is_bounds_masked(target):
     n = 9
     buf = torch.full((n + 10,), SENTINEL, dtype=torch.int32)
     t = buf[3 : 3 + n]
@@ -575,9 +539,9 @@ def test_atomic_on_a_tile_is_bounds_masked():
     before = t.clone()
     v = randint(-50, 50, (n,), seed=23)
     old = torch.full((n,), 0, dtype=torch.int32)
-    atomic_tile_kernel[(1,)](t, v, old, B=16, target=T)
-    assert_same(t, torch.maximum(before, v))
-    assert_same(old, before)
+    atomic_tile_kernel[(1,)](t, v, old, B=16, target=target)
+    assert_bits(t, torch.maximum(before, v))
+    assert_bits(old, before)
     assert bool((buf[:3] == SENTINEL).all()) and bool((buf[3 + n :] == SENTINEL).all())
 
 
@@ -597,7 +561,7 @@ def cas_kernel(
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32])
-def test_atomic_cas_returns_old_values(dtype):
+def test_atomic_cas_returns_old_values(target, dtype):
     n, B, P = 6, 8, 3
     m = B * P  # whole tiles: atomic_cas has no mask
     idx = randint(0, n, (m,), seed=24)
@@ -611,12 +575,12 @@ def test_atomic_cas_returns_old_values(dtype):
         if want_t[k] == cmp[j]:
             want_t[k] = v[j]
     old = torch.full((m,), SENTINEL, dtype=dtype)
-    cas_kernel[(P,)](t, idx, cmp, v, old, B=B, target=T)
-    assert_same(t, want_t)
-    assert_same(old, want_old)
+    cas_kernel[(P,)](t, idx, cmp, v, old, B=B, target=target)
+    assert_bits(t, want_t)
+    assert_bits(old, want_old)
 
 
-def test_atomic_cas_as_a_lock():
+def test_atomic_cas_as_a_lock(target):
     @fly.kernel
     def lock_kernel(lock: fly.Tensor, won: fly.Tensor):
         pid = fly.program_id(0)
@@ -624,7 +588,7 @@ def test_atomic_cas_as_a_lock():
 
     lock = torch.zeros(1, dtype=torch.int32)
     won = torch.full((5,), SENTINEL, dtype=torch.int32)
-    lock_kernel[(5,)](lock, won, target=T)
+    lock_kernel[(5,)](lock, won, target=target)
     assert lock.item() == 1  # program 0 ran first and took it
     assert won.tolist() == [0, 1, 1, 1, 1]
 
@@ -646,10 +610,10 @@ def sizes_kernel(x: fly.Tensor, out: fly.Tensor):
 @pytest.mark.parametrize(
     "make", [lambda: torch.empty(5, 7), lambda: torch.empty(7, 5).T, lambda: torch.empty(1, 16)]
 )
-def test_run_time_sizes_and_strides(make):
+def test_run_time_sizes_and_strides(target, make):
     x = make()
     out = torch.full((5,), SENTINEL, dtype=torch.int32)
-    sizes_kernel[(1,)](x, out, target=T)
+    sizes_kernel[(1,)](x, out, target=target)
     assert out.tolist() == [x.shape[0], x.shape[1], x.numel(), x.stride(0), x.stride(1)]
 
 

@@ -16,17 +16,16 @@ import re
 
 import pytest
 
-from flydsl_core.compile.resources import (
-    ResourceReport,
-    amd_occupancy,
-    parse_amdgcn,
-    parse_ptx,
-    report_from_triton,
-)
+from flydsl_core.compile.resources import Instr, ResourceReport, amd_occupancy, count_instructions
 from flydsl_core.targets import get_target
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
+
+from flydsl_core.backends.triton import amdgcn, ptx  # noqa: E402
+from flydsl_core.backends.triton.amdgcn import parse_amdgcn  # noqa: E402
+from flydsl_core.backends.triton.ptx import parse_ptx  # noqa: E402
+from flydsl_core.backends.triton.report import report_from_triton  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -428,3 +427,101 @@ def test_a_matmul_k_loop_holds_its_matrix_ops(target):
     assert r.loop_instructions, r.loop_instructions
     assert 0 < r.matrix_loop_instructions <= r.instruction_count
     assert _report(f"{target}/mm128").loop_instructions == []  # one tile: no loop
+
+
+# -- the per-ISA classifiers and the one counting loop ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mnem, ops, want",
+    [
+        (
+            "v_mfma_f32_32x32x16_bf16",
+            "v[8:23], v[0:3], v[0:3], v[8:23]",
+            Instr("matrix", "v_mfma_f32_32x32x16_bf16"),
+        ),
+        (
+            "v_wmma_f32_16x16x32_bf16",
+            "v[0:7], v[8:15], v[16:23], v[0:7]",
+            Instr("matrix", "v_wmma_f32_16x16x32_bf16"),
+        ),
+        (
+            "buffer_load_dwordx4",
+            "v[0:3], v4, s[0:3], 0 offen",
+            Instr("load", "buffer_load_dwordx4", 128),
+        ),
+        (
+            "buffer_load_dword",
+            "v1, s[0:3], 0 offen lds",
+            Instr("load", "buffer_load_dword lds", 32, True),
+        ),
+        (
+            "global_load_lds_dwordx4",
+            "v[2:3], off",
+            Instr("load", "global_load_lds_dwordx4", 128, True),
+        ),
+        ("global_store_short", "v[0:1], v2, off", Instr("store", "global_store_short", 16)),
+        ("ds_read2_b64", "v[0:3], v4 offset1:8", Instr("lds_read", "ds_read2_b64", 128)),
+        ("ds_write_b128", "v4, v[0:3]", Instr("lds_write", "ds_write_b128", 128)),
+        ("tensor_load_to_lds", "s[0:3], s[4:11]", Instr("load", "tensor_load_to_lds", None, True)),
+        ("s_cbranch_scc1", ".LBB0_2", Instr(None, "s_cbranch_scc1", branch_to=".LBB0_2")),
+        ("v_add_f32_e32", "v0, v1, v2", Instr(None, "v_add_f32_e32")),
+    ],
+)
+def test_amdgcn_classifier(mnem, ops, want):
+    assert amdgcn.classify(mnem, ops) == want
+
+
+@pytest.mark.parametrize(
+    "op, ops, want",
+    [
+        (
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+            "{...}",
+            Instr("matrix", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+        ),
+        (
+            "ld.global.v4.b32",
+            "{%r1, %r2, %r3, %r4}, [%rd1]",
+            Instr("load", "ld.global.v4.b32", 128),
+        ),
+        ("st.global.b16", "[%rd1], %rs1", Instr("store", "st.global.b16", 16)),
+        ("ld.shared.v2.f32", "{%f1, %f2}, [%r1]", Instr("lds_read", "ld.shared.v2.f32", 64)),
+        (
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+            "{...}, [%r1]",
+            Instr("lds_read", "ldmatrix.sync.aligned.m8n8.x4.shared.b16", 128),
+        ),
+        (
+            "cp.async.cg.shared.global",
+            "[%r1], [%rd1], 16",
+            Instr("load", "cp.async.cg.shared.global", 128, True),
+        ),
+        ("bra.uni", "$L__BB0_1", Instr(None, "bra.uni", branch_to="$L__BB0_1")),
+        ("bra", "$L__BB0_1", Instr(None, "bra", branch_to="$L__BB0_1")),
+    ],
+)
+def test_ptx_classifier(op, ops, want):
+    assert ptx.classify(op, ops) == want
+
+
+def test_one_counting_loop_for_every_isa():
+    stream = [
+        Instr("load", "a", 128),
+        "L1",
+        Instr("matrix", "m"),
+        Instr("lds_read", "r", 64),
+        Instr(None, "br", branch_to="L1"),
+        Instr("store", "s", 32),
+        Instr("load", "a lds", 32, True),
+        Instr(None, "br", branch_to="nowhere"),
+    ]
+    got = count_instructions(stream)
+    assert got["instruction_count"] == 7 and got["direct_to_lds_loads"] == 1
+    assert got["global_loads"] == {"a": 1, "a lds": 1} and got["load_widths_bits"] == {
+        32: 1,
+        128: 1,
+    }
+    assert got["global_stores"] == {"s": 1} and got["store_widths_bits"] == {32: 1}
+    assert got["matrix_ops"] == {"m": 1} and got["lds_reads"] == {"r": 1}
+    assert got["loop_instructions"] == [3] and got["matrix_loop_instructions"] == 3

@@ -20,7 +20,7 @@ import torch
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import flydsl_core as fly
-from flydsl_core.compile.resources import report_from_triton
+from flydsl_core.backends.triton.report import report_from_triton
 from flydsl_core.examples import cumsum, matmul, softmax, vector_add
 from flydsl_core.targets import get_target
 
@@ -87,7 +87,7 @@ def test_masks_in_the_source_are_the_masks_of_the_ir(name, target):
     masked = sum(
         1
         for op in ck.ir.walk()
-        if op.name in ("load", "store", "atomic_rmw") and op.attrs.get("masked")
+        if op.name in ("load", "store", "atomic_rmw") and op.operand("mask") is not None
     )
     assert ck.executable.source.count("mask=") == masked
 

@@ -69,7 +69,7 @@ def handwritten_report(num_warps):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flydsl_core.compile.resources import parse_amdgcn
+    from flydsl_core.backends.triton.amdgcn import parse_amdgcn
 
     sig = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "R": "*fp32", "stride": "i32"}
     sig.update(N="constexpr", eps="fp32", BLOCK="constexpr")

@@ -1,1 +1,1 @@
-"""Compilation of FlyDSL kernels: lowering to Triton, compiling, and reporting resources."""
+"""Compilation results independent of the backend: the ``ResourceReport`` (``resources.py``)."""

@@ -2,7 +2,7 @@
 
 from .core import Block, Function, Op, Param, Value, is_tensor, is_tile
 from .ops import OPS, OpDef, infer, opdef
-from .printer import print_function
+from .printer import print_function, value_numbers
 from .types import TensorType, TileType
 from .verifier import verify
 
@@ -21,5 +21,6 @@ __all__ = [
     "is_tile",
     "opdef",
     "print_function",
+    "value_numbers",
     "verify",
 ]

@@ -6,15 +6,19 @@ reference interpreter and the Triton lowering map it one to one.
 
 Ops are built by the tracer and rewritten by passes. Every op keeps the
 source location of the kernel line that produced it, which errors quote.
+An op's operands are read by the slot names its ``OpDef`` declares
+(``op.operand("mask")``, ``op.operand_list("init")``, ``op.args``).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from ..exc import SourceLoc
+from .ops import OpDef, opdef
 from .types import TensorType, TileType, Type
 
 _ids = itertools.count()
@@ -70,6 +74,40 @@ class Op:
         if len(self.results) != 1:
             raise ValueError(f"op {self.name} has {len(self.results)} results, not one")
         return self.results[0]
+
+    # -- operands by slot (declared on the op's OpDef in ops.py) ---------------------------
+    @property
+    def opdef(self) -> OpDef:
+        return opdef(self.name)
+
+    @property
+    def args(self) -> SimpleNamespace:
+        """The operands by slot name (``op.args.mask``); None for an absent optional slot."""
+        return self.opdef.bind(self.operands)
+
+    def operand(self, slot: str) -> Value | None:
+        """The operand in ``slot``, or None where that optional slot is absent."""
+        d = self.opdef
+        i = d.index(slot)
+        if d.slots[i].kind == "variadic":
+            raise KeyError(f"{self.name}'s slot {slot!r} is variadic: use operand_list")
+        return self.operands[i] if i < len(self.operands) else None
+
+    def operand_list(self, slot: str) -> list[Value]:
+        """The operands of a variadic slot (a loop's ``init``, a yield's ``values``)."""
+        d = self.opdef
+        i = d.index(slot)
+        if d.slots[i].kind != "variadic":
+            raise KeyError(f"{self.name}'s slot {slot!r} is not variadic: use operand")
+        return self.operands[i:]
+
+    def drop_operand(self, slot: str) -> None:
+        """Remove optional ``slot`` and the optional slots after it (they need it)."""
+        d = self.opdef
+        i = d.index(slot)
+        if d.slots[i].kind != "optional":
+            raise KeyError(f"{self.name}'s slot {slot!r} is not optional")
+        del self.operands[i:]
 
     def __repr__(self) -> str:
         return f"<Op {self.name} at {self.loc}>"

@@ -1,10 +1,23 @@
-"""The operation set of FlyIR and each op's type rule.
+"""The operation set of FlyIR: each op's operand slots, effects and type rule.
 
-Each op is declared once with ``@op(...)``; the decorated function is its
-type rule (abstract evaluation): it takes the operand types and the attrs and
-returns the result types, or raises ``TypeCheckError``. The tracer and the
-verifier both call these rules, so a type error found while tracing and one
-introduced by a pass read the same.
+Each op is declared once with ``@op(...)``:
+
+* ``operands`` names its operand slots in order. ``name?`` is optional and
+  ``name*`` variadic (the last slot). Optional slots follow the required ones
+  and fill in order, like Python's defaulted parameters: a load's ``other?``
+  is present only with its ``mask?``. So an op's operand count alone says
+  which slots it has, and ``Op.operand(name)`` / ``Op.operand_list(name)``
+  read them; no reader decodes flags of its own.
+* ``effects`` says what it does besides computing its results: nothing
+  (pure, the default), ``"read"`` memory or ``"write"`` memory. ``fold``,
+  ``cse`` and ``dce`` ask the ``OpDef`` (``pure``, ``reads_memory``,
+  ``writes_memory``); terminators are marked ``terminator``.
+* The decorated function is its type rule (abstract evaluation): it gets the
+  operand types by slot (``t.tensor``, ``t.mask``; ``None`` for an absent
+  optional slot, a list for a variadic one) and the attrs, and returns the
+  result types or raises ``TypeCheckError``. The tracer and the verifier both
+  call it, so a type error found while tracing and one introduced by a pass
+  read the same.
 
 FlyIR is explicit: binary ops need operands of one dtype and one shape. The
 tracer inserts the ``cast`` and ``broadcast`` ops that Python's operator
@@ -13,31 +26,125 @@ syntax implies; backends never guess.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from .. import dtypes as dt
 from ..exc import TypeCheckError
 from .types import TensorType, TileType
+
+EFFECTS = ("read", "write")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One operand slot of an op: ``kind`` is ``one``, ``optional`` or ``variadic``."""
+
+    name: str
+    kind: str = "one"
+
+    @classmethod
+    def parse(cls, spec: str) -> Slot:
+        if spec.endswith("?"):
+            return cls(spec[:-1], "optional")
+        if spec.endswith("*"):
+            return cls(spec[:-1], "variadic")
+        return cls(spec)
+
+    def __str__(self) -> str:
+        return self.name + {"one": "", "optional": "?", "variadic": "*"}[self.kind]
 
 
 @dataclass(frozen=True)
 class OpDef:
     name: str
     infer: Callable
-    effects: bool = False  # writes memory or is a terminator: never removed by DCE
+    slots: tuple[Slot, ...] = ()
+    effects: frozenset[str] = frozenset()
     terminator: bool = False
     num_regions: int = 0
+
+    # -- effects ------------------------------------------------------------------------
+    @property
+    def pure(self) -> bool:
+        """No memory effects and no control: equal operands and attrs give equal results."""
+        return not self.effects and not self.terminator
+
+    @property
+    def reads_memory(self) -> bool:
+        return "read" in self.effects
+
+    @property
+    def writes_memory(self) -> bool:
+        return "write" in self.effects
+
+    # -- operand slots --------------------------------------------------------------------
+    @property
+    def signature(self) -> str:
+        return ", ".join(map(str, self.slots))
+
+    def arity(self) -> tuple[int, int | None]:
+        """The fewest and most operands (``None``: no most)."""
+        lo = sum(s.kind == "one" for s in self.slots)
+        if any(s.kind == "variadic" for s in self.slots):
+            return lo, None
+        return lo, len(self.slots)
+
+    def index(self, slot: str) -> int:
+        """The operand position of ``slot`` (the first one of a variadic slot)."""
+        for i, s in enumerate(self.slots):
+            if s.name == slot:
+                return i
+        raise KeyError(f"op {self.name!r} has no operand slot {slot!r} ({self.signature})")
+
+    def check_count(self, n: int) -> None:
+        lo, hi = self.arity()
+        if n < lo or (hi is not None and n > hi):
+            want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"{lo} or more"
+            raise TypeCheckError(f"{self.name} takes {want} operands ({self.signature}), got {n}")
+
+    def bind(self, items: Sequence) -> SimpleNamespace:
+        """``items`` (operands or their types) by slot name: absent optional slots are None."""
+        self.check_count(len(items))
+        out = {}
+        for i, s in enumerate(self.slots):
+            if s.kind == "variadic":
+                out[s.name] = list(items[i:])
+            else:
+                out[s.name] = items[i] if i < len(items) else None
+        return SimpleNamespace(**out)
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def op(name: str, *, effects: bool = False, terminator: bool = False, regions: int = 0):
+def op(
+    name: str,
+    operands: Sequence[str],
+    *,
+    effects: Sequence[str] = (),
+    terminator: bool = False,
+    regions: int = 0,
+):
+    """Declare op ``name`` with its operand slots, effects and (the decorated) type rule."""
+    slots = tuple(Slot.parse(s) for s in operands)
+    kinds = [s.kind for s in slots]
+    if "variadic" in kinds[:-1] or ("variadic" in kinds and "optional" in kinds):
+        raise RuntimeError(f"op {name!r}: a variadic slot must be the last and only one")
+    first_optional = kinds.index("optional") if "optional" in kinds else len(kinds)
+    if "one" in kinds[first_optional:]:
+        raise RuntimeError(f"op {name!r}: optional slots must follow the required ones")
+    if len({s.name for s in slots}) != len(slots):
+        raise RuntimeError(f"op {name!r}: operand slot names must differ")
+    bad = set(effects) - set(EFFECTS)
+    if bad:
+        raise RuntimeError(f"op {name!r}: unknown effects {sorted(bad)}; known: {EFFECTS}")
+
     def deco(fn):
         if name in OPS:
             raise RuntimeError(f"op {name!r} declared twice")
-        OPS[name] = OpDef(name, fn, effects, terminator, regions)
+        OPS[name] = OpDef(name, fn, slots, frozenset(effects), terminator, regions)
         return fn
 
     return deco
@@ -79,28 +186,28 @@ def _arith(t: TileType, name: str):
 # --- leaves ------------------------------------------------------------------
 
 
-@op("constant")
-def _constant(types, attrs):
+@op("constant", ())
+def _constant(t, attrs):
     return [TileType(attrs["dtype"], tuple(attrs.get("shape", ())))]
 
 
-@op("arange")
-def _arange(types, attrs):
+@op("arange", ())
+def _arange(t, attrs):
     if attrs["end"] <= attrs["start"]:
         raise TypeCheckError(f"arange({attrs['start']}, {attrs['end']}) is empty")
     return [TileType(dt.int32, (attrs["end"] - attrs["start"],))]
 
 
-@op("program_id")
-def _program_id(types, attrs):
+@op("program_id", ())
+def _program_id(t, attrs):
     if attrs["axis"] not in (0, 1, 2):
         raise TypeCheckError(f"program_id axis must be 0, 1 or 2, got {attrs['axis']}")
     return [TileType(dt.int32)]
 
 
-@op("num_programs")
-def _num_programs(types, attrs):
-    return _program_id(types, attrs)
+@op("num_programs", ())
+def _num_programs(t, attrs):
+    return _program_id(t, attrs)
 
 
 # --- elementwise -------------------------------------------------------------
@@ -127,8 +234,8 @@ UNARY_FLOAT = (
 
 
 def _binary_rule(name):
-    def rule(types, attrs):
-        a, b = (_tile(t) for t in types)
+    def rule(t, attrs):
+        a, b = _tile(t.lhs), _tile(t.rhs)
         _same(a, b, name)
         _arith(a, name)
         if name == "truediv" or name == "pow":
@@ -141,8 +248,8 @@ def _binary_rule(name):
 
 
 def _bits_rule(name):
-    def rule(types, attrs):
-        a, b = (_tile(t) for t in types)
+    def rule(t, attrs):
+        a, b = _tile(t.lhs), _tile(t.rhs)
         _same(a, b, name)
         if not (a.dtype.is_int or a.dtype.is_bool):
             raise TypeCheckError(f"{name} needs integer or bool tiles, got {a}; bitcast first")
@@ -152,8 +259,8 @@ def _bits_rule(name):
 
 
 def _compare_rule(name):
-    def rule(types, attrs):
-        a, b = (_tile(t) for t in types)
+    def rule(t, attrs):
+        a, b = _tile(t.lhs), _tile(t.rhs)
         _same(a, b, name)
         _arith(a, name)
         return [a.with_dtype(dt.bool_)]
@@ -162,8 +269,8 @@ def _compare_rule(name):
 
 
 def _unary_rule(name, floating):
-    def rule(types, attrs):
-        (a,) = (_tile(t) for t in types)
+    def rule(t, attrs):
+        a = _tile(t.x)
         _arith(a, name)
         if floating:
             _float(a, name)
@@ -173,27 +280,27 @@ def _unary_rule(name, floating):
 
 
 for _n in BINARY_ARITH:
-    op(_n)(_binary_rule(_n))
+    op(_n, ("lhs", "rhs"))(_binary_rule(_n))
 for _n in BINARY_BITS:
-    op(_n)(_bits_rule(_n))
+    op(_n, ("lhs", "rhs"))(_bits_rule(_n))
 for _n in COMPARE:
-    op(_n)(_compare_rule(_n))
+    op(_n, ("lhs", "rhs"))(_compare_rule(_n))
 for _n in UNARY_ANY:
-    op(_n)(_unary_rule(_n, False))
+    op(_n, ("x",))(_unary_rule(_n, False))
 for _n in UNARY_FLOAT:
-    op(_n)(_unary_rule(_n, True))
+    op(_n, ("x",))(_unary_rule(_n, True))
 
 
-@op("invert")
-def _invert(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("invert", ("x",))
+def _invert(t, attrs):
+    a = _tile(t.x)
     if not (a.dtype.is_int or a.dtype.is_bool):
         raise TypeCheckError(f"~ needs an integer or bool tile, got {a}")
     return [a]
 
 
-@op("hint")
-def _hint(types, attrs):
+@op("hint", ("x",))
+def _hint(t, attrs):
     """Facts about an integer tile's values, for backends that vectorize on them.
 
     ``contiguous[d] = c``: along axis ``d`` the values come in aligned runs of
@@ -202,7 +309,7 @@ def _hint(types, attrs):
     divisibility). One entry per axis (one for a scalar), powers of two. The
     result equals the operand; the reference backend checks the facts.
     """
-    (a,) = (_tile(t) for t in types)
+    a = _tile(t.x)
     if not a.dtype.is_int:
         raise TypeCheckError(f"hint facts describe integer tiles, got {a}")
     n = max(a.rank, 1)
@@ -218,24 +325,24 @@ def _hint(types, attrs):
     return [a]
 
 
-@op("cast")
-def _cast(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("cast", ("x",))
+def _cast(t, attrs):
+    a = _tile(t.x)
     return [a.with_dtype(attrs["dtype"])]
 
 
-@op("bitcast")
-def _bitcast(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("bitcast", ("x",))
+def _bitcast(t, attrs):
+    a = _tile(t.x)
     to = attrs["dtype"]
     if to.bits != a.dtype.bits or to.is_bool or a.dtype.is_bool:
         raise TypeCheckError(f"bitcast from {a.dtype} to {to} needs equal bit widths")
     return [a.with_dtype(to)]
 
 
-@op("where")
-def _where(types, attrs):
-    c, a, b = (_tile(t) for t in types)
+@op("where", ("cond", "x", "y"))
+def _where(t, attrs):
+    c, a, b = _tile(t.cond), _tile(t.x), _tile(t.y)
     if c.dtype != dt.bool_:
         raise TypeCheckError(f"where's condition must be bool, got {c}")
     _same(a, b, "where")
@@ -247,9 +354,9 @@ def _where(types, attrs):
 # --- shape -------------------------------------------------------------------
 
 
-@op("broadcast")
-def _broadcast(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("broadcast", ("x",))
+def _broadcast(t, attrs):
+    a = _tile(t.x)
     shape = tuple(attrs["shape"])
     if len(shape) != a.rank and a.rank != 0:
         raise TypeCheckError(f"broadcast keeps the rank ({a.shape} -> {shape}); reshape first")
@@ -259,9 +366,9 @@ def _broadcast(types, attrs):
     return [a.with_shape(shape)]
 
 
-@op("reshape")
-def _reshape(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("reshape", ("x",))
+def _reshape(t, attrs):
+    a = _tile(t.x)
     shape = tuple(attrs["shape"])
     new = TileType(a.dtype, shape)
     if new.numel != a.numel:
@@ -269,18 +376,18 @@ def _reshape(types, attrs):
     return [new]
 
 
-@op("permute")
-def _permute(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("permute", ("x",))
+def _permute(t, attrs):
+    a = _tile(t.x)
     order = tuple(attrs["order"])
     if sorted(order) != list(range(a.rank)):
         raise TypeCheckError(f"permute order {order} is not a permutation of {a.rank} axes")
     return [a.with_shape(tuple(a.shape[i] for i in order))]
 
 
-@op("concat")
-def _concat(types, attrs):
-    a, b = (_tile(t) for t in types)
+@op("concat", ("a", "b"))
+def _concat(t, attrs):
+    a, b = _tile(t.a), _tile(t.b)
     _same(a.with_shape(()), b.with_shape(()), "concat")
     axis = attrs["axis"]
     if a.rank != b.rank or any(
@@ -307,9 +414,9 @@ def _drop(shape, axis):
     return tuple(s for i, s in enumerate(shape) if i != axis)
 
 
-@op("reduce")
-def _reduce(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("reduce", ("x",))
+def _reduce(t, attrs):
+    a = _tile(t.x)
     if attrs["kind"] not in REDUCE_KINDS:
         raise TypeCheckError(f"unknown reduction {attrs['kind']!r}; known: {REDUCE_KINDS}")
     _arith(a, "reduce")
@@ -319,9 +426,9 @@ def _reduce(types, attrs):
     return [a.with_shape(_drop(a.shape, axis))]
 
 
-@op("argreduce")
-def _argreduce(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("argreduce", ("x",))
+def _argreduce(t, attrs):
+    a = _tile(t.x)
     if attrs["kind"] not in ("argmax", "argmin"):
         raise TypeCheckError(f"unknown arg-reduction {attrs['kind']!r}")
     _arith(a, attrs["kind"])
@@ -330,9 +437,9 @@ def _argreduce(types, attrs):
     return [a.with_shape(shape), TileType(dt.int32, shape)]
 
 
-@op("scan")
-def _scan(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("scan", ("x",))
+def _scan(t, attrs):
+    a = _tile(t.x)
     if attrs["kind"] not in ("cumsum", "cumprod", "cummax", "cummin"):
         raise TypeCheckError(f"unknown scan {attrs['kind']!r}")
     _arith(a, "scan")
@@ -340,17 +447,17 @@ def _scan(types, attrs):
     return [a]
 
 
-@op("sort")
-def _sort(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("sort", ("x",))
+def _sort(t, attrs):
+    a = _tile(t.x)
     _arith(a, "sort")
     _axis(a, attrs["axis"], "sort")
     return [a, a.with_dtype(dt.int32)]
 
 
-@op("topk")
-def _topk(types, attrs):
-    (a,) = (_tile(t) for t in types)
+@op("topk", ("x",))
+def _topk(t, attrs):
+    a = _tile(t.x)
     _arith(a, "topk")
     axis = _axis(a, attrs["axis"], "topk")
     k = attrs["k"]
@@ -361,23 +468,19 @@ def _topk(types, attrs):
     return [a.with_shape(tuple(shape)), TileType(dt.int32, tuple(shape))]
 
 
-@op("histogram")
-def _histogram(types, attrs):
+@op("histogram", ("values", "mask?"))
+def _histogram(t, attrs):
     """Counts of each value in ``[0, num_bins)`` of a 1-D int32 tile, as an int32 ``[num_bins]``.
 
-    Operands: the values, then (``masked``) a bool mask of the same shape;
-    masked-off elements and values outside ``[0, num_bins)`` are not counted.
+    With a ``mask`` (a bool tile of the same shape), masked-off elements are not
+    counted; neither are values outside ``[0, num_bins)``.
     Added for radix select (TopK): a digit histogram per block of keys.
     """
-    a, *rest = (_tile(t) for t in types)
+    a = _tile(t.values)
     if a.rank != 1 or a.dtype != dt.int32:
         raise TypeCheckError(f"histogram needs a 1-D int32 tile, got {a}")
-    if attrs.get("masked"):
-        if not rest:
-            raise TypeCheckError("a masked histogram needs its mask operand")
-        _mask(rest[0], a.shape)
-    elif rest:
-        raise TypeCheckError("histogram takes one operand unless masked")
+    if t.mask is not None:
+        _mask(t.mask, a.shape)
     nb = attrs["num_bins"]
     if not isinstance(nb, int) or nb < 1:
         raise TypeCheckError(f"histogram num_bins must be a positive int, got {nb!r}")
@@ -389,9 +492,9 @@ def _histogram(types, attrs):
 DOT_INPUTS = {dt.bf16, dt.fp16, dt.fp32, dt.fp8e4m3, dt.fp8e5m2, dt.int8}
 
 
-@op("dot")
-def _dot(types, attrs):
-    a, b, acc = (_tile(t) for t in types)
+@op("dot", ("a", "b", "acc"))
+def _dot(t, attrs):
+    a, b, acc = _tile(t.a), _tile(t.b), _tile(t.acc)
     if a.rank not in (2, 3) or b.rank != a.rank:
         raise TypeCheckError(f"dot needs two 2-D (or 3-D batched) tiles, got {a} and {b}")
     if a.shape[-1] != b.shape[-2] or a.shape[:-2] != b.shape[:-2]:
@@ -412,9 +515,10 @@ def _dot(types, attrs):
 MX_FORMATS = {"e4m3": 1, "e5m2": 1, "e2m1": 2}  # elements per byte in memory
 
 
-@op("dot_scaled")
-def _dot_scaled(types, attrs):
-    a, sa, b, sb, acc = (_tile(t) for t in types)
+@op("dot_scaled", ("a", "a_scale", "b", "b_scale", "acc"))
+def _dot_scaled(t, attrs):
+    a, sa, b, sb = _tile(t.a), _tile(t.a_scale), _tile(t.b), _tile(t.b_scale)
+    acc = _tile(t.acc)
     fa, fb = attrs["a_format"], attrs["b_format"]
     for f in (fa, fb):
         if f not in MX_FORMATS:
@@ -462,14 +566,14 @@ def _mask(t, shape):
         raise TypeCheckError(f"mask must be a bool tile of shape {shape}, got {t}")
 
 
-@op("load")
-def _load(types, attrs):
-    ten, off, *rest = types
-    ten, off = _tensor(ten), _offsets(off)
-    if attrs.get("masked"):
-        _mask(rest.pop(0), off.shape)
-    if attrs.get("has_other"):
-        other = _tile(rest.pop(0), "other")
+@op("load", ("tensor", "offsets", "mask?", "other?"), effects=("read",))
+def _load(t, attrs):
+    """Masked-off elements read ``other``, or 0 without it (``other`` needs the mask)."""
+    ten, off = _tensor(t.tensor), _offsets(t.offsets)
+    if t.mask is not None:
+        _mask(t.mask, off.shape)
+    if t.other is not None:
+        other = _tile(t.other, "other")
         if other != TileType(ten.dtype, off.shape):
             raise TypeCheckError(
                 f"load's other must be {TileType(ten.dtype, off.shape)}, got {other}"
@@ -477,51 +581,49 @@ def _load(types, attrs):
     return [TileType(ten.dtype, off.shape)]
 
 
-@op("store", effects=True)
-def _store(types, attrs):
-    ten, off, val, *rest = types
-    ten, off, val = _tensor(ten), _offsets(off), _tile(val, "value")
+@op("store", ("tensor", "offsets", "value", "mask?"), effects=("write",))
+def _store(t, attrs):
+    ten, off, val = _tensor(t.tensor), _offsets(t.offsets), _tile(t.value, "value")
     if val != TileType(ten.dtype, off.shape):
         raise TypeCheckError(f"store value must be {TileType(ten.dtype, off.shape)}, got {val}")
-    if attrs.get("masked"):
-        _mask(rest.pop(0), off.shape)
+    if t.mask is not None:
+        _mask(t.mask, off.shape)
     return []
 
 
 ATOMIC_KINDS = ("add", "max", "min", "xchg", "and", "or", "xor")
 
 
-@op("atomic_rmw", effects=True)
-def _atomic(types, attrs):
+@op("atomic_rmw", ("tensor", "offsets", "value", "mask?"), effects=("read", "write"))
+def _atomic(t, attrs):
+    """Returns the old values; masked-off lanes do nothing and return 0."""
     if attrs["kind"] not in ATOMIC_KINDS:
         raise TypeCheckError(f"unknown atomic {attrs['kind']!r}; known: {ATOMIC_KINDS}")
-    ten, off, val, *rest = types
-    ten, off, val = _tensor(ten), _offsets(off), _tile(val, "value")
+    ten, off, val = _tensor(t.tensor), _offsets(t.offsets), _tile(t.value, "value")
     if val != TileType(ten.dtype, off.shape):
         raise TypeCheckError(f"atomic value must be {TileType(ten.dtype, off.shape)}, got {val}")
-    if attrs.get("masked"):
-        _mask(rest.pop(0), off.shape)
+    if t.mask is not None:
+        _mask(t.mask, off.shape)
     return [val]
 
 
-@op("atomic_cas", effects=True)
-def _atomic_cas(types, attrs):
-    ten, off, cmp, val = types
-    ten, off = _tensor(ten), _offsets(off)
+@op("atomic_cas", ("tensor", "offsets", "cmp", "value"), effects=("read", "write"))
+def _atomic_cas(t, attrs):
+    ten, off = _tensor(t.tensor), _offsets(t.offsets)
     want = TileType(ten.dtype, off.shape)
-    if _tile(cmp) != want or _tile(val) != want:
+    if _tile(t.cmp) != want or _tile(t.value) != want:
         raise TypeCheckError(f"atomic_cas compare and value must be {want}")
     return [want]
 
 
-@op("range_mask")
-def _range_mask(types, attrs):
+@op("range_mask", ("start", "extent"))
+def _range_mask(t, attrs):
     """``start + i < extent`` for ``i`` along ``axis`` of a ``shape`` tile.
 
     The bounds mask of a view. It stays a structured op so the mask
     elimination pass can prove it away from divisibility facts.
     """
-    start, extent = (_tile(t) for t in types)
+    start, extent = _tile(t.start), _tile(t.extent)
     if not (start.is_scalar and extent.is_scalar and start.dtype.is_int and extent.dtype.is_int):
         raise TypeCheckError("range_mask needs scalar integer start and extent")
     shape = tuple(attrs["shape"])
@@ -534,41 +636,40 @@ def _range_mask(types, attrs):
 # --- structured control flow ---------------------------------------------------
 
 
-@op("yield", terminator=True, effects=True)
-def _yield(types, attrs):
+@op("yield", ("values*",), terminator=True)
+def _yield(t, attrs):
     return []
 
 
-@op("condition", terminator=True, effects=True)
-def _condition(types, attrs):
-    (c,) = types
-    if _tile(c) != TileType(dt.bool_):
-        raise TypeCheckError(f"a while condition must be a scalar bool, got {c}")
+@op("condition", ("cond",), terminator=True)
+def _condition(t, attrs):
+    if _tile(t.cond) != TileType(dt.bool_):
+        raise TypeCheckError(f"a while condition must be a scalar bool, got {t.cond}")
     return []
 
 
-@op("for", regions=1)
-def _for(types, attrs):
-    lo, hi, step, *init = types
-    for t, n in ((lo, "start"), (hi, "stop"), (step, "step")):
-        t = _tile(t, n)
-        if not (t.is_scalar and t.dtype.is_int):
-            raise TypeCheckError(f"loop {n} must be a scalar integer, got {t}")
-    return list(init)
+@op("for", ("lo", "hi", "step", "init*"), regions=1)
+def _for(t, attrs):
+    for b, n in ((t.lo, "start"), (t.hi, "stop"), (t.step, "step")):
+        b = _tile(b, n)
+        if not (b.is_scalar and b.dtype.is_int):
+            raise TypeCheckError(f"loop {n} must be a scalar integer, got {b}")
+    return list(t.init)
 
 
-@op("if", regions=2)
-def _if(types, attrs):
-    c, *init = types
-    if _tile(c) != TileType(dt.bool_):
-        raise TypeCheckError(f"an if condition must be a scalar bool, got {c}")
-    return list(init)
+@op("if", ("cond", "init*"), regions=2)
+def _if(t, attrs):
+    if _tile(t.cond) != TileType(dt.bool_):
+        raise TypeCheckError(f"an if condition must be a scalar bool, got {t.cond}")
+    return list(t.init)
 
 
-@op("while", regions=2)
-def _while(types, attrs):
-    return list(types)
+@op("while", ("init*",), regions=2)
+def _while(t, attrs):
+    return list(t.init)
 
 
 def infer(name: str, operand_types, attrs):
-    return opdef(name).infer(list(operand_types), attrs)
+    """The result types of op ``name`` on operands of ``operand_types`` (in slot order)."""
+    d = opdef(name)
+    return d.infer(d.bind(list(operand_types)), attrs)

@@ -39,7 +39,7 @@ def _verify_block(block: Block, visible: set[int], fn: Function, top=False):
                     "updated in place (acc += x, or acc.set(x)) on a tile created before the loop",
                 )
         try:
-            types = d.infer([v.type for v in op.operands], op.attrs)
+            types = d.infer(d.bind([v.type for v in op.operands]), op.attrs)
         except Exception as e:  # the type rule's own message is the useful part
             _fail(op, f"type rule failed: {e}")
         if [r.type for r in op.results] != list(types):
@@ -64,7 +64,7 @@ def _expect_yield(op: Op, block: Block, types):
     term = block.terminator
     if term is None or term.name != "yield":
         _fail(op, "region must end with yield")
-    got = [v.type for v in term.operands]
+    got = [v.type for v in term.operand_list("values")]
     if got != list(types):
         _fail(op, f"region yields {list(map(str, got))}, expected {list(map(str, types))}")
 

@@ -228,7 +228,7 @@ class else_:
         ctx.block.ops.pop()  # replace the if op, which had no else branch yet
         op = ctx.emit(
             "if",
-            [self.op.operands[0]] + [old for _, old in union],
+            [self.op.operand("cond")] + [old for _, old in union],
             regions=[then_block, self.block],
         )
         for (h, old), r in zip(union, op.results):

@@ -151,5 +151,5 @@ def histogram(x, num_bins: int, *, mask=None) -> Tile:
         if not m.dtype.is_bool:
             raise TypeCheckError(f"a mask must be a bool tile, got {m.type}", loc=user_location())
         operands.append(m._v)
-    attrs = {"num_bins": num_bins, "masked": mask is not None}
+    attrs = {"num_bins": num_bins}
     return Tile(current().emit("histogram", operands, attrs).result)

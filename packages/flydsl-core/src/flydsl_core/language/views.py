@@ -293,7 +293,7 @@ class View:
     ) -> Tile:
         """Load the view as a tile; masked-off elements read ``other`` (0 by default)."""
         offs, m = self._access(mask, bounds_check)
-        attrs = {"masked": m is not None, "has_other": m is not None}
+        attrs = {}
         if cache:
             attrs["cache"] = cache
         if eviction:
@@ -311,13 +311,13 @@ class View:
         offs, m = self._access(mask, bounds_check)
         val = broadcast_to(cast(as_tile(value, self.dtype), self.dtype), offs.shape)
         operands = [self.tensor._v, offs._v, val._v] + ([m._v] if m is not None else [])
-        current().emit("store", operands, {"masked": m is not None})
+        current().emit("store", operands)
 
     def _atomic(self, kind, value, mask, sem):
         offs, m = self._access(mask, True)
         val = broadcast_to(cast(as_tile(value, self.dtype), self.dtype), offs.shape)
         operands = [self.tensor._v, offs._v, val._v] + ([m._v] if m is not None else [])
-        attrs = {"kind": kind, "masked": m is not None, "sem": sem}
+        attrs = {"kind": kind, "sem": sem}
         return Tile(current().emit("atomic_rmw", operands, attrs).result)
 
     def atomic_add(self, value, mask=None, *, sem: str = "acq_rel") -> Tile:

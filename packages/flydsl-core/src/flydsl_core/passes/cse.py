@@ -1,7 +1,8 @@
 """Common-subexpression elimination of pure ops.
 
-Two ops with the same name, operands and attrs compute the same value; the
-later one is replaced by the earlier. Scoping follows the blocks: a value
+Two pure ops (``OpDef.pure``: no memory effects, no regions, not a
+terminator) with the same name, operands and attrs compute the same value;
+the later one is replaced by the earlier. Scoping follows the blocks: a value
 found in an enclosing block may be reused inside a nested one, never the
 other way around. The tracer repeats index arithmetic freely (every view
 recomputes ``pid * BLOCK``), and this keeps the generated code tidy.
@@ -9,11 +10,7 @@ recomputes ``pid * BLOCK``), and this keeps the generated code tidy.
 
 from __future__ import annotations
 
-from ..ir import ops as O
 from ..ir.core import Block, Function, Value
-
-# Ops whose result depends on more than their operands and attrs.
-_IMPURE = {"load", "atomic_rmw", "atomic_cas", "store", "yield", "condition", "for", "if", "while"}
 
 
 def _key(op):
@@ -38,7 +35,7 @@ def _cse_block(block: Block, seen: dict, subst: dict[int, Value]):
         op.operands = [subst.get(v.id, v) for v in op.operands]
         for r in op.regions:
             _cse_block(r, local, subst)
-        if op.name in _IMPURE or O.OPS[op.name].effects or op.regions:
+        if op.regions or not op.opdef.pure:
             keep.append(op)
             continue
         k = _key(op)

@@ -1,4 +1,8 @@
-"""Dead-code elimination: drop ops without effects whose results nobody uses.
+"""Dead-code elimination: drop ops whose results nobody uses and that write no memory.
+
+What an op may do besides computing its results is declared on its ``OpDef``:
+an op that reads memory (a load) goes when unused, one that writes (a store,
+an atomic) or a terminator stays, and so does a region op whose body writes.
 
 Also drops loop-carried values of ``for`` loops that nothing reads: the
 carried value, its block argument and its yield operand go together.
@@ -6,42 +10,38 @@ carried value, its block argument and its yield operand go together.
 
 from __future__ import annotations
 
-from ..ir import ops as O
 from ..ir.core import Block, Function, Op
 from .rewrite import use_counts
 
 
 def _removable(op: Op) -> bool:
-    d = O.OPS[op.name]
-    if d.effects or d.terminator:
+    d = op.opdef
+    if d.writes_memory or d.terminator:
         return False
-    return not any(_has_effects(r) for r in op.regions)
+    return not any(_writes(r) for r in op.regions)
 
 
-def _has_effects(block: Block) -> bool:
-    for op in block.walk():
-        d = O.OPS[op.name]
-        if d.effects and not d.terminator:
-            return True
-    return False
+def _writes(block: Block) -> bool:
+    return any(op.opdef.writes_memory for op in block.walk())
 
 
 def _prune_for(op: Op, counts) -> bool:
     """Remove carried values of a loop that are unused after it and in it (but by their own yield)."""
     (body,) = op.regions
     y = body.terminator
+    init = op.opdef.index("init")
     changed = False
     for i in reversed(range(len(op.results))):
         arg = body.args[i + 1]
         res = op.results[i]
         # the block arg is used only by the yield (or not at all) and the result is dead
         arg_uses = counts.get(arg.id, 0)
-        passthrough = arg_uses == 1 and y.operands[i] is arg
+        passthrough = arg_uses == 1 and y.operand_list("values")[i] is arg
         if counts.get(res.id, 0) == 0 and (arg_uses == 0 or passthrough):
             del op.results[i]
             del body.args[i + 1]
-            del y.operands[i]
-            del op.operands[3 + i]
+            del y.operands[y.opdef.index("values") + i]
+            del op.operands[init + i]
             changed = True
     for i, r in enumerate(op.results):
         r.index = i

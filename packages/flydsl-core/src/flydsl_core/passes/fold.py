@@ -17,8 +17,6 @@ from ..ir.core import Block, Function, Op, Value
 from ..ir.types import TileType
 from .rewrite import make_constant
 
-_SIDE = {"store", "atomic_rmw", "atomic_cas"}
-
 
 def const_value(v: Value):
     """The splat value of ``v`` if a ``constant`` op defines it, else None."""
@@ -152,15 +150,14 @@ def _identity(op: Op) -> Value | None:
     """An existing value equal to the op's result (x + 0 -> x), or None."""
     if len(op.operands) != 2 and op.name != "where":
         return None
-    ops = op.operands
     if op.name == "where":
-        c = const_value(ops[0])
-        if c is True:
-            return ops[1]
-        if c is False:
-            return ops[2]
-        return ops[1] if ops[1] is ops[2] else None
-    a, b = ops
+        c, x, y = op.args.cond, op.args.x, op.args.y
+        if const_value(c) is True:
+            return x
+        if const_value(c) is False:
+            return y
+        return x if x is y else None
+    a, b = op.operands
     ca, cb = const_value(a), const_value(b)
     if op.name == "add":
         return a if cb == 0 and cb is not None else (b if ca == 0 and ca is not None else None)
@@ -208,16 +205,11 @@ def _absorbing(op: Op):
 
 
 def _drop_true_mask(op: Op):
-    """A load/store/atomic whose mask folded to all-true needs no mask."""
-    if op.name not in ("load", "store", "atomic_rmw") or not op.attrs.get("masked"):
-        return
-    mi = 2 if op.name == "load" else 3
-    if const_value(op.operands[mi]) is True:
-        del op.operands[mi:]
-        op.attrs["masked"] = False
-        op.attrs.pop("has_other", None)
-        if op.name == "load":
-            op.attrs["has_other"] = False
+    """An op whose optional ``mask`` folded to all-true needs no mask (nor a load its ``other``)."""
+    if any(s.name == "mask" and s.kind == "optional" for s in op.opdef.slots):
+        m = op.operand("mask")
+        if m is not None and const_value(m) is True:
+            op.drop_operand("mask")
 
 
 def _fold_block(block: Block, subst: dict[int, Value]) -> bool:
@@ -225,8 +217,8 @@ def _fold_block(block: Block, subst: dict[int, Value]) -> bool:
     out: list[Op] = []
     for op in block.ops:
         op.operands = [subst.get(v.id, v) for v in op.operands]
-        if op.name == "if" and is_const(op.operands[0]):
-            taken = op.regions[0 if const_value(op.operands[0]) else 1]
+        if op.name == "if" and is_const(op.operand("cond")):
+            taken = op.regions[0 if const_value(op.operand("cond")) else 1]
             changed |= _fold_block(taken, subst)
             y = taken.ops.pop()
             for o in taken.ops:
@@ -234,14 +226,14 @@ def _fold_block(block: Block, subst: dict[int, Value]) -> bool:
                 for r in o.results:
                     r.block = block
             out.extend(taken.ops)
-            for r, v in zip(op.results, y.operands):
+            for r, v in zip(op.results, y.operand_list("values")):
                 subst[r.id] = subst.get(v.id, v)
             changed = True
             continue
         for r in op.regions:
             changed |= _fold_block(r, subst)
         _drop_true_mask(op)
-        if op.name in _SIDE or op.name == "constant" or op.regions:
+        if not op.opdef.pure or op.name == "constant" or op.regions:
             out.append(op)
             continue
         same = _identity(op)

@@ -25,28 +25,28 @@ def _strip(v, facts: Facts):
     """``(x // c) * c`` is ``x`` when ``c`` divides ``x`` (a tile index times its size)."""
     op = v.owner
     if isinstance(op, Op) and op.name == "mul":
-        a, c = op.operands
+        a, c = op.operand("lhs"), op.operand("rhs")
         cv = const_value(c)
         inner = a.owner
         if (
             cv
             and isinstance(inner, Op)
             and inner.name == "intdiv"
-            and const_value(inner.operands[1]) == cv
+            and const_value(inner.operand("rhs")) == cv
         ):
-            x = inner.operands[0]
+            x = inner.operand("lhs")
             if facts.divisor(x) % cv == 0:
                 return x
     return v
 
 
 def _in_loop_bounds(facts: Facts, op: Op, length: int) -> bool:
-    start, extent = op.operands
+    start, extent = op.operand("start"), op.operand("extent")
     start = _strip(start, facts)
     loop = facts.loop_of(start)
     if loop is None:
         return False
-    lo, hi, step = loop.operands[:3]
+    lo, hi, step = loop.operand("lo"), loop.operand("hi"), loop.operand("step")
     if not (
         hi is extent or (const_value(hi) is not None and const_value(hi) == const_value(extent))
     ):
@@ -64,7 +64,7 @@ def _rewrite(block: Block, facts: Facts) -> int:
             out.append(op)
             continue
         axis, length, shape = op.attrs["axis"], op.attrs["length"], op.attrs["shape"]
-        start, extent = op.operands
+        start, extent = op.operand("start"), op.operand("extent")
         uniform = axis < 0 or length == 1
         if _in_loop_bounds(facts, op, length):
             op.name, op.operands = "constant", []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir.core import Block, Function, Op, Value
 
 
@@ -44,3 +46,35 @@ def make_constant(value, type, loc=None) -> Op:
     return Op(
         "constant", [], {"value": value, "dtype": type.dtype, "shape": type.shape}, [type], loc=loc
     )
+
+
+def clone_function(fn: Function) -> Function:
+    """A copy of ``fn`` with fresh values and ops, for a rewrite that must not touch ``fn``."""
+    vmap: dict[int, Value] = {}
+    params = []
+    for p in fn.params:
+        value = None
+        if p.value is not None:
+            value = vmap[p.value.id] = Value(p.value.type, name=p.value.name)
+        params.append(dataclasses.replace(p, value=value, facts=dict(p.facts)))
+
+    def block(b: Block) -> Block:
+        nb = Block([a.type for a in b.args])
+        for a, na in zip(b.args, nb.args):
+            vmap[a.id] = na
+        for op in b.ops:
+            regions = [block(r) for r in op.regions]
+            new = Op(
+                op.name,
+                [vmap[v.id] for v in op.operands],
+                dict(op.attrs),
+                [r.type for r in op.results],
+                regions,
+                op.loc,
+            )
+            for r, nr in zip(op.results, new.results):
+                vmap[r.id] = nr
+            nb.append(new)
+        return nb
+
+    return Function(fn.name, params, block(fn.body), dict(fn.constexprs), fn.loc)

@@ -88,6 +88,9 @@ class Target:
     matrix_instructions: tuple[str, ...] = ()
     peak: PeakRates = field(default_factory=PeakRates)
     supports_native_mx: bool = False  # MX block-scaled matrix instructions in hardware
+    # what the code generator may use (decided from these flags, never from the name):
+    has_buffer_ops: bool = False  # AMD buffer loads/stores: 32-bit offsets from a descriptor
+    eviction_hint_with_cache_modifier: bool = True  # a load may carry both hints at once
     unverified: tuple[str, ...] = ()  # names of fields holding placeholder figures
 
     @property
@@ -206,6 +209,7 @@ _GFX950 = Target(
     # ref: gfx950 "native matrix instructions": v_mfma_scale_f32_*_f8f6f4;
     # gfx942 has no block-scaled MFMA (obs: tl.dot_scaled upcasts to bf16 MFMA there).
     supports_native_mx=True,
+    has_buffer_ops=True,  # obs: Triton 3.9 emits buffer_load_* given tt.pointer_range = 32
 )
 
 _GFX942 = Target(
@@ -240,6 +244,7 @@ _GFX942 = Target(
         clock_ghz=2.1,  # AMD MI300X product page, peak engine clock (not in the reference sheet)
     ),
     supports_native_mx=False,
+    has_buffer_ops=True,  # obs: Triton 3.9 emits buffer_load_* given tt.pointer_range = 32
 )
 
 _GFX1250 = Target(
@@ -289,6 +294,7 @@ _GFX1250 = Target(
     # to v_wmma_scale_f32_16x16x128_f8f6f4, a block-scaled instruction, so the
     # hardware has native MX; unverified on silicon.
     supports_native_mx=True,
+    has_buffer_ops=True,  # obs: Triton 3.9 emits buffer_load_* given tt.pointer_range = 32
     unverified=(
         "num_cus",
         "num_xcds",
@@ -339,6 +345,8 @@ _SM90 = Target(
     # Hopper's tensor cores have no block scales (obs: tl.dot_scaled upcasts to
     # bf16 wgmma on sm90); MX arrives with Blackwell (sm100).
     supports_native_mx=False,
+    # ptxas takes no eviction priority next to a cache operator (both are hints)
+    eviction_hint_with_cache_modifier=False,
 )
 
 _CPU_REFERENCE = Target(

@@ -184,7 +184,7 @@ def loop_bodies(amdgcn: str) -> list[list[str]]:
 def k_loop_body(amdgcn: str) -> list[str]:
     """The lines of the K loop: the smallest loop holding a matrix op (the one the report's
     ``matrix_loop_instructions`` counts; under a persistent kernel's tile loop too)."""
-    from flydsl_core.compile.resources import AMD_MATRIX_PREFIXES
+    from flydsl_core.backends.triton.amdgcn import AMD_MATRIX_PREFIXES
 
     mma = [b for b in loop_bodies(amdgcn) if any(ln.startswith(AMD_MATRIX_PREFIXES) for ln in b)]
     return min(mma, key=len, default=[])

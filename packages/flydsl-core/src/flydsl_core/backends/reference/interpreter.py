@@ -15,7 +15,7 @@ import torch
 
 from ...exc import ArgumentError, LoweringError
 from ...ir.core import Block, Function, Op, Value
-from .rules import RULES
+from .rules import RULES, rule
 
 
 class Slots:
@@ -44,24 +44,17 @@ def _compile_block(block: Block, S: Slots):
     steps = []
     term = None
     for op in block.ops:
-        if op.name in ("yield", "condition"):
-            term = [S[v] for v in op.operands]
+        if op.opdef.terminator:
+            term = [S[v] for v in op.operands]  # a yield's values or a condition's cond
             continue
-        if op.name == "for":
-            steps.append(_for(op, S))
-        elif op.name == "if":
-            steps.append(_if(op, S))
-        elif op.name == "while":
-            steps.append(_while(op, S))
-        else:
-            rule = RULES.get(op.name)
-            if rule is None:
-                raise LoweringError(
-                    f"the cpu-reference backend has no rule for op {op.name!r}", loc=op.loc
-                )
-            step = rule(op, S)
-            if step is not None:
-                steps.append(step)
+        rule = RULES.get(op.name)
+        if rule is None:
+            raise LoweringError(
+                f"the cpu-reference backend has no rule for op {op.name!r}", loc=op.loc
+            )
+        step = rule(op, S)
+        if step is not None:
+            steps.append(step)
     return steps, term or []
 
 
@@ -70,9 +63,10 @@ def _run(steps, env, state):
         s(env, state)
 
 
+@rule("for")
 def _for(op: Op, S: Slots):
-    lo, hi, st = (S[v] for v in op.operands[:3])
-    init = [S[v] for v in op.operands[3:]]
+    lo, hi, st = (S[op.operand(n)] for n in ("lo", "hi", "step"))
+    init = [S[v] for v in op.operand_list("init")]
     (body,) = op.regions
     iv, *args = (S[a] for a in body.args)
     steps, yields = _compile_block(body, S)
@@ -94,8 +88,9 @@ def _for(op: Op, S: Slots):
     return step
 
 
+@rule("if")
 def _if(op: Op, S: Slots):
-    c = S[op.operands[0]]
+    c = S[op.operand("cond")]
     then_steps, then_y = _compile_block(op.regions[0], S)
     else_steps, else_y = _compile_block(op.regions[1], S)
     res = [S[r] for r in op.results]
@@ -110,8 +105,9 @@ def _if(op: Op, S: Slots):
     return step
 
 
+@rule("while")
 def _while(op: Op, S: Slots):
-    init = [S[v] for v in op.operands]
+    init = [S[v] for v in op.operand_list("init")]
     before, body = op.regions
     bargs = [S[a] for a in before.args]
     args = [S[a] for a in body.args]

@@ -1,5 +1,9 @@
 """Reference rules: one function per FlyIR op, turning the op into a step.
 
+The rules of the structured control-flow ops (``for``, ``if``, ``while``)
+live in ``interpreter.py``, beside the block compiler they recurse into; the
+terminators (``yield``, ``condition``) are read by those rules.
+
 A rule gets the op and a ``Slots`` map (value -> index into the
 environment list) and returns ``step(env, state)``, which computes the op's
 results from ``env`` with torch and stores them back. Building closures once
@@ -131,7 +135,7 @@ def _make_binary(name):
     f = _BIN[name]
 
     def build(op, S):
-        a, b = (S[v] for v in op.operands)
+        a, b = S[op.operand("lhs")], S[op.operand("rhs")]
         r = S[op.results[0]]
         if name == "intdiv":
 
@@ -155,7 +159,7 @@ def _make_unary(name):
     f = _UN[name]
 
     def build(op, S):
-        (a,) = (S[v] for v in op.operands)
+        a = S[op.operand("x")]
         r = S[op.results[0]]
 
         def step(env, state):
@@ -174,8 +178,9 @@ for _n in _UN:
 
 @rule("invert")
 def _invert(op, S):
-    a, r = S[op.operands[0]], S[op.results[0]]
-    f = torch.logical_not if op.operands[0].type.dtype.is_bool else torch.bitwise_not
+    x = op.operand("x")
+    a, r = S[x], S[op.results[0]]
+    f = torch.logical_not if x.type.dtype.is_bool else torch.bitwise_not
 
     def step(env, state):
         env[r] = f(env[a])
@@ -186,7 +191,7 @@ def _invert(op, S):
 @rule("hint")
 def _hint(op, S):
     # A false hint would make GPU code silently wrong: the reference checks it.
-    a, r = S[op.operands[0]], S[op.results[0]]
+    a, r = S[op.operand("x")], S[op.results[0]]
     contiguous, multiple_of = op.attrs["contiguous"], op.attrs["multiple_of"]
 
     def step(env, state):
@@ -207,8 +212,8 @@ def _hint(op, S):
 
 @rule("cast")
 def _cast(op, S):
-    a, r = S[op.operands[0]], S[op.results[0]]
-    src, to = op.operands[0].type.dtype, op.attrs["dtype"]
+    a, r = S[op.operand("x")], S[op.results[0]]
+    src, to = op.operand("x").type.dtype, op.attrs["dtype"]
     tt = tdt(to)
     if to.is_float and to.storage_only:
         # FlyDSL's fp8 conversions saturate to the largest finite value (NaN stays NaN),
@@ -235,7 +240,7 @@ def _cast(op, S):
 
 @rule("bitcast")
 def _bitcast(op, S):
-    a, r = S[op.operands[0]], S[op.results[0]]
+    a, r = S[op.operand("x")], S[op.results[0]]
     tt = tdt(op.attrs["dtype"])
 
     def step(env, state):
@@ -248,7 +253,7 @@ def _bitcast(op, S):
 
 @rule("where")
 def _where(op, S):
-    c, a, b = (S[v] for v in op.operands)
+    c, a, b = S[op.operand("cond")], S[op.operand("x")], S[op.operand("y")]
     r = S[op.results[0]]
 
     def step(env, state):
@@ -262,7 +267,7 @@ def _where(op, S):
 
 @rule("broadcast")
 def _broadcast(op, S):
-    a, r, shape = S[op.operands[0]], S[op.results[0]], op.attrs["shape"]
+    a, r, shape = S[op.operand("x")], S[op.results[0]], op.attrs["shape"]
 
     def step(env, state):
         env[r] = env[a].expand(shape)
@@ -272,7 +277,7 @@ def _broadcast(op, S):
 
 @rule("reshape")
 def _reshape(op, S):
-    a, r, shape = S[op.operands[0]], S[op.results[0]], op.attrs["shape"]
+    a, r, shape = S[op.operand("x")], S[op.results[0]], op.attrs["shape"]
 
     def step(env, state):
         env[r] = env[a].reshape(shape)
@@ -282,7 +287,7 @@ def _reshape(op, S):
 
 @rule("permute")
 def _permute(op, S):
-    a, r, order = S[op.operands[0]], S[op.results[0]], op.attrs["order"]
+    a, r, order = S[op.operand("x")], S[op.results[0]], op.attrs["order"]
 
     def step(env, state):
         env[r] = env[a].permute(order)
@@ -292,7 +297,7 @@ def _permute(op, S):
 
 @rule("concat")
 def _concat(op, S):
-    a, b = (S[v] for v in op.operands)
+    a, b = S[op.operand("a")], S[op.operand("b")]
     r, axis = S[op.results[0]], op.attrs["axis"]
 
     def step(env, state):
@@ -317,7 +322,7 @@ def _xor_reduce(x, axis):
 
 @rule("reduce")
 def _reduce(op, S):
-    a, r = S[op.operands[0]], S[op.results[0]]
+    a, r = S[op.operand("x")], S[op.results[0]]
     kind, axis = op.attrs["kind"], op.attrs["axis"]
     td = tdt(op.results[0].type.dtype)
     f = {
@@ -336,7 +341,7 @@ def _reduce(op, S):
 
 @rule("argreduce")
 def _argreduce(op, S):
-    a = S[op.operands[0]]
+    a = S[op.operand("x")]
     rv, ri = (S[v] for v in op.results)
     axis = op.attrs["axis"]
     largest = op.attrs["kind"] == "argmax"
@@ -353,7 +358,7 @@ def _argreduce(op, S):
 
 @rule("scan")
 def _scan(op, S):
-    a, r = S[op.operands[0]], S[op.results[0]]
+    a, r = S[op.operand("x")], S[op.results[0]]
     kind, axis, rev = op.attrs["kind"], op.attrs["axis"], op.attrs.get("reverse", False)
     td = tdt(op.results[0].type.dtype)
     f = {
@@ -372,7 +377,7 @@ def _scan(op, S):
 
 @rule("sort")
 def _sort(op, S):
-    a = S[op.operands[0]]
+    a = S[op.operand("x")]
     rv, ri = (S[v] for v in op.results)
     axis, desc = op.attrs["axis"], op.attrs["descending"]
 
@@ -385,7 +390,7 @@ def _sort(op, S):
 
 @rule("topk")
 def _topk(op, S):
-    a = S[op.operands[0]]
+    a = S[op.operand("x")]
     rv, ri = (S[v] for v in op.results)
     axis, k, largest = op.attrs["axis"], op.attrs["k"], op.attrs["largest"]
 
@@ -400,8 +405,9 @@ def _topk(op, S):
 
 @rule("histogram")
 def _histogram(op, S):
-    a, r = S[op.operands[0]], S[op.results[0]]
-    m = S[op.operands[1]] if op.attrs.get("masked") else None
+    a, r = S[op.operand("values")], S[op.results[0]]
+    mask = op.operand("mask")
+    m = S[mask] if mask is not None else None
     nb = op.attrs["num_bins"]
 
     def step(env, state):
@@ -444,9 +450,9 @@ def decode_e8m0(s: torch.Tensor) -> torch.Tensor:
 
 @rule("dot")
 def _dot(op, S):
-    a, b, c = (S[v] for v in op.operands)
+    a, b, c = (S[op.operand(n)] for n in ("a", "b", "acc"))
     r = S[op.results[0]]
-    is_int = op.operands[0].type.dtype.is_int
+    is_int = op.operand("a").type.dtype.is_int
 
     if is_int:
 
@@ -463,7 +469,7 @@ def _dot(op, S):
 
 @rule("dot_scaled")
 def _dot_scaled(op, S):
-    a, sa, b, sb, c = (S[v] for v in op.operands)
+    a, sa, b, sb, c = (S[op.operand(n)] for n in ("a", "a_scale", "b", "b_scale", "acc"))
     r = S[op.results[0]]
     fa, fb = op.attrs["a_format"], op.attrs["b_format"]
 
@@ -499,10 +505,10 @@ def _raw(flat):
 
 @rule("load")
 def _load(op, S):
-    t, o = S[op.operands[0]], S[op.operands[1]]
-    masked = op.attrs.get("masked", False)
-    m = S[op.operands[2]] if masked else None
-    other = S[op.operands[3]] if masked else None
+    t, o = S[op.operand("tensor")], S[op.operand("offsets")]
+    masked = op.operand("mask") is not None
+    m = S[op.operand("mask")] if masked else None
+    other = S[op.operand("other")] if op.operand("other") is not None else None
     r = S[op.results[0]]
     out_t = tdt(op.results[0].type.dtype)
 
@@ -517,8 +523,12 @@ def _load(op, S):
                 if raw.numel()
                 else torch.zeros(offs.shape, dtype=raw.dtype)
             )
-            oth = env[other]
-            vals = torch.where(mk, vals, oth.view(raw.dtype) if raw is not flat else oth)
+            if other is None:  # masked-off elements read 0
+                oth = torch.zeros((), dtype=raw.dtype)
+            else:
+                oth = env[other]
+                oth = oth.view(raw.dtype) if raw is not flat else oth
+            vals = torch.where(mk, vals, oth)
         else:
             vals = raw[offs]
         env[r] = vals.view(out_t) if raw is not flat else vals
@@ -528,9 +538,9 @@ def _load(op, S):
 
 @rule("store")
 def _store(op, S):
-    t, o, v = (S[x] for x in op.operands[:3])
-    masked = op.attrs.get("masked", False)
-    m = S[op.operands[3]] if masked else None
+    t, o, v = (S[op.operand(n)] for n in ("tensor", "offsets", "value"))
+    masked = op.operand("mask") is not None
+    m = S[op.operand("mask")] if masked else None
 
     def step(env, state):
         flat, offs, vals = env[t], env[o].long(), env[v]
@@ -560,9 +570,9 @@ _ATOMIC = {
 
 @rule("atomic_rmw")
 def _atomic(op, S):
-    t, o, v = (S[x] for x in op.operands[:3])
-    masked = op.attrs.get("masked", False)
-    m = S[op.operands[3]] if masked else None
+    t, o, v = (S[op.operand(n)] for n in ("tensor", "offsets", "value"))
+    masked = op.operand("mask") is not None
+    m = S[op.operand("mask")] if masked else None
     r = S[op.results[0]]
     f = _ATOMIC[op.attrs["kind"]]
 
@@ -593,7 +603,7 @@ def _atomic(op, S):
 
 @rule("atomic_cas")
 def _atomic_cas(op, S):
-    t, o, c, v = (S[x] for x in op.operands)
+    t, o, c, v = (S[op.operand(n)] for n in ("tensor", "offsets", "cmp", "value"))
     r = S[op.results[0]]
 
     def step(env, state):
@@ -615,7 +625,7 @@ def _atomic_cas(op, S):
 
 @rule("range_mask")
 def _range_mask(op, S):
-    s, e = (S[v] for v in op.operands)
+    s, e = S[op.operand("start")], S[op.operand("extent")]
     r = S[op.results[0]]
     axis, length, shape = op.attrs["axis"], op.attrs["length"], tuple(op.attrs["shape"])
     if axis < 0 or length == 1:

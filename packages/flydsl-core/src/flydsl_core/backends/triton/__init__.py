@@ -1,10 +1,13 @@
 """The Triton backend: FlyIR -> readable Triton source -> triton.compile (or Triton's interpreter).
 
-``codegen`` writes the ``@triton.jit`` source, ``compiler`` compiles it for a
-GPU target (on any machine: cross-compiling needs no GPU) and keeps every
-stage, ``launcher`` runs it: on the GPU through the compiled kernel's own
-launcher, or on the CPU through Triton's interpreter (target
-``cpu-interpret``). Importing this package imports Triton.
+``codegen`` writes the ``@triton.jit`` source (the emitter in ``emitter``,
+one rule per op in ``rules/``, the ``cpu-interpret`` legalization and
+overrides in ``interpret``), ``compiler`` compiles it for a GPU target (on any
+machine: cross-compiling needs no GPU) and keeps every stage, ``report``
+reads the resources from the AMDGCN (``amdgcn``) or PTX (``ptx``) stage,
+``launcher`` runs it: on the GPU through the compiled kernel's own launcher,
+or on the CPU through Triton's interpreter (target ``cpu-interpret``).
+Importing this package imports Triton.
 """
 
 import os

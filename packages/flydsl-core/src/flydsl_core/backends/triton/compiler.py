@@ -229,8 +229,8 @@ class TritonBackend:
         """The Triton source this backend would compile (no compile)."""
         target = get_target(self.target_name)
         if not target.is_gpu:
-            return generate(fn, target.name, interpret=True)
-        return generate(fn, target.name, dot_precisions=dot_precisions(target), amd=target.is_amd)
+            return generate(fn, target)
+        return generate(fn, target, dot_precisions=dot_precisions(target))
 
     def compile(self, fn: Function, spec=None, options: dict | None = None):
         from .launcher import InterpretedExecutable
@@ -287,7 +287,7 @@ class TritonExecutable:
     def report(self):
         """The ``ResourceReport`` of the compiled kernel (registers, scratch, instruction mix)."""
         if self._report is None:
-            from ...compile.resources import report_from_triton
+            from .report import report_from_triton
 
             self._report = report_from_triton(self.compiled, self.target)
         return self._report
