@@ -175,8 +175,21 @@ def test_unfusable_chain_stays_inductors():
 def test_fallback_reasons_are_counted(tmp_path):
     gm, n = _compiled(torch.mm, [torch.randn(4, 8), torch.randn(8, 4)])  # fp32
     assert n == 0 and _s("compile:mm")["fallbacks"] == {"dtype": 1}
-    _compiled(torch.mm, [_rand(4, 8), _rand(8, 6)], dynamic={1: (1,)})  # N symbolic
-    assert _s("compile:mm")["fallbacks"]["dynamic"] == 1
+    # N symbolic: a model constant, specialized with a guard (rows never are); unbacked: no value
+    gm, n = _compiled(torch.mm, [_rand(4, 8), _rand(8, 6)], dynamic={0: (0,), 1: (1,)})
+    assert n == 1
+    a_val = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
+    m_sym = a_val.shape[0].node.expr
+    guards = [g.expr for g in a_val.fake_mode.shape_env.guards]
+    assert guards and all(m_sym not in g.free_symbols for g in guards)  # N fixed, M free
+    from torch_flydsl.inductor.graph_pass import CompileContext
+    from torch_flydsl.ops import gemm as gemm_spec
+
+    mode = fake_mode()
+    with mode:
+        u = mode.shape_env.create_unbacked_symint()
+        a, b = torch.empty(4, 8, dtype=BF16), torch.empty(8, u, dtype=BF16)
+        assert gemm_spec.mm_reason(CompileContext(CPU), a, b) == "dynamic"
     _compiled(torch.mm, [_rand(4, 8), _rand(8, 6)], settings=Settings.from_options({}))
     assert _s("compile:mm")["fallbacks"]["arch"] == 1  # CPU nodes only with device="cpu"
     table = tmp_path / "closed.json"
