@@ -87,6 +87,18 @@ class Program(nn.Module):
         return mlp, swiglu, per_head, moe, mx
 
 
+def _no_compile_caches():
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
+
+
 @pytest.fixture(scope="module")
 def compiled():
     """The program compiled once, run at every M: ``(outputs, references, stats, counters)``."""
@@ -101,6 +113,10 @@ def compiled():
     counters.clear()
     torch.manual_seed(0)
     prog = Program().to(BF16)
+    # Inductor's caches would serve a graph compiled by an earlier run (FlyDSLPass.uuid()
+    # allows it when nothing changed) and the pass's compile-time counters would stay 0
+    no_cache = _no_compile_caches()
+    no_cache.__enter__()
     fn = torch.compile(prog, backend="flydsl", options={"device": "cpu"}, dynamic=True)
     outs, refs = {}, {}
     with torch.no_grad(), fx_config.patch(backed_size_oblivious=True):
@@ -113,6 +129,7 @@ def compiled():
             prog.eager_mx = False
     stats = torch_flydsl.stats()
     graphs = dict(counters["stats"])
+    no_cache.__exit__(None, None, None)
     torch._dynamo.reset()
     torch_flydsl.reset_stats()
     return outs, refs, stats, graphs
@@ -164,7 +181,8 @@ def test_install_with_backend_inductor():
     a, b = torch.randn(9, 32).to(BF16), torch.randn(32, 24).to(BF16)
     inductor.install({"device": "cpu", "ops": ["gemm"]})
     try:
-        out = torch.compile(lambda a, b: torch.relu(a @ b), backend="inductor")(a, b)
+        with _no_compile_caches():
+            out = torch.compile(lambda a, b: torch.relu(a @ b), backend="inductor")(a, b)
     finally:
         inductor.uninstall()
         torch._dynamo.reset()

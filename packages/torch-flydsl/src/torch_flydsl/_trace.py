@@ -156,8 +156,13 @@ def launch(kernel, grid, args, kwargs):
     options.update(opts)
     bound = kernel.bind(args, kwargs)
     specs = {n: _spec_value(v) for n, v in bound.items()}
-    jit, gen = kernel.triton_function(target=target, **specs)
-    runtime = kernel.specialize(kernel.bind((), specs)).runtime
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # FlyDSL's code generation is not part of the traced program: outside the tracer's modes
+    # (it may use torch itself, e.g. to round a constant to bf16, which a FakeTensor can't)
+    with _disable_current_modes():
+        jit, gen = kernel.triton_function(target=target, **specs)
+        runtime = kernel.specialize(kernel.bind((), specs)).runtime
     kargs = make_extractor(gen.params, gen.nargs)(tuple(bound[n] for n in runtime))
     wrap_triton(_launchable(jit, options, target))[_grid3(grid)](*kargs)
 
