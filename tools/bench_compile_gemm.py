@@ -122,7 +122,6 @@ def count_rewrites(m: int, arch: str = "gfx950") -> list[dict]:
     from torch_flydsl.inductor import Settings
     from torch_flydsl.inductor.graph_pass import rewrite
 
-    os.environ.setdefault("FLYDSL_GPU_ARCH", arch)
     rows = []
     for name, fn, args, gemms in programs(m, "meta"):
         mode = FakeTensorMode()
@@ -130,7 +129,7 @@ def count_rewrites(m: int, arch: str = "gfx950") -> list[dict]:
             fakes = [mode.from_tensor(a).to("cuda") for a in args]
             gm = fwd_only(fn, fakes)
         torch_flydsl.reset_stats()
-        n = rewrite(gm.graph, Settings.from_options({"kernels": "extern"}))
+        n = rewrite(gm.graph, Settings.from_options({"kernels": "extern", "arch": arch}))
         reasons = {}
         for op, st in torch_flydsl.stats().items():
             if op.startswith("compile:"):
@@ -172,8 +171,8 @@ def main(argv=None):
                       ", ".join(f"{k}: {v}" for k, v in r["kept"].items()) or "-")  # fmt: skip
         console.print(t)
         console.print(
-            "No GPU here: nothing is timed. The counts are the pass's decisions for gfx950 with "
-            "the gate table in force (FLYDSL_GPU_ARCH, default gfx950); speed needs a GPU."
+            "No GPU here: nothing is timed. The counts are the pass's decisions for gfx950 "
+            "(options arch='gfx950') with the gate table in force; speed needs a GPU."
         )
         out = {"device": "cpu", "timed": False, "rows": rows}
     else:

@@ -1,6 +1,6 @@
 """Dispatch overhead of torch_flydsl's eager overrides, measured on the CPU test backend.
 
-    uv run python tools/bench_dispatch.py [--rounds 31] [--calls 2000]
+    uv run python tools/bench_dispatch.py [--rounds 31] [--calls 2000] [--json PATH]
 
 Per call, medians over interleaved rounds in one process (each round times a
 batch of plain ATen calls with the overrides removed, then the same calls

@@ -1,6 +1,7 @@
 """GEMM benchmark: FlyDSL dense and grouped GEMM against ATen on the available device.
 
     uv run python tools/bench_gemm.py [--quick | --full] [--reps N] [--device auto|cpu|cuda]
+                                      [--json PATH]
 
 Shapes (../shared/reference/gfx950.md): BF16 NT dense GEMMs ``x @ W^T`` with M
 from decode (1-64) through prefill (8192) and (N, K) from Llama-3.1-8B, Qwen3-32B
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--full", action="store_true")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args(argv)
     device = args.device
     if device == "auto":
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
         f"{'case':44} {'shape':>22} {'ours ms':>9} {'aten ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'speedup':>7}"
     )
     g = torch.Generator().manual_seed(0)
-    speedups, failed = [], 0
+    speedups, failed, results = [], 0, []
 
     def report(name, shape, flops, ours, theirs, out, ref, peak=peak):
         nonlocal failed
@@ -151,6 +153,20 @@ def main(argv=None) -> int:
         sp = t_aten / t_ours
         speedups.append(sp)
         pct = f"{100 * tf / peak:5.1f}%" if peak else "-"
+        results.append(
+            {
+                "case": name,
+                "shape": shape,
+                "flops": flops,
+                "ours_ms": t_ours * 1e3,
+                "aten_ms": t_aten * 1e3,
+                "tflops": tf,
+                "peak_pct": 100 * tf / peak if peak else None,
+                "speedup": sp,
+                "ok": ok,
+                "max_err": err,
+            }
+        )
         print(
             f"{name:44} {shape:>22} {t_ours * 1e3:9.3f} {t_aten * 1e3:9.3f} {tf:8.2f} {pct:>6} "
             f"{sp:6.2f}x" + ("" if ok else "  MISMATCH")
@@ -194,6 +210,16 @@ def main(argv=None) -> int:
         report(label, f"{rows}x{n}x{k} E{e}", 2 * rows * n * k, ours, aten, ours(), ref, peak=None)
     gm = geomean(speedups)
     print(f"# geomean speedup vs ATen: {gm:.2f}x" if gm else "# no timings")
+    if args.json:
+        import json
+        import math
+
+        doc = {"device": label, "cpu": cpu, "peak_bf16_tflops": peak, "reps": reps}
+        doc.update(quick=quick, geomean_speedup=gm)
+        with open(args.json, "w") as f:  # NaN (a mismatch's times) is no JSON: null instead
+            clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                      for k, v in r.items()} for r in results]  # fmt: skip
+            json.dump({**doc, "rows": clean}, f, indent=2)
     return 1 if failed else 0
 
 

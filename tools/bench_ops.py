@@ -1,7 +1,7 @@
 """Op benchmark: FlyDSL RMSNorm and TopK against ATen on the available device.
 
     uv run python tools/bench_ops.py [--op rmsnorm|topk|all] [--quick | --full] [--reps N]
-                                     [--device auto|cpu|cuda] [--json PATH]
+                                     [--device auto|cpu|cuda] [--json PATH] [--max-n N]
 
 Shapes: the published upstream cases (RMSNorm rows 2048-8192 with N 4096-114688;
 small-k TopK such as k=8 over N=4096, and k 64-1024 over N 8k-256k, M = 256 rows,
@@ -367,6 +367,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--peak-tbs", type=float, default=None, help="HBM bandwidth for %% of peak")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--max-n", type=int, default=None, help="only cases with rows of at most N")
     ap.add_argument("-v", action="store_true", help="print tracebacks of failing cases")
     args = ap.parse_args(argv)
 
@@ -381,6 +382,8 @@ def main(argv=None) -> int:
     if cpu:
         torch.set_num_threads(args.threads)
     cases = quick_cases(args.op) if quick else gpu_cases(args.op)
+    if args.max_n is not None:
+        cases = [c for c in cases if c.n <= args.max_n]
     name, peak = device_peak(device, args.peak_tbs)
 
     con = Console() if Console().is_terminal else Console(width=160)

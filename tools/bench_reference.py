@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from flydsl_core import examples
+from flydsl_core import backends, examples
 from flydsl_core.passes import run_pipeline
 
 
@@ -33,7 +33,7 @@ def _median(fn, repeats):
     return statistics.median(times)
 
 
-class _Capture:
+class _Capture(backends.Backend, backends.Executable):
     """A stand-in backend that records the specialization a run asks for."""
 
     def __init__(self):
@@ -53,8 +53,6 @@ def main(argv=None):
     ap.add_argument("--skip-budget", action="store_true", help="skip the 4096x4096 case")
     args = ap.parse_args(argv)
 
-    from flydsl_core import backends
-
     cases = [(n, examples.load(n), None) for n in examples.NAMES]
     if not args.skip_budget:
         cases.append(("softmax 4096x4096", examples.load("softmax"), (4096, 4096)))
@@ -65,9 +63,8 @@ def main(argv=None):
     for name, mod, shape in cases:
         inputs = mod.make_inputs(shape or mod.DEFAULT_SHAPE, generator=gen)
         cap = _Capture()
-        backends._instances["__bench__"] = cap
-        mod.run(*inputs, target="__bench__")
-        del backends._instances["__bench__"]
+        with backends.temporary("__bench__", cap):
+            mod.run(*inputs, target="__bench__")
         k = mod.KERNEL
         t_trace = _median(lambda k=k, cap=cap: k.trace(cap.spec), args.repeats)
         t_pass = (

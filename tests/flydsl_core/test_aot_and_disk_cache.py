@@ -108,3 +108,28 @@ def test_a_tampered_bundle_is_rejected(fresh_cache):
     victim.write_bytes(b"garbage")
     with pytest.raises(FlyDSLError, match="corrupt"):
         load_bundle(bundle)
+
+
+def test_an_entry_that_verifies_but_does_not_load_is_rebuilt_quietly(
+    fresh_cache, caplog, monkeypatch
+):
+    """Triton metadata broken inside an entry whose checksums match: the load fails, the
+    log says what was done, and Triton's CompiledKernel.__del__ prints nothing."""
+    import gc
+    import sys
+
+    args, kw = _args()
+    ck = Kernel(matmul.KERNEL.fn).compile(*args, target="gfx950", **kw)
+    cache = DiskCache.default()
+    files = cache.get(ck.key)
+    cache.remove(ck.key)
+    cache.put(ck.key, {k: b"{no json" if k.endswith(".json") and k.startswith("triton-") else v
+                       for k, v in files.items()})  # fmt: skip
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    again = Kernel(matmul.KERNEL.fn).compile(*args, target="gfx950", **kw)
+    gc.collect()
+    assert unraisable == []
+    assert "did not load" in caplog.text and "removed it; compiling again" in caplog.text
+    assert again.executable.stages()["hsaco"] == ck.executable.stages()["hsaco"]
+    assert cache.get(ck.key) is not None  # the rebuilt kernel was stored again

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flydsl_core.autotune import ConfigSpace, TuningDB, prune, tune
+from flydsl_core.autotune import ConfigSpace, prune, tune
 from flydsl_core.examples import matmul
 
 pytest.importorskip("triton")
@@ -36,11 +36,9 @@ def test_prune_enforces_an_occupancy_floor():
         assert (c.rejected is None) == (occ[c.config["BM"]] >= 8)
 
 
-def test_tune_without_a_gpu_says_it_only_pruned(tmp_path):
-    db = TuningDB(tmp_path / "tuning.json")
+def test_tune_without_a_gpu_says_it_only_pruned():
     space = ConfigSpace(BM=[32, 64], BN=[64], BK=[32], num_warps=[4])
-    r = tune(matmul.KERNEL, _args(), space, "gfx950", bucket="256x256x256", db=db, jobs=1)
+    r = tune(matmul.KERNEL, _args(), space, "gfx950", jobs=1)
     assert r.method == "static" and not r.timings_ms
     assert "nothing was timed" in r.message
-    e = db.lookup("matmul", "256x256x256", "gfx950")
-    assert e.method == "static" and e.config == r.best
+    assert r.best in {c.config for c in r.pruned.survivors}

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,7 +20,6 @@ from flydsl_core.cache import (
     CacheCorruptionWarning,
     CacheKey,
     DiskCache,
-    MemoryCache,
     canonical_json,
     compiler_fingerprint,
     make_key,
@@ -324,46 +322,6 @@ def test_fingerprint_accepts_decorated_objects_and_rejects_others(tmp_path):
         source_fingerprint(42)
 
 
-# ----------------------------------------------------------- memory cache
-
-
-def test_memory_cache_is_lru():
-    m = MemoryCache(maxsize=2)
-    m.put("a", 1)
-    m.put("b", 2)
-    assert m.get("a") == 1  # a is now the most recent
-    m.put("c", 3)
-    assert "b" not in m and m.keys() == ["a", "c"] and len(m) == 2
-    assert m.get("b", "miss") == "miss"
-    assert m.pop("a") == 1 and m.keys() == ["c"]
-    with pytest.raises(ValueError):
-        MemoryCache(maxsize=0)
-
-
-def test_memory_cache_builds_once_across_threads():
-    m = MemoryCache()
-    builds = []
-
-    def build():
-        builds.append(1)
-        time.sleep(0.05)
-        return "value"
-
-    results = []
-    threads = [
-        threading.Thread(target=lambda: results.append(m.get_or_create("k", build)))
-        for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results == ["value"] * 8 and len(builds) == 1
-    with pytest.raises(RuntimeError):
-        m.get_or_create("bad", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
-    assert "bad" not in m
-
-
 # ------------------------------------------------------------- disk cache
 
 
@@ -662,3 +620,45 @@ def test_two_processes_build_once(tmp_path):
         assert out.strip() == "code object ['kernel.hsaco', 'kernel.json']"
     assert len(counter.read_text().split()) == 1  # built once, reused by the others
     assert DiskCache(root).get(KEY) == {"kernel.hsaco": b"code object", "kernel.json": b"{}"}
+
+
+def _read_only(monkeypatch):
+    """Make removals fail as on a read-only cache (as root, chmod would not stop them)."""
+    from flydsl_core.cache import disk
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(disk.os, "replace", refuse)
+    monkeypatch.setattr(disk.os, "unlink", refuse)
+    monkeypatch.setattr(disk.shutil, "rmtree", refuse)
+    monkeypatch.setattr(disk.Path, "unlink", refuse)
+
+
+def test_a_corrupt_entry_that_cannot_be_removed_says_so(cache, monkeypatch):
+    entry = cache.put(KEY, FILES)
+    corrupt_truncate(entry)
+    _read_only(monkeypatch)
+    with pytest.warns(CacheCorruptionWarning, match="could not remove it .*kept in memory only"):
+        assert cache.get(KEY) is None
+    assert entry.exists()
+
+
+def test_clear_and_remove_on_a_read_only_cache_raise(cache, monkeypatch):
+    cache.put(KEY, FILES)
+    cache.put("cd" + KEY[2:], FILES)
+    _read_only(monkeypatch)
+    with pytest.raises(CacheError, match=r"could not remove 2 of 2 entries .*removed 0"):
+        cache.clear()
+    with pytest.raises(CacheError, match="could not remove cache entry"):
+        cache.remove(KEY)
+
+
+def test_cli_cache_clear_on_a_read_only_cache_fails(tmp_path, monkeypatch, capsys):
+    from flydsl_core.cli import main
+
+    DiskCache.default().put(KEY, FILES)
+    _read_only(monkeypatch)
+    assert main(["cache", "clear"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not remove 1 of 1 entries" in err

@@ -25,8 +25,47 @@ def test_inspect_reports_mfma_for_gfx950(capsys):
     assert "v_mfma_f32_" in out and "vgpr" in out and "occupancy" in out
 
 
-def test_unknown_stage_is_an_error(capsys):
-    assert main(["inspect", "softmax", "--target", "sm90", "--stage", "nope"]) == 2
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "softmax", "--target", "sm90", "--stage", "nope"],
+        ["check", "nosuch"],
+        ["check", "--dtypes", "int8"],
+        ["ir", "nosuch"],
+        ["ir", "matmul", "--dtype", "float64"],
+        ["inspect", "matmul", "--target", "gfx9000"],
+        ["inspect", "matmul", "--num-warps", "3"],
+        ["compile", "matmul", "--out", __file__],  # a file, not a directory
+        ["aot", "vector_add", "--target", "cpu-reference", "--out", "x"],
+        ["cache", "bogus"],
+        ["bogus"],
+        [],
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("var, value", [("FLYDSL_TORCH", "bogus"), ("FLYDSL_TARGET", "gfx9000")])
+def test_bad_settings_are_one_line_and_exit_2(monkeypatch, capsys, var, value):
+    monkeypatch.setenv(var, value)
+    assert main(["check", "vector_add", "--dtypes", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and var in err
+
+
+def test_target_names_and_aliases_and_flydsl_target(monkeypatch, capsys):
+    from flydsl_core.cli import target_name
+
+    assert {target_name(t) for t in ("gfx950", "MI355X", "mi350x", "cdna4", " GFX950")} == {
+        "gfx950"
+    }
+    assert target_name("interpret") == "cpu-interpret" and target_name("ref") == "cpu-reference"
+    monkeypatch.setenv("FLYDSL_TARGET", "ref")  # honoured where --target is not given
+    assert main(["check", "vector_add", "--dtypes", "fp32"]) == 0
+    assert "on cpu-reference vs PyTorch" in capsys.readouterr().out
 
 
 def test_aot_writes_a_manifest(tmp_path, capsys):

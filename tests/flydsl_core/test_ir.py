@@ -10,6 +10,7 @@ import torch
 
 import flydsl_core as fly
 from flydsl_core import dtypes as dt
+from flydsl_core import settings
 from flydsl_core.exc import VerifyError
 from flydsl_core.ir import (
     Block,
@@ -36,7 +37,7 @@ def scale_rows(x: fly.Tensor, out: fly.Tensor, alpha: float, BLOCK: fly.constexp
 
 def _golden(name: str, text: str):
     path = os.path.join(GOLDEN, name)
-    if os.environ.get("FLYDSL_ACCEPT") == "1" or not os.path.exists(path):
+    if settings.get("FLYDSL_ACCEPT") or not os.path.exists(path):
         with open(path, "w") as f:
             f.write(text + "\n")
     with open(path) as f:

@@ -602,17 +602,73 @@ def test_value_escaping_a_branch_raises_verify_error(target):
         k[(1,)](torch.ones(1), torch.zeros(1), target=target)
 
 
-def test_break_inside_range_raises_control_flow_error(target):
-    @fly.kernel
-    def k(x: fly.Tensor, out: fly.Tensor):
-        acc = fly.zeros((), fly.fp32)
-        for i in fly.range(0, x.shape[0]):
-            acc += x[i].load()
-            break
-        out[0].store(acc)
+def _brk(x: fly.Tensor, out: fly.Tensor):
+    acc = fly.zeros((), fly.fp32)
+    for i in fly.range(0, x.shape[0]):
+        acc += x[i].load()
+        break
+    out[0].store(acc)
 
-    with pytest.raises(ControlFlowError, match="break"):
-        k[(1,)](torch.ones(4), torch.zeros(1), target=target)
+
+def _cont_in_if(x: fly.Tensor, out: fly.Tensor):
+    acc = fly.zeros((), fly.fp32)
+    for i in fly.range(0, x.shape[0]):
+        v = x[i].load()
+        with fly.if_(v > 0):
+            continue
+        acc += v
+    out[0].store(acc)
+
+
+def _return_in_if(x: fly.Tensor, out: fly.Tensor):
+    pid = fly.program_id(0)
+    with fly.if_(pid >= x.shape[0]):
+        return
+    out[pid].store(x[pid].load())
+
+
+def _cont_in_while(x: fly.Tensor, out: fly.Tensor):
+    i = fly.zeros((), fly.int32)
+    for _ in fly.while_(lambda: i < x.shape[0]):  # noqa: B023
+        i += 1
+        if True:
+            continue
+
+
+def _break_in_inner_python_loop(x: fly.Tensor, out: fly.Tensor):
+    acc = fly.zeros((), fly.fp32)
+    for i in fly.range(0, x.shape[0]):
+        for j in fly.static_range(4):
+            if j == 2:
+                break  # leaves the unrolled Python loop only: fine
+            acc += x[i].load()
+    out[0].store(acc)
+
+
+@pytest.mark.parametrize(
+    "fn, stmt, advice",
+    [
+        (_brk, "break", "fly.while_"),
+        (_cont_in_if, "continue", "guard the rest of the body"),
+        (_return_in_if, "return", "opposite condition"),
+        (_cont_in_while, "continue", "fly.if_"),
+    ],
+    ids=["break-in-range", "continue-in-if", "return-in-if", "continue-in-while"],
+)
+def test_early_exits_from_regions_are_reported_at_their_line(target, fn, stmt, advice):
+    k = fly.kernel(fn)
+    with pytest.raises(ControlFlowError, match=advice) as info:
+        k[(1,)](torch.ones(4), torch.zeros(4), target=target)
+    assert info.value.loc.file == __file__
+    assert info.value.loc.line == line_of(k, f"{stmt}\n")
+    assert info.value.loc.text.strip() == stmt
+
+
+def test_break_of_a_python_loop_inside_a_range_is_fine(target):
+    k = fly.kernel(_break_in_inner_python_loop)
+    x, out = torch.randn(5), torch.zeros(1)
+    k[(1,)](x, out, target=target)
+    torch.testing.assert_close(out, (2 * x.sum()).reshape(1))
 
 
 @pytest.mark.parametrize(

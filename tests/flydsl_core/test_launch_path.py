@@ -13,7 +13,7 @@ from flydsl_core.runtime.binder import generic_key, make_key_fn
 pytestmark = pytest.mark.cpu
 
 
-class _Recorder:
+class _Recorder(backends.Backend, backends.Executable):
     """A backend that counts compiles and records launches instead of running them."""
 
     def __init__(self):
@@ -31,9 +31,8 @@ class _Recorder:
 @pytest.fixture
 def rec():
     r = _Recorder()
-    backends._instances["recorder"] = r
-    yield r
-    del backends._instances["recorder"]
+    with backends.temporary("recorder", r):
+        yield r
 
 
 def _kernel():
@@ -128,9 +127,10 @@ def test_grids_normalize_and_bad_grids_fail_even_after_good_ones(rec):
             assert rec.launches[-1][0] == want
     k[(torch.tensor(5),)](x, o, 64, 1.0, BLOCK=16, target="recorder")
     assert rec.launches[-1][0] == (5, 1, 1)
-    for bad in [(-1,), (1, 2, 3, 4), ()]:
-        with pytest.raises(ArgumentError, match="grid"):
+    for bad in [(-1,), (1, 2, 3, 4), (), (1.9,), (4.0,), "a", (1, "2"), (True,), None, 2.5]:
+        with pytest.raises(ArgumentError, match="a launch grid is an int or a tuple of 1 to 3"):
             k[bad](x, o, 64, 1.0, BLOCK=16, target="recorder")
+    assert rec.launches[-1][0] == (5, 1, 1)  # nothing bad was launched
 
 
 def test_runtime_arguments_mix_positions_and_keywords(rec):
@@ -229,3 +229,153 @@ def test_triton_function_generates_without_compiling():
     assert {p.kind for p in gen.params} <= {"tensor", "shape", "stride", "scalar"}
     with pytest.raises(ArgumentError, match="does not generate Triton"):
         k.triton_function(spec, spec, 3, 2.0, BLOCK=64, target="cpu-reference")
+
+
+# -- the in-process cache covers what the disk key covers (issue 14) -------------------------
+
+_SCALE = 2.0
+_OFFSETS = [1.0]
+
+
+def _helper(t):
+    return t * _SCALE
+
+
+@fly.kernel
+def _scaled(x: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
+    i = fly.program_id(0)
+    out.tile((BLOCK,), i).store(_helper(x.tile((BLOCK,), i).load()) + _OFFSETS[0])
+
+
+def _run_scaled(x):
+    out = torch.empty_like(x)
+    _scaled[(fly.cdiv(x.numel(), 16),)](x, out, BLOCK=16, target="cpu-reference")
+    return out
+
+
+def test_changed_globals_helpers_and_code_are_not_served_stale(monkeypatch):
+    x = torch.randn(40)
+    torch.testing.assert_close(_run_scaled(x), x * 2.0 + 1.0)
+    g = globals()
+    monkeypatch.setitem(g, "_SCALE", 3.0)  # a global constant the kernel reads
+    torch.testing.assert_close(_run_scaled(x), x * 3.0 + 1.0)
+    monkeypatch.setitem(g, "_helper", lambda t: t - _SCALE)  # a redefined helper
+    torch.testing.assert_close(_run_scaled(x), x - 3.0 + 1.0)
+    _OFFSETS[0] = 5.0  # a mutable constant changed in place
+    try:
+        torch.testing.assert_close(_run_scaled(x), x - 3.0 + 5.0)
+    finally:
+        _OFFSETS[0] = 1.0
+    _OFFSETS[0] = 5.0
+
+    def other(t):
+        return t * 10.0
+
+    helper = g["_helper"]
+    monkeypatch.setattr(helper, "__code__", other.__code__)  # a helper patched in place
+    try:
+        torch.testing.assert_close(_run_scaled(x), x * 10.0 + 5.0)
+    finally:
+        _OFFSETS[0] = 1.0
+
+
+def test_closures_are_covered_and_equal_values_keep_the_compile(rec):
+    factor = 2.0
+
+    @fly.kernel
+    def k(x: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
+        i = fly.program_id(0)
+        out.tile((BLOCK,), i).store(x.tile((BLOCK,), i).load() * factor)
+
+    x, o = torch.randn(32), torch.empty(32)
+    k[(2,)](x, o, BLOCK=16, target="recorder")
+    factor = float("2.0")  # a new object with the same value: the same fingerprint
+    k[(2,)](x, o, BLOCK=16, target="recorder")
+    assert rec.compiles == 1
+    factor = 4.0
+    k[(2,)](x, o, BLOCK=16, target="recorder")
+    assert rec.compiles == 2
+
+
+def _forbid_tracing(monkeypatch):
+    from flydsl_core.passes import manager
+    from flydsl_core.trace import context
+
+    def fail(*a, **k):
+        raise AssertionError("traced or ran a pass on a cache hit")
+
+    monkeypatch.setattr(context.TraceContext, "__init__", fail)
+    for name in list(manager.PASSES):
+        monkeypatch.setitem(manager.PASSES, name, fail)
+
+
+def test_a_memory_hit_neither_traces_nor_runs_passes(rec, monkeypatch):
+    k = _kernel()
+    x, o = torch.randn(64), torch.empty(64)
+    k[(4,)](x, o, 64, 2.0, BLOCK=16, target="recorder")
+    _forbid_tracing(monkeypatch)
+    k[(4,)](x, o, 64, 3.0, BLOCK=16, target="recorder")  # the fast path
+    k.compile(x, o, 64, 3.0, BLOCK=16, target="recorder")  # the keyed path
+    assert rec.compiles == 1 and len(rec.launches) == 2
+
+
+@pytest.mark.compile
+def test_a_disk_hit_neither_traces_nor_runs_passes(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from flydsl_core.runtime import store
+    from flydsl_core.runtime.kernel import Kernel
+
+    monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(store, "PRELOADED", {})
+    meta = [torch.empty(256, device="meta") for _ in range(2)]
+    cold = Kernel(_scaled.fn).compile(*meta, target="gfx950", BLOCK=64)
+    _forbid_tracing(monkeypatch)
+    monkeypatch.setattr(store, "on_compile", [_forbid_tracing])  # and no compile either
+    warm = Kernel(_scaled.fn).compile(*meta, target="MI355X", BLOCK=64)  # an alias
+    assert warm.key == cold.key and warm.target == "gfx950"
+    assert warm.executable.stages()["hsaco"] == cold.executable.stages()["hsaco"]
+
+
+def test_tensor_parameters_given_numbers_or_none_name_the_parameter(rec):
+    @fly.kernel
+    def annotated(x: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
+        out.tile((BLOCK,), 0).store(x.tile((BLOCK,), 0).load())
+
+    @fly.kernel
+    def plain(x, out, BLOCK: fly.constexpr):
+        out.tile((BLOCK,), 0).store(x.tile((BLOCK,), 0).load())
+
+    o = torch.empty(8)
+    for k, bad, got in [
+        (annotated, 3, "int 3"),
+        (annotated, None, "None"),
+        (annotated, 2.5, "float 2.5"),
+        (plain, 3, "an int"),
+        (plain, None, "None"),
+    ]:
+        with pytest.raises(
+            ArgumentError,
+            match=rf"parameter 'x' .*tensor.* got {got}|parameter 'x' got {got}.*tensor",
+        ):
+            k[(1,)](bad, o, BLOCK=8, target="cpu-reference")
+
+
+def test_a_kernel_cannot_launch_or_call_another():
+    @fly.kernel
+    def inner(x: fly.Tensor, BLOCK: fly.constexpr):
+        x.tile((BLOCK,), 0).store(x.tile((BLOCK,), 0).load())
+
+    @fly.kernel
+    def launches(x: fly.Tensor, BLOCK: fly.constexpr):
+        inner[(1,)](x, BLOCK=BLOCK)
+
+    @fly.kernel
+    def calls(x: fly.Tensor, BLOCK: fly.constexpr):
+        inner(x, BLOCK=BLOCK)
+
+    x = torch.zeros(8)
+    for k in (launches, calls):
+        with pytest.raises(ArgumentError, match=f"kernel inner was .* inside kernel {k.name}"):
+            k[(1,)](x, BLOCK=8, target="cpu-reference")
+    with pytest.raises(ArgumentError, match=r"inner\[grid\]"):
+        inner(x, BLOCK=8)

@@ -185,7 +185,7 @@ def no_env(monkeypatch):
 def _device(monkeypatch, arch):
     calls = []
 
-    def fake():
+    def fake(index=None):
         calls.append(1)
         return arch
 

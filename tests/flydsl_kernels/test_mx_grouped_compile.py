@@ -102,6 +102,6 @@ def test_grouped_is_emulated_on_gfx942(cls):
 
 def test_grouped_family_cases_compile_for_gfx950():
     cases = [c for c in FAMILY.cases() if c.kernel == "mx_grouped_gemm_nt"]
-    assert len(cases) == 5 and all(c.config["kernel"] == "grouped" for c in cases)
+    assert len(cases) == 5 and all(c.config_for("gfx950")["kernel"] == "grouped" for c in cases)
     r = cases[-1].compile("gfx950").executable.report  # gpt-oss a8w4
     assert set(r.matrix_ops) <= SCALED_MFMA and not r.scratch_bytes

@@ -257,13 +257,13 @@ def test_mx_scaled_mm_v2_rewritten():
 
 @pytest.fixture
 def gfx950(monkeypatch):
+    """GPU nodes lowered for gfx950 on this machine (``arch``: no device to ask)."""
     import triton
 
-    monkeypatch.setenv("FLYDSL_GPU_ARCH", "gfx950")
     monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx950")
     prev = triton.runtime.driver._active
     triton.runtime.driver.set_active(StubDriver())
-    yield
+    yield Settings.from_options({"arch": "gfx950"})
     triton.runtime.driver._active = prev
 
 
@@ -284,7 +284,7 @@ def test_gpu_nodes_become_flydsl_triton_kernels(gfx950):
     """Static M: one ``wrap_triton`` kernel of FlyDSL's generated source; only its output is
     written (Inductor's TTIR analysis), the AMD options ride on a one-config autotune."""
     args = [_rand(2, 7, 32), _rand(48, 32), _rand(48), _rand(32, 48), _rand(32)]
-    gm, n = _compiled(_mlp, args, settings=Settings.from_options({}), device="cuda")
+    gm, n = _compiled(_mlp, args, settings=gfx950, device="cuda")
     assert n == 2 and flydsl.gemm.default not in targets(gm)
     ks = _kernels(gm)
     assert len(ks) == 2 and torch.ops.higher_order.cond not in targets(gm)
@@ -298,9 +298,7 @@ def test_gpu_nodes_become_flydsl_triton_kernels(gfx950):
 
 def test_symbolic_m_is_a_cond_over_config_ranges(gfx950):
     """A symbolic M: the eager config choice, cut into M ranges, one branch each."""
-    gm, _ = _compiled(
-        torch.mm, [_rand(7, 64), _rand(48, 64).t()], {0: (0,)}, Settings.from_options({}), "cuda"
-    )
+    gm, _ = _compiled(torch.mm, [_rand(7, 64), _rand(48, 64).t()], {0: (0,)}, gfx950, "cuda")
     conds = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
     assert len(conds) == 1
     bounds = []

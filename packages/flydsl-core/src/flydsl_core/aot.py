@@ -22,7 +22,7 @@ FORMAT = 1
 
 
 def write_bundle(compiled, out_dir) -> Path:
-    from .backends.triton.compiler import executable_files
+    from .backends import get_backend
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -32,7 +32,8 @@ def write_bundle(compiled, out_dir) -> Path:
             raise FlyDSLError(
                 f"{ck.name} for {ck.target} has no cache key (only GPU targets can be bundled)"
             )
-        files = executable_files(ck.executable)
+        files = get_backend(ck.target).serialize(ck.executable)
+        launch = dict(ck.executable.describe())
         d = out / ck.key
         d.mkdir(exist_ok=True)
         digests = {}
@@ -40,7 +41,6 @@ def write_bundle(compiled, out_dir) -> Path:
             data = data.encode() if isinstance(data, str) else data
             (d / name).write_bytes(data)
             digests[name] = hashlib.sha256(data).hexdigest()
-        md = ck.executable.compiled.metadata
         entries.append(
             {
                 "key": ck.key,
@@ -48,8 +48,8 @@ def write_bundle(compiled, out_dir) -> Path:
                 "target": ck.target,
                 "signature": {n: s.to_json() for n, s in ck.spec.specs.items()},
                 "constexprs": {k: repr(v) for k, v in ck.spec.constexprs.items()},
-                "options": ck.executable.options,
-                "launch": {"num_warps": md.num_warps, "shared": md.shared, "name": md.name},
+                "options": launch.pop("options", {}),
+                "launch": launch,
                 "resources": json.loads(ck.report.to_json()) if ck.report is not None else None,
                 "files": digests,
             }

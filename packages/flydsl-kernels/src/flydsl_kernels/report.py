@@ -13,7 +13,18 @@ For each selected case of each family (``flydsl_kernels.families()``) it
 * where the check device is a GPU, times ours and the ATen op on the same
   inputs (median of CUDA-event timings) and reports the speedup aten / ours;
   a case that names its baseline (``ReportCase.baseline``, e.g. a dequantize
-  + matmul fallback) shows the name in a ``baseline`` column.
+  + matmul fallback) shows the name in a ``baseline`` column; cases that state
+  their ``flops`` / ``bytes`` get achieved TFLOP/s, GB/s and the % of the
+  device's peak bandwidth;
+* runs each check (and, on a GPU, one run at the timed size) with guard
+  buffers around every tensor the kernel library allocates (``guards.py``):
+  a changed guard byte is an out-of-bounds write and fails the case, naming it.
+
+Each case compiles with the config of ``--target``'s own table (every family
+ships one per tuned target), and a case whose compile for that target has
+scratch, spills or more LDS / shared memory than a workgroup may use fails: no
+shipped case may. A case the target only emulates (e.g. MX GEMMs without MX
+matrix instructions) says so in ``emulated``.
 
 ``collect()`` builds the rows (plain dicts, JSON-serializable); ``render_table()``
 draws them; ``main()`` is the command line. The exit status is 0 when every
@@ -44,6 +55,7 @@ __all__ = [
     "median_times_ms",
     "render_table",
     "resolve_device",
+    "resource_problems",
     "select_cases",
 ]
 
@@ -95,13 +107,13 @@ def select_cases(select: Sequence[str] | None, fams: dict | None = None):
         if not any(_matches(t, k) for k in keys) and not any(_matches(t, b[0]) for b in chosen)
     ]
     if unknown:
-        lines = [f"no case matches {', '.join(map(repr, unknown))}.", "families:"]
-        for name, fam in fams.items():
-            lines.append(f"  {name}: {fam.description}" if fam.description else f"  {name}")
+        text = (
+            f"no case matches {', '.join(map(repr, unknown))}; families: {', '.join(fams)} "
+            "(`flydsl-kernels report --list` lists the cases)"
+        )
         for n, e, _ in broken:
-            lines.append(f"(the cases of {n} could not be listed: {_err_text(e)})")
-        lines.append("see `flydsl-kernels report --list` for the cases")
-        raise SelectionError("\n".join(lines))
+            text += f"; the cases of {n} could not be listed: {_err_text(e)}"
+        raise SelectionError(text)
     return cases, chosen
 
 
@@ -205,6 +217,12 @@ def _blank_row(family, kernel, shape, config, notes, target, device, check) -> d
         "aten_us": None,
         "baseline": None,
         "speedup": None,
+        "emulated": None,
+        "flops": None,
+        "bytes": None,
+        "tflops": None,
+        "gbps": None,
+        "hbm_pct": None,
         "error": None,
         "resources": None,
     }
@@ -231,6 +249,64 @@ def _fill_resources(row: dict, report) -> None:
     row["matrix"] = matrix_summary(d["matrix_ops"])
 
 
+def resource_problems(report, target) -> list[str]:
+    """What makes a compiled kernel unshippable on ``target``: scratch (AMD private segment /
+    NVIDIA stack frame), spills, or more LDS / shared memory than one workgroup may have."""
+    from flydsl_core.targets import get_target
+
+    d = report.to_dict() if hasattr(report, "to_dict") else report
+    out = []
+    if d.get("scratch_bytes"):
+        out.append(f"scratch {d['scratch_bytes']} B")
+    spills = [
+        f"{d[k]} {k.removesuffix('_count').replace('_', ' ')}"
+        for k in ("vgpr_spill_count", "sgpr_spill_count", "spill_store_bytes")
+        if d.get(k)
+    ]
+    out += [f"spills ({', '.join(spills)})"] if spills else []
+    tg = get_target(target)
+    limit = tg.lds_bytes_per_block or tg.lds_bytes_per_cu
+    if limit and (d.get("lds_bytes") or 0) > limit:
+        out.append(f"LDS {d['lds_bytes']} B over the {limit} B a workgroup may use")
+    return out
+
+
+def _accepts_target(fn) -> bool:
+    import inspect
+
+    try:
+        return "target" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _guarded(fn, row: dict, phase: str):
+    """``fn()`` with guard buffers around the library's allocations; a changed guard byte
+    fails the row (an out-of-bounds write)."""
+    from .guards import GuardedAllocations
+
+    with GuardedAllocations() as g:
+        out = fn()
+    bad = g.violations()
+    if bad:
+        text = "; ".join(map(str, bad[:3])) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        row["error"] = (row["error"] + "; " if row["error"] else "") + f"{phase} canary: {text}"
+        row["ok"] = False
+    return out
+
+
+def _peak_hbm_tb_s(device: str) -> float | None:
+    """The peak memory bandwidth of the check device's target (None on the CPU)."""
+    if device in ("cpu", "cpu-reference", "cpu-interpret"):
+        return None
+    from flydsl_core.targets import resolve_target
+
+    try:
+        return resolve_target().peak.hbm_tb_s
+    except Exception:
+        return None
+
+
 def _add_error(row: dict, phase: str, e: BaseException) -> None:
     log.debug("%s of %s raised:\n%s", phase, row["key"], "".join(traceback.format_exception(e)))
     text = f"{phase}: {_err_text(e)}"
@@ -254,22 +330,41 @@ def collect(
     *,
     time_gpu: bool | None = None,
     reps: int = 50,
+    guards: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per selected case (see the module doc); never raises for a failing case.
 
     ``progress(phase, done, total, label)`` is called before each step of the
     ``compile``, ``check`` and ``time`` phases and once at the end of each
     (``done == total``). ``time_gpu`` (default: whether ``device`` is a GPU)
-    times ours and ATen. Raises ``SelectionError`` for a term that matches nothing.
+    times ours and ATen. ``guards`` runs checks (and one GPU run) with guard buffers.
+    Raises ``SelectionError`` for a term that matches nothing.
     """
     device = resolve_device(device)
     cases, broken = select_cases(select)
-    rows = [
-        _blank_row(c.family, c.kernel, c.shape, c.config, c.notes, target, device, check)
-        for c in cases
-    ]
+    if shard is not None:  # every n-th case from i; broken families go with shard 0
+        i, n = shard
+        cases = cases[i::n]
+        broken = [(name, e, 0) for name, e, _ in broken] if i == 0 else []
+    rows = []
+    for c in cases:
+        try:
+            cfg = c.config_for(target)
+        except Exception as e:  # a target the family's table cannot serve: the row says so
+            cfg = {}
+            row = _blank_row(c.family, c.kernel, c.shape, cfg, c.notes, target, device, check)
+            _add_error(row, "config", e)
+            rows.append(row)
+            continue
+        rows.append(_blank_row(c.family, c.kernel, c.shape, cfg, c.notes, target, device, check))
     step = progress or (lambda *a: None)
     for case, row in zip(cases, rows):
+        row["flops"], row["bytes"] = case.flops, case.bytes
+        try:
+            row["emulated"] = case.emulation(target)
+        except Exception as e:
+            _add_error(row, "emulated", e)
         if case.aten is not None:
             try:
                 row["baseline"] = case.baseline(device) if case.baseline else "ATen"
@@ -287,6 +382,10 @@ def collect(
                 log.info("%s: %s", row["key"], row["error"])
             else:
                 _fill_resources(row, report)
+                problems = resource_problems(report, target)
+                if problems:
+                    row["error"] = "resources: " + ", ".join(problems)
+                    row["ok"] = False
         except Exception as e:
             _add_error(row, "compile", e)
     step("compile", len(cases), len(cases), "")
@@ -295,7 +394,9 @@ def collect(
         for i, (case, row) in enumerate(zip(cases, rows)):
             step("check", i, len(cases), row["key"])
             try:
-                err = float(case.check(device))
+                kw = {"target": target} if _accepts_target(case.check) else {}
+                fn = lambda case=case, kw=kw: case.check(device, **kw)  # noqa: E731
+                err = float(_guarded(fn, row, "check") if guards else fn())
                 row["check_error"] = err
                 # NaN fails too: `err <= 1` is False for it
                 row["ok"] = (row["ok"] is not False) and err <= 1.0
@@ -304,17 +405,28 @@ def collect(
         step("check", len(cases), len(cases), "")
 
     if time_gpu is None:
-        time_gpu = device not in ("cpu", "cpu-reference", "cpu-interpret")
+        from ._target import check_target
+
+        time_gpu = check_target(device) is None
     if time_gpu:
         timed = [(c, r) for c, r in zip(cases, rows) if c.run is not None]
+        peak = _peak_hbm_tb_s(device)
         for i, (case, row) in enumerate(timed):
             step("time", i, len(timed), row["key"])
             try:
                 thunks = [case.run(device)]
+                if guards:  # one launch at the timed size, guarded (the check may be smaller)
+                    _guarded(thunks[0], row, "run")
                 if case.aten is not None:
                     thunks.append(case.aten(device))
                 ms = median_times_ms(thunks, reps=reps)
                 row["ours_us"] = ms[0] * 1e3
+                if ms[0] > 0 and row["flops"]:
+                    row["tflops"] = row["flops"] / (ms[0] * 1e-3) / 1e12
+                if ms[0] > 0 and row["bytes"]:
+                    row["gbps"] = row["bytes"] / (ms[0] * 1e-3) / 1e9
+                    if peak:
+                        row["hbm_pct"] = 100 * row["gbps"] / (peak * 1e3)
                 if len(ms) > 1:
                     row["aten_us"] = ms[1] * 1e3
                     row["speedup"] = ms[1] / ms[0] if ms[0] > 0 else None
@@ -324,7 +436,7 @@ def collect(
     for n, e, pos in reversed(broken):  # in family order, where the family's cases would be
         rows.insert(pos, _broken_row(n, e, target, device, check))
     for row in rows:
-        for k in ("check_error", "speedup", "ours_us", "aten_us"):
+        for k in ("check_error", "speedup", "ours_us", "aten_us", "tflops", "gbps", "hbm_pct"):
             row[k] = _jsonable(row[k])
     return rows
 
@@ -388,7 +500,7 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
             _fmt(r["scratch_bytes"], " B"),
             _fmt(occ),
             _fmt(r["load_width_bits"], " b"),
-            escape(r["matrix"]) or "-",
+            (escape(r["matrix"]) or "-") + (" [yellow](emulated)[/]" if r.get("emulated") else ""),
             err_cell,
         ]
         if named:
@@ -417,8 +529,29 @@ def _console(stderr: bool = False):
     return c if c.is_terminal else Console(stderr=stderr, width=200)
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive int")
+    return n
+
+
+def _json_path(text: str) -> str:
+    from pathlib import Path
+
+    p = Path(text).expanduser()
+    if p.is_dir() or not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a file in an existing directory")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from flydsl_core.cli import Parser, target_name
+
+    p = Parser(
         prog="flydsl-kernels report",
         description="Compile every shipped kernel and default config, check it, and print "
         "its resources (and GPU times vs ATen where a GPU is present) in one table.",
@@ -429,19 +562,55 @@ def build_parser() -> argparse.ArgumentParser:
         "error is above tolerance (> 1); 2 usage error (e.g. a term that matches nothing).",
     )
     p.add_argument("select", nargs="*", metavar="SELECT", help="cases to report (default: all)")
-    p.add_argument("--target", default="gfx950", help="compile target (default: gfx950)")
+    p.add_argument(
+        "--target", type=target_name, default=None, help="compile target, a name or alias "
+        "(default: $FLYDSL_TARGET, else gfx950)",
+    )  # fmt: skip
     p.add_argument(
         "--device",
         default="auto",
         choices=["auto", "cpu", "cpu-interpret", "cuda"],
         help="where checks run: auto = cuda if a GPU is present, else cpu (reference backend)",
     )
-    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    p.add_argument(
+        "--json", metavar="PATH", type=_json_path, help="also write the rows as JSON to PATH"
+    )
     p.add_argument("--no-check", action="store_true", help="compile and report resources only")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
-    p.add_argument("--reps", type=int, default=50, help="timed reps per case on a GPU")
+    p.add_argument("--reps", type=_positive, default=50, help="timed reps per case on a GPU")
+    p.add_argument("--no-time", action="store_true", help="no GPU timing (compile and check)")
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="only every N-th selected case, starting at I (0-based): N processes warm the "
+        "compile cache in parallel",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
     return p
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise SelectionError(f"--shard takes I/N (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise SelectionError(f"--shard {text}: I must be in 0..N-1")
+    return i, n
+
+
+def _versions() -> dict:
+    import torch
+
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = None
+    return {"torch": torch.__version__, "triton": tv}
 
 
 def _list(select) -> int:
@@ -492,7 +661,16 @@ def _collect_with_bar(args, device: str) -> list[dict[str, Any]]:
             check=not args.no_check,
             progress=progress,
             reps=args.reps,
+            time_gpu=False if args.no_time else None,
+            shard=_shard(args.shard),
         )
+
+
+def target_name_from_env() -> str:
+    """``$FLYDSL_TARGET``'s canonical name (an unknown one names the variable)."""
+    from flydsl_core.targets import resolve_target
+
+    return resolve_target().name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -500,7 +678,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:  # `flydsl-kernels report ...`; the subcommand word is optional
         argv = argv[1:]
-    args = build_parser().parse_args(argv)
+    from flydsl_core import settings
+    from flydsl_core.cli import usage_error
+    from flydsl_core.exc import SettingsError, UnknownTargetError
+
+    parser = build_parser()
+    args = parser.parse(argv)
+    if args is None:
+        return 2
+    try:
+        settings.check_all()  # a bad FLYDSL_* value is a one-line usage error
+        if args.target is None:
+            env = settings.get("FLYDSL_TARGET")
+            args.target = "gfx950" if env is None else target_name_from_env()
+    except (SettingsError, UnknownTargetError) as e:
+        return usage_error(parser.prog, e.msg)
     logging.basicConfig(
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
         format="%(levelname)s %(name)s: %(message)s",
@@ -509,12 +701,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.list:
             return _list(args.select)
         device = resolve_device(args.device)
-        rows = _collect_with_bar(args, device)  # a bad selection raises before any compile
+        select_cases(args.select)  # a bad selection raises before the progress bar starts
+        rows = _collect_with_bar(args, device)
     except SelectionError as e:
-        from rich.markup import escape
-
-        _console(stderr=True).print(f"[red]error:[/] {escape(str(e))}", highlight=False)
-        return 2
+        return usage_error(parser.prog, str(e))
 
     import torch
 
@@ -537,7 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pathlib import Path
 
         doc = {"target": args.target, "device": device, "gpu": gpu, "gpu_name": gpu_name}
-        doc["rows"] = rows
+        doc.update(_versions(), peak_hbm_tb_s=_peak_hbm_tb_s(device), rows=rows)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         log.info("wrote %d rows to %s", len(rows), args.json)
     return 1 if bad else 0

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+
+from flydsl_core import settings as _settings
 
 # The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
 # name on the package: a first load later would rebind the package attribute to the module.
@@ -50,7 +51,7 @@ _precedence: dict[str, str] = {}  # device -> the precedence used by its last en
 
 
 def _precedence_of(value) -> str:
-    p = (value or os.environ.get("FLYDSL_TORCH_PRECEDENCE", "") or "ours").strip().lower()
+    p = str(value).strip().lower() if value else _settings.get("FLYDSL_TORCH_PRECEDENCE")
     if p not in PRECEDENCES:
         raise ValueError(
             f"precedence {p!r}: expected one of {PRECEDENCES} (FLYDSL_TORCH_PRECEDENCE)"
@@ -232,5 +233,5 @@ __all__ = [
     "status",
 ]
 
-if os.environ.get("FLYDSL_TORCH", "").strip().lower() in ("1", "true", "yes", "on"):
+if _settings.get("FLYDSL_TORCH"):  # strict: FLYDSL_TORCH=bogus is a SettingsError here
     enable()

@@ -8,9 +8,10 @@ first call that reaches the arch check, or in ``status()``.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
+
+from flydsl_core import settings
 
 #: archs the CUDA/ROCm backend dispatches to by default (``$FLYDSL_TORCH_ARCHS`` overrides)
 DEFAULT_ARCHS = ("gfx950",)
@@ -24,23 +25,30 @@ DEVICES = ("cuda", "cpu")
 
 def allowed_archs() -> frozenset[str]:
     """``$FLYDSL_TORCH_ARCHS`` (comma separated, e.g. ``gfx950,sm90``), else ``DEFAULT_ARCHS``."""
-    env = os.environ.get("FLYDSL_TORCH_ARCHS", "")
-    names = [a.strip().split(":", 1)[0] for a in env.split(",") if a.strip()]
-    return frozenset(names or DEFAULT_ARCHS)
+    names = settings.get("FLYDSL_TORCH_ARCHS") or DEFAULT_ARCHS
+    return frozenset(a.split(":", 1)[0] for a in names)
 
 
 def cpu_target() -> str:
-    """The FlyDSL target CPU-backend kernels run on: ``$FLYDSL_TORCH_CPU_TARGET`` or reference."""
-    t = os.environ.get("FLYDSL_TORCH_CPU_TARGET", "cpu-reference").strip() or "cpu-reference"
-    if t not in CPU_TARGETS:
-        raise ValueError(f"FLYDSL_TORCH_CPU_TARGET={t!r}: expected one of {', '.join(CPU_TARGETS)}")
-    return t
+    """The FlyDSL target CPU-backend kernels run on: ``$FLYDSL_TORCH_CPU_TARGET`` (a name or
+    alias of a CPU target), else the reference backend."""
+    from flydsl_core.exc import SettingsError
+    from flydsl_core.targets import lookup_target
+
+    raw = settings.get("FLYDSL_TORCH_CPU_TARGET")
+    t = lookup_target(raw)
+    if t is None or t.name not in CPU_TARGETS:
+        raise SettingsError(
+            f"FLYDSL_TORCH_CPU_TARGET={raw!r} is not valid; it takes one of "
+            f"{', '.join(CPU_TARGETS)} (or an alias of one)"
+        )
+    return t.name
 
 
 def normalize_device(device) -> str:
     """``"cuda"`` or ``"cpu"`` from a device-ish (``None``: ``$FLYDSL_TORCH_DEVICE`` or cuda)."""
     if device is None:
-        device = os.environ.get("FLYDSL_TORCH_DEVICE", "").strip() or "cuda"
+        device = settings.get("FLYDSL_TORCH_DEVICE")
     name = torch.device(device).type if not isinstance(device, str) else device.split(":")[0]
     name = {"rocm": "cuda", "hip": "cuda", "gpu": "cuda"}.get(name, name)
     if name not in DEVICES:
@@ -77,30 +85,20 @@ _ARCH_CACHE: dict[int, str | None] = {}
 
 
 def resolve_arch(index: int | None) -> str | None:
-    """The arch of GPU ``index`` (None: the current one): ``$FLYDSL_GPU_ARCH``, else torch's.
+    """The arch of GPU ``index`` (None: the current one), from flydsl-core's one arch probe
+    (``flydsl_core.targets.device_arch``: torch's report, or ``$FLYDSL_GPU_ARCH``).
 
-    ROCm: ``gcnArchName`` without feature suffixes (``gfx950``); CUDA:
-    ``sm{major}{minor}``. None when there is no such GPU. Cached per index.
+    None when there is no such GPU. Cached per index: the predicate asks on every call.
     """
-    env = os.environ.get("FLYDSL_GPU_ARCH", "").strip()
-    if env:
-        return env.split(":", 1)[0]
     if index is None:
         if not torch.cuda.is_available():
             return None
         index = torch.cuda.current_device()
     if index in _ARCH_CACHE:
         return _ARCH_CACHE[index]
-    arch = None
-    try:
-        if torch.cuda.is_available() and index < torch.cuda.device_count():
-            if torch.version.hip:
-                arch = str(torch.cuda.get_device_properties(index).gcnArchName).split(":", 1)[0]
-            else:
-                major, minor = torch.cuda.get_device_capability(index)
-                arch = f"sm{major}{minor}"
-    except (RuntimeError, AssertionError, AttributeError):
-        arch = None
+    from flydsl_core.targets import device_arch
+
+    arch = device_arch(index) if index < torch.cuda.device_count() else None
     _ARCH_CACHE[index] = arch
     return arch
 

@@ -45,11 +45,33 @@ def traces_cpu() -> bool:
     return CPU_TRACE_TARGET is not None
 
 
+_ASSUMED = threading.local()
+
+
+class assume_arch:
+    """``with assume_arch("gfx950"):`` traced GPU launches on this thread are generated for that
+    arch instead of the device's (the pass's ``arch`` setting: lowering without the GPU)."""
+
+    def __init__(self, arch: str | None):
+        self.arch = arch
+        self._prev = None
+
+    def __enter__(self):
+        self._prev = getattr(_ASSUMED, "arch", None)
+        if self.arch:
+            _ASSUMED.arch = self.arch
+        return self
+
+    def __exit__(self, *exc):
+        _ASSUMED.arch = self._prev
+
+
 def target_for(t: torch.Tensor) -> str:
-    """The FlyDSL target of ``t``'s device (its arch; ``$FLYDSL_GPU_ARCH`` overrides)."""
+    """The FlyDSL target of ``t``'s device: an assumed arch (``assume_arch``), else the
+    device's (``flydsl_core.targets.device_arch``, which ``$FLYDSL_GPU_ARCH`` overrides)."""
     if t.device.type == "cpu" and CPU_TRACE_TARGET is not None:
         return CPU_TRACE_TARGET
-    arch = _runtime.resolve_arch(t.device.index)
+    arch = getattr(_ASSUMED, "arch", None) or _runtime.resolve_arch(t.device.index)
     tgt = TARGETS.get(arch or "")
     if tgt is None:
         raise RuntimeError(

@@ -36,7 +36,6 @@ closes the gate there (a calibration where FlyDSL never won).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -224,16 +223,9 @@ SHIPPED: tuple[Rule, ...] = tuple(_shipped())
 
 def local_path() -> Path:
     """Where the calibrated table lives: ``$FLYDSL_TORCH_GATES`` or the FlyDSL cache dir."""
-    env = os.environ.get("FLYDSL_TORCH_GATES", "").strip()
-    if env:
-        return Path(env).expanduser()
-    try:
-        from flydsl_core.settings import default_cache_dir
+    from flydsl_core import settings
 
-        return Path(default_cache_dir()) / "torch_gates.json"
-    except ImportError:  # pragma: no cover - flydsl_core is a dependency
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        return Path(base) / "flydsl" / "torch_gates.json"
+    return settings.get("FLYDSL_TORCH_GATES") or settings.default_cache_dir() / "torch_gates.json"
 
 
 def read_table(path: Path) -> list[Rule]:

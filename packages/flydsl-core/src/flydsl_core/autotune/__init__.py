@@ -1,7 +1,10 @@
-"""Config spaces, static pruning, timing and the tuning database."""
+"""Config spaces, static pruning and timing on a GPU.
+
+Kernel families keep the configs they ship in their own ``configs.py`` (each
+with its source: a static pick or a timed one); there is no tuning database.
+"""
 
 from .config import OPTION_NAMES, Config, ConfigSpace
-from .db import Entry, TuningDB, user_db_path
 from .prune import Candidate, PruneResult, prune
 from .tuner import TuneResult, static_pick, tune
 
@@ -10,12 +13,9 @@ __all__ = [
     "Candidate",
     "Config",
     "ConfigSpace",
-    "Entry",
     "PruneResult",
     "TuneResult",
-    "TuningDB",
     "prune",
     "static_pick",
     "tune",
-    "user_db_path",
 ]

@@ -2,10 +2,11 @@
 
 Without a matching GPU the tuner says plainly that it only pruned: the
 chosen config is the static model's pick (fewest registers at the highest
-occupancy among survivors, a stated heuristic) and the database entry is
-marked ``"static"``. With one, survivors are timed with device events:
-median over repeats, with inputs rotated so caches do not flatter later
-runs, and the fastest is recorded as ``"timed"``.
+occupancy among survivors, a stated heuristic) and the result is marked
+``"static"``. With one, survivors are timed with device events: median over
+repeats, with inputs rotated so caches do not flatter later runs, and the
+fastest is marked ``"timed"``. Recording the winner is the caller's business:
+the kernel families write theirs into their ``configs.py`` with its source.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import statistics
 from dataclasses import dataclass
 
 from .config import Config
-from .db import Entry, TuningDB
 from .prune import Candidate, PruneResult, prune
 
 
@@ -44,15 +44,10 @@ def static_pick(survivors: list[Candidate]) -> Candidate | None:
 
 
 def gpu_matches(target) -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    if not torch.cuda.is_available():
-        return False
-    from ..targets import _detect_device_arch, detected_arch_to_target_name
+    """Whether the current GPU is one of ``target``'s arch."""
+    from ..targets import detected_arch_to_target_name, device_arch
 
-    arch = _detect_device_arch()
+    arch = device_arch()
     return arch is not None and detected_arch_to_target_name(arch) == target.name
 
 
@@ -79,14 +74,12 @@ def tune(
     space,
     target,
     *,
-    bucket: str,
     run=None,
     input_sets=None,
-    db: TuningDB | None = None,
     occupancy_floor: int = 1,
     jobs=None,
 ) -> TuneResult:
-    """Prune ``space`` for ``target``, time survivors if a GPU of that arch is here, record the winner.
+    """Prune ``space`` for ``target``; time the survivors if a GPU of that arch is here.
 
     ``run(config, inputs)`` launches the kernel with a config on one input
     set; it is only called where a GPU is present.
@@ -106,7 +99,6 @@ def tune(
         best = min(timings, key=timings.get)
         method = "timed"
         msg = f"timed {len(timings)} survivors on the GPU; best {best} at {timings[best]:.4f} ms (median)"
-        metrics = {"median_ms": timings[best]}
     else:
         pick = static_pick(pruned.survivors)
         best, method = pick.config, "static"
@@ -114,9 +106,4 @@ def tune(
             f"no {tgt.name} GPU here: pruned only, nothing was timed. {pruned.summary()}; "
             f"static pick {best} (highest occupancy, then fewest instructions)"
         )
-        metrics = {
-            k: pick.report.get(k) for k in ("vgpr", "occupancy", "instruction_count", "lds_bytes")
-        }
-    if db is not None:
-        db.record(kernel.name, bucket, tgt.name, Entry(best, method, metrics))
     return TuneResult(best, method, msg, pruned, timings)

@@ -1,53 +1,154 @@
-"""Backends: each turns verified FlyIR into something that runs.
+"""Backends: each turns verified FlyIR into something that runs, and can store it.
 
-Exactly one backend serves each target name. Backends never import each
-other; they are looked up here by name and imported lazily, so importing
-flydsl_core loads neither torch's heavy parts nor Triton.
+The protocol is explicit (``Backend``, ``Executable``): ``compile`` makes an
+executable, ``serialize`` gives the files that rebuild it and ``deserialize``
+rebuilds it from them with no compile (the disk cache and AOT bundles use
+these two); ``stores`` says whether a compile is worth storing at all. The
+runtime calls only these; it never probes a backend for optional methods
+or imports a particular backend's modules.
+
+Which backend serves a target is a fact of the target (``Target.compiler``
+in the target registry, one kind per backend: ``reference`` or ``triton``);
+``get_backend`` makes one instance per target, lazily, so importing
+flydsl_core loads neither torch's heavy parts nor Triton. Backends never
+import each other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
-from ..exc import UnknownTargetError
+from ..exc import CacheError, UnknownTargetError
+from ..targets import Target, get_target, register_target, unregister_target
 
-# target name -> "module:Class" of its backend
-_BACKENDS = {
-    "cpu-reference": "flydsl_core.backends.reference:ReferenceBackend",
-    "gfx950": "flydsl_core.backends.triton:Gfx950Backend",
-    "gfx942": "flydsl_core.backends.triton:Gfx942Backend",
-    "gfx1250": "flydsl_core.backends.triton:Gfx1250Backend",
-    "sm90": "flydsl_core.backends.triton:Sm90Backend",
-    "cpu-interpret": "flydsl_core.backends.triton:CpuInterpretBackend",
+#: backend kind -> "module:Class" of the backend serving targets of that kind
+KINDS: dict[str, str] = {
+    "reference": "flydsl_core.backends.reference:ReferenceBackend",
+    "triton": "flydsl_core.backends.triton:TritonBackend",
 }
-_instances: dict[str, object] = {}
+_factories: dict[str, Callable[[Target], Backend]] = {}
+_instances: dict[str, Backend] = {}
+_lock = threading.Lock()
 
 
-def register_backend(target: str, path: str) -> None:
-    _BACKENDS[target] = path
+class Executable(ABC):
+    """One specialization compiled for one target: what a backend's ``compile`` returns."""
+
+    #: the ``ResourceReport`` of the compiled code, where the backend has one
+    report: Any = None
+
+    @abstractmethod
+    def launch(self, grid: tuple[int, int, int], args: tuple) -> None:
+        """Run on ``grid`` with the kernel's run-time arguments, in order."""
+
+    def stages(self) -> dict[str, str | bytes]:
+        """The backend's stages after FlyIR (generated source, compiler IRs, binary)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """Launch facts for manifests (warps, shared memory, symbol name, compile options)."""
+        return {}
 
 
-def target_name(target) -> str:
-    """The name of a target given as a name, a Target object or None (resolved)."""
-    if target is None:
-        from ..targets import resolve_target
+class Backend(ABC):
+    """Compiles FlyIR for one target (``self.target``) and stores what it compiled."""
 
-        target = resolve_target()
-    name = getattr(target, "name", target)
-    if name in ("reference", "cpu", "ref"):
-        name = "cpu-reference"
-    return name
+    def __init__(self, target: Target):
+        self.target = target
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @abstractmethod
+    def compile(self, fn, spec, options: dict) -> Executable:
+        """An executable of the verified, optimized FlyIR ``fn`` for ``spec`` and ``options``."""
+
+    @property
+    def stores(self) -> bool:
+        """Whether compiles for this target go to the disk cache and AOT bundles (``serialize``
+        and ``deserialize`` work). False where compiling is cheaper than storing."""
+        return False
+
+    def serialize(self, exe: Executable) -> dict[str, bytes]:
+        """The files that rebuild ``exe`` with ``deserialize``."""
+        raise CacheError(f"the {self.name} backend does not store executables")
+
+    def deserialize(self, directory: Path) -> Executable:
+        """The executable whose ``serialize`` files are in ``directory``; no compile."""
+        raise CacheError(f"the {self.name} backend does not store executables")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} for {self.name}>"
 
 
-def get_backend(name: str):
-    if name in _instances:
-        return _instances[name]
-    path = _BACKENDS.get(name)
-    if path is None:
-        raise UnknownTargetError(
-            f"no backend can run target {name!r} yet; backends: {', '.join(sorted(_BACKENDS))}"
-        )
-    mod, cls = path.split(":")
-    inst = getattr(importlib.import_module(mod), cls)()
-    _instances[name] = inst
-    return inst
+def register_kind(kind: str, factory: Callable[[Target], Backend]) -> None:
+    """Serve targets whose ``compiler`` is ``kind`` with ``factory(target)`` (a Backend)."""
+    with _lock:
+        _factories[kind] = factory
+        for name in [n for n, b in _instances.items() if b.target.compiler == kind]:
+            del _instances[name]
+
+
+def unregister_kind(kind: str) -> None:
+    with _lock:
+        _factories.pop(kind, None)
+        for name in [n for n, b in _instances.items() if b.target.compiler == kind]:
+            del _instances[name]
+
+
+def get_backend(target: str | Target) -> Backend:
+    """The backend instance serving ``target`` (a name, an alias or a Target)."""
+    t = get_target(target)
+    inst = _instances.get(t.name)
+    if inst is not None and inst.target is t:
+        return inst
+    with _lock:
+        inst = _instances.get(t.name)
+        if inst is None or inst.target is not t:
+            factory = _factories.get(t.compiler)
+            if factory is None:
+                path = KINDS.get(t.compiler)
+                if path is None:
+                    raise UnknownTargetError(
+                        f"no backend of kind {t.compiler!r} serves target {t.name!r}; kinds: "
+                        f"{', '.join(sorted({*KINDS, *_factories}))}"
+                    )
+                mod, cls = path.split(":")
+                factory = getattr(importlib.import_module(mod), cls)
+            inst = _instances[t.name] = factory(t)
+        return inst
+
+
+@contextlib.contextmanager
+def temporary(name: str, backend: Backend) -> Iterator[Target]:
+    """Within the block, the new CPU target ``name`` is served by ``backend`` (an instance;
+    its ``target`` is set). For tools and tests that record what the runtime hands a
+    backend: ``with temporary("recorder", Recorder()): k[grid](..., target="recorder")``."""
+    target = register_target(
+        Target(name=name, backend="cpu", arch=None, warp_size=1, compiler=f"temporary:{name}")
+    )
+    backend.target = target
+    register_kind(target.compiler, lambda t: backend)
+    try:
+        yield target
+    finally:
+        unregister_kind(target.compiler)
+        unregister_target(name)
+
+
+__all__ = [
+    "KINDS",
+    "Backend",
+    "Executable",
+    "get_backend",
+    "register_kind",
+    "temporary",
+    "unregister_kind",
+]

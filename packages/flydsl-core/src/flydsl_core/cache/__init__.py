@@ -1,9 +1,11 @@
-"""The compile cache: keys, an in-process LRU and the on-disk cache.
+"""The compile cache: keys, source fingerprints and guards, and the on-disk cache.
 
 * ``make_key(**parts)`` / ``CacheKey``: a hex sha256 over the canonical JSON of
   named parts, plus ``compiler_fingerprint()``; nothing ambient goes in.
 * ``source_fingerprint(fn)``: a kernel's source and everything it calls.
-* ``MemoryCache``: thread-safe LRU, keyed by key strings.
+* ``guarded_fingerprint(fn)``: the same, with a ``SourceGuard`` that tells cheaply
+  (on every launch) whether it still holds; kernels keep their in-process compiles
+  only while it does.
 * ``DiskCache``: atomic, verified on-disk entries; ``DiskCache.default()``
   honours ``FLYDSL_CACHE_DIR`` and ``FLYDSL_DISABLE_CACHE``.
 """
@@ -12,13 +14,14 @@ from .disk import FORMAT_VERSION, CacheCorruptionWarning, CacheInfo, DiskCache
 from .keys import (
     KEY_FORMAT,
     CacheKey,
+    SourceGuard,
     canonical_json,
     compiler_components,
     compiler_fingerprint,
+    guarded_fingerprint,
     make_key,
     source_fingerprint,
 )
-from .memory import MemoryCache
 
 __all__ = [
     "FORMAT_VERSION",
@@ -27,10 +30,11 @@ __all__ = [
     "CacheInfo",
     "CacheKey",
     "DiskCache",
-    "MemoryCache",
+    "SourceGuard",
     "canonical_json",
     "compiler_components",
     "compiler_fingerprint",
+    "guarded_fingerprint",
     "make_key",
     "source_fingerprint",
 ]

@@ -42,8 +42,9 @@ from typing import NamedTuple
 
 import filelock
 
-from ..exc import CacheError
-from ..settings import default_cache_dir, env_flag
+from .. import settings as _settings
+from ..exc import CacheCorruptionWarning, CacheError
+from ..settings import default_cache_dir
 
 __all__ = ["FORMAT_VERSION", "MANIFEST", "CacheCorruptionWarning", "CacheInfo", "DiskCache"]
 
@@ -67,10 +68,6 @@ _TAG_TEXT = (
 )
 
 Files = dict[str, bytes]
-
-
-class CacheCorruptionWarning(UserWarning):
-    """A cache entry failed verification; it was removed and counted as a miss."""
 
 
 class CacheInfo(NamedTuple):
@@ -209,14 +206,15 @@ def _read_entry(entry: Path, key: str) -> Files | None:
     return files
 
 
-def _discard(path: Path) -> None:
-    """Remove an entry (or anything in its place): renamed aside first, so a
-    concurrent reader sees it whole or not at all. Best effort; never raises."""
+def _discard(path: Path) -> str | None:
+    """Remove an entry (or anything in its place): renamed aside first, so a concurrent
+    reader sees it whole or not at all. Never raises: returns None when it is gone, else
+    why it could not be removed."""
     aside = path.with_name(f"{_TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
     try:
         os.replace(path, aside)
     except FileNotFoundError:
-        return
+        return None
     except OSError:
         aside = path
     try:
@@ -228,6 +226,8 @@ def _discard(path: Path) -> None:
         pass
     except OSError as e:
         logger.warning("flydsl cache: could not remove %s: %s", aside, e)
+        return f"{e.strerror or e}"
+    return None
 
 
 class DiskCache:
@@ -254,7 +254,7 @@ class DiskCache:
         """The cache at ``settings.default_cache_dir()``, disabled (a no-op that
         always misses) when ``FLYDSL_DISABLE_CACHE=1``. Reads the environment
         at call time."""
-        return cls(None, enabled=not env_flag("FLYDSL_DISABLE_CACHE"))
+        return cls(None, enabled=not _settings.get("FLYDSL_DISABLE_CACHE"))
 
     def __repr__(self) -> str:
         state = "" if self.enabled else ", disabled"
@@ -316,10 +316,17 @@ class DiskCache:
     __contains__ = contains
 
     def _corrupt(self, entry: Path, why: str) -> None:
-        msg = f"flydsl cache: corrupt entry {entry} ({why}); removed it, recompiling"
+        failed = _discard(entry)
+        if failed is None:
+            done = "removed it; compiling again"
+        else:
+            done = (
+                f"could not remove it ({failed}); compiling again, the result is kept in "
+                "memory only"
+            )
+        msg = f"flydsl cache: corrupt entry {entry} ({why}); {done}"
         logger.warning(msg)
         warnings.warn(msg, CacheCorruptionWarning, stacklevel=3)
-        _discard(entry)
 
     # ----------------------------------------------------------------- writes
 
@@ -493,23 +500,30 @@ class DiskCache:
         return CacheInfo(entries, total, self.root)
 
     def remove(self, key: str) -> bool:
-        """Remove ``key``'s entry; whether there was one."""
+        """Remove ``key``'s entry; whether there was one. ``CacheError`` if it could not be."""
         entry = self.path(key)
         existed = os.path.lexists(entry)
-        _discard(entry)
+        failed = _discard(entry)
+        if failed is not None:
+            raise CacheError(f"could not remove cache entry {entry}: {failed}")
         return existed
 
     def clear(self) -> int:
         """Remove every entry (and leftover temporary folders and lock files);
         returns the number of entries removed. Only files the cache made are
-        touched, so a root pointed at a shared folder is safe."""
-        removed = 0
+        touched, so a root pointed at a shared folder is safe. Entries that
+        cannot be removed (a read-only cache) raise ``CacheError`` saying how
+        many, after every other entry is gone."""
+        removed, failed = 0, []
         for shard in self._shards():
             for child in list(os.scandir(shard)):
                 kind = self._owned(shard, child.name)
                 if kind == "entry":
-                    _discard(Path(child.path))
-                    removed += 1
+                    why = _discard(Path(child.path))
+                    if why is None:
+                        removed += 1
+                    else:
+                        failed.append(why)
                 elif kind == "tmp":
                     shutil.rmtree(child.path, ignore_errors=True)
                 elif kind == "lock":
@@ -517,4 +531,9 @@ class DiskCache:
                         os.unlink(child.path)
             with contextlib.suppress(OSError):
                 shard.rmdir()  # only if empty
+        if failed:
+            raise CacheError(
+                f"could not remove {len(failed)} of {len(failed) + removed} entries from the "
+                f"compile cache at {self.root} ({failed[0]}); removed {removed}"
+            )
         return removed

@@ -21,6 +21,7 @@ part is passed explicitly.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import functools
@@ -42,8 +43,10 @@ from typing import Any
 __all__ = [
     "KEY_FORMAT",
     "CacheKey",
+    "SourceGuard",
     "canonical_json",
     "compiler_fingerprint",
+    "guarded_fingerprint",
     "make_key",
     "source_fingerprint",
 ]
@@ -412,6 +415,7 @@ class _Walker:
         self.entries: list[dict[str, Any] | None] = []
         self.index: dict[int, int] = {}
         self.keep: list[Any] = []  # keeps ids stable during the walk
+        self.reads = _Reads()  # what the walk read, for a SourceGuard
 
     def function(self, fn: types.FunctionType) -> int:
         ident = id(fn)
@@ -424,19 +428,25 @@ class _Walker:
         code = fn.__code__
         names = _all_names(code)
         g = fn.__globals__
+        self.reads.function(fn)
         refs: dict[str, Any] = {}
         for name in names:
             if name in g:
                 d = self.value(g[name], names)
+                self.reads.item(g, name, d)
                 if d is not None:
                     refs[name] = d
+            else:
+                self.reads.absent(g, name)
         closure: dict[str, Any] = {}
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
+                self.reads.cell(cell)
                 continue
             d = self.value(contents, names)
+            self.reads.cell(cell)
             if d is not None:
                 closure[name] = d
         defaults = [self.value(v, ()) for v in fn.__defaults__ or ()]
@@ -477,6 +487,7 @@ class _Walker:
             for n in names:
                 if n in members and members[n] is not value:
                     d = self.value(members[n], ())
+                    self.reads.item(members, n, d)
                     if d is not None:
                         attrs[n] = d
             return {"user_module": attrs}
@@ -514,9 +525,125 @@ def source_fingerprint(fn: Any) -> str:
     project directory or renaming a module keeps the fingerprint.
     Not followed: methods reached through classes or instances.
     """
+    return _walk(fn)[0]
+
+
+def _walk(fn: Any) -> tuple[str, _Walker]:
     target = _as_function(fn)
     if target is None:
         raise TypeError(f"source_fingerprint needs a Python function, got {type(fn).__qualname__}")
     walker = _Walker()
     walker.function(target)
-    return _sha256(canonical_json({"format": KEY_FORMAT, "functions": walker.entries}))
+    digest = _sha256(canonical_json({"format": KEY_FORMAT, "functions": walker.entries}))
+    return digest, walker
+
+
+# --------------------------------------------------------------------------- #
+# source guards: is a fingerprint still current? (cheap enough for every launch)
+# --------------------------------------------------------------------------- #
+
+#: constants held by value that can change in place (their identity does not say enough)
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), enum.Enum)
+
+
+def _frozen(v: Any) -> bool:
+    if isinstance(v, tuple | frozenset):
+        return all(_frozen(x) for x in v)
+    return isinstance(v, _IMMUTABLE)
+
+
+class _Reads:
+    """The lookups a fingerprint walk made: global and module-attribute reads, builtins it
+    reached through unbound globals, closure cells and the function objects themselves."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+        self.unbound: dict[tuple[int, str], tuple[dict, str]] = {}
+        self.cells: list[tuple[Any, Any]] = []
+        self.functions: list[types.FunctionType] = []
+        self.by_value: list[tuple[dict, str, str]] = []  # mutable constants: (dict, name, json)
+
+    def function(self, fn: types.FunctionType) -> None:
+        self.functions.append(fn)
+
+    def item(self, d: dict, name: str, encoded: Any) -> None:
+        value = d[name]
+        self.items[(id(d), name)] = (d, name, value)
+        if isinstance(encoded, dict) and "const" in encoded and not _frozen(value):
+            self.by_value.append((d, name, _dumps(encoded["const"])))
+
+    def absent(self, d: dict, name: str) -> None:
+        # Only names that resolve to a builtin can change meaning by being bound later; any
+        # other unbound name was an attribute name (or the trace failed with a NameError).
+        if hasattr(builtins, name):
+            self.unbound[(id(d), name)] = (d, name)
+
+    def cell(self, cell: Any) -> None:
+        self.cells.append((cell, _cell_contents(cell)))
+
+
+_EMPTY = object()
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY
+
+
+class SourceGuard:
+    """``check()`` is True while every lookup a fingerprint was computed from gives the same
+    object: the kernel's globals and module attributes (by identity; mutable constants also
+    by value), the helpers it calls and their ``__code__``, closure cells, and builtins not
+    shadowed by a global since. False means "maybe stale": recompute the fingerprint.
+
+    ``check`` is generated code, one identity test per lookup (a few tens of ns each), so it
+    can run on every launch."""
+
+    def __init__(self, reads: _Reads):
+        env: dict[str, Any] = {"_cell": _cell_contents, "_cj": lambda v: _dumps(_canon(v, "c"))}
+        dicts: dict[int, str] = {}
+        tests: list[str] = []
+        keep: list[Any] = []
+
+        def name_of(obj: Any, prefix: str) -> str:
+            n = f"_{prefix}{len(env)}"
+            env[n] = obj
+            return n
+
+        def dict_name(d: dict) -> str:
+            if id(d) not in dicts:
+                dicts[id(d)] = name_of(d, "d")
+            return dicts[id(d)]
+
+        for d, key, value in reads.items.values():
+            tests.append(f"{dict_name(d)}[{key!r}] is {name_of(value, 'v')}")
+        for d, key in reads.unbound.values():
+            tests.append(f"{key!r} not in {dict_name(d)}")
+        for cell, value in reads.cells:
+            tests.append(f"_cell({name_of(cell, 'c')}) is {name_of(value, 'v')}")
+        for fn in dict.fromkeys(reads.functions):
+            tests.append(f"{name_of(fn, 'f')}.__code__ is {name_of(fn.__code__, 'v')}")
+        for d, key, text in reads.by_value:
+            tests.append(f"_cj({dict_name(d)}[{key!r}]) == {name_of(text, 't')}")
+        keep.extend(env.values())
+        # every object is a default argument: LOAD_FAST, several times cheaper than globals
+        params = ", ".join(f"{n}={n}" for n in env)
+        src = (
+            f"def check({params}):\n"
+            "    try:\n"
+            f"        return {' and '.join(tests) or 'True'}\n"
+            "    except Exception:\n"
+            "        return False\n"
+        )
+        exec(compile(src, "<flydsl source guard>", "exec"), env)
+        self.check = env["check"]
+        self.source = src
+        self.lookups = len(tests)
+
+
+def guarded_fingerprint(fn: Any) -> tuple[str, SourceGuard]:
+    """``source_fingerprint(fn)`` and a ``SourceGuard`` that says cheaply whether it still holds."""
+    digest, walker = _walk(fn)
+    return digest, SourceGuard(walker.reads)

@@ -3,8 +3,8 @@
 Every example module defines ``KERNEL`` (the ``@kernel``), ``run(*tensors,
 target=...)`` that launches it and returns its output, ``reference(...)``
 (the same computation in plain PyTorch), ``make_inputs(shape, dtype,
-generator)`` and ``TOLERANCE`` (dtype -> (rtol, atol)). ``EXAMPLES`` maps
-names to modules; tests, the CLI and the benchmarks iterate it.
+generator)`` and ``TOLERANCE`` (dtype -> (rtol, atol)). ``NAMES`` lists them
+and ``load(name)`` imports one; tests, the CLI and the benchmarks iterate them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,3 @@ def load(name: str):
     if name not in NAMES:
         raise KeyError(f"unknown example {name!r}; examples: {', '.join(NAMES)}")
     return importlib.import_module(f"{__name__}.{name}")
-
-
-def all_examples():
-    return {n: load(n) for n in NAMES}

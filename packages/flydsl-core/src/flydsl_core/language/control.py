@@ -21,7 +21,8 @@ from .. import dtypes as dt
 from ..exc import ControlFlowError, TypeCheckError
 from ..ir.core import Block
 from ..ir.types import TileType
-from ..trace.context import WriteRecorder, current, user_location
+from ..trace.context import WriteRecorder, current
+from .exits import check_region
 from .tile import Tile, as_tile, cast
 
 
@@ -33,8 +34,7 @@ def static_range(start, stop=None, step=1):
         if not isinstance(v, int):
             raise ControlFlowError(
                 f"static_range {n} must be a compile-time int, got {v!r}; use fly.range for "
-                "run-time bounds",
-                loc=user_location(),
+                "run-time bounds"
             )
     return builtins.range(start, stop, step)
 
@@ -42,9 +42,7 @@ def static_range(start, stop=None, step=1):
 def _scalar_int(x, what) -> Tile:
     t = as_tile(x)
     if t.shape != () or not t.dtype.is_int:
-        raise TypeCheckError(
-            f"loop {what} must be a scalar integer, got {t.type}", loc=user_location()
-        )
+        raise TypeCheckError(f"loop {what} must be a scalar integer, got {t.type}")
     return t
 
 
@@ -67,9 +65,7 @@ class range:
         if stop is None:
             start, stop = 0, start
         if isinstance(step, int) and step <= 0:
-            raise ControlFlowError(
-                f"fly.range step must be positive, got {step}", loc=user_location()
-            )
+            raise ControlFlowError(f"fly.range step must be positive, got {step}")
         self.bounds = (start, stop, step)
         self.attrs = {}
         if stages is not None:
@@ -79,6 +75,7 @@ class range:
 
     def __iter__(self):
         ctx = current()
+        check_region("loop")
         lo, hi, st = (_scalar_int(v, n) for v, n in zip(self.bounds, ("start", "stop", "step")))
         ivt = dt.promote(dt.promote(lo.dtype, hi.dtype), st.dtype)
         lo, hi, st = cast(lo, ivt), cast(hi, ivt), cast(st, ivt)
@@ -120,23 +117,20 @@ def _check_same(rec: WriteRecorder, carried, what):
         if id(h) not in known:
             raise ControlFlowError(
                 f"the {what} body updated a different set of tiles in its two trace passes; "
-                "keep the body's Python control flow independent of trace-time state",
-                loc=user_location(),
+                "keep the body's Python control flow independent of trace-time state"
             )
 
 
 def _cond(c) -> Tile:
     if isinstance(c, bool):
         raise ControlFlowError(
-            "this condition is a compile-time Python bool: use a plain Python `if` for it",
-            loc=user_location(),
+            "this condition is a compile-time Python bool: use a plain Python `if` for it"
         )
     t = as_tile(c)
     if t.shape != ():
         raise TypeCheckError(
             f"a branch condition must be a scalar, got {t.type}; reduce it first, or use fly.where "
-            "for elementwise selection",
-            loc=user_location(),
+            "for elementwise selection"
         )
     return t if t.dtype.is_bool else t != 0
 
@@ -167,6 +161,7 @@ class if_:
 
     def __enter__(self):
         ctx = current()
+        check_region("branch")
         self.rec, self.block = _open_branch(ctx)
         return self
 
@@ -199,11 +194,10 @@ class else_:
 
     def __enter__(self):
         ctx = current()
+        check_region("branch")
         last = getattr(ctx, "last_if", None)
         if last is None or not ctx.block.ops or ctx.block.ops[-1] is not last[0]:
-            raise ControlFlowError(
-                "fly.else_() must directly follow a `with fly.if_(...)` block", loc=user_location()
-            )
+            raise ControlFlowError("fly.else_() must directly follow a `with fly.if_(...)` block")
         self.op, self.then_carried, self.then_vals = last
         ctx.last_if = None
         _restore(self.then_carried)
@@ -247,13 +241,13 @@ class while_:
     def __init__(self, cond):
         if not callable(cond):
             raise ControlFlowError(
-                "fly.while_ takes a function returning the condition, e.g. lambda: i < n",
-                loc=user_location(),
+                "fly.while_ takes a function returning the condition, e.g. lambda: i < n"
             )
         self.cond = cond
 
     def __iter__(self):
         ctx = current()
+        check_region("loop")
         rec = WriteRecorder()
         ctx.recorders.append(rec)
         scratch = ctx.push(Block())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..exc import TypeCheckError
-from ..trace.context import user_location
 from .tile import Tile, broadcast_to, cast, constant, emit1
 
 
@@ -25,8 +24,7 @@ def arange(start: int, end: int | None = None) -> Tile:
     if not (isinstance(start, int) and isinstance(end, int)):
         raise TypeCheckError(
             "arange bounds must be compile-time ints (tile shapes are static); add a run-time "
-            "offset afterwards: start + fly.arange(0, BLOCK)",
-            loc=user_location(),
+            "offset afterwards: start + fly.arange(0, BLOCK)"
         )
     return emit1("arange", [], {"start": start, "end": end})
 
@@ -38,8 +36,7 @@ def _shape(shape) -> tuple[int, ...]:
     if not all(isinstance(s, int) and s >= 1 for s in shape):
         raise TypeCheckError(
             f"tile shapes are static positive ints, got {shape}; use fly.constexpr parameters "
-            "for sizes that vary between compiles",
-            loc=user_location(),
+            "for sizes that vary between compiles"
         )
     return shape
 

@@ -13,7 +13,6 @@ layout (``static_facts``). The reference backend checks every hint.
 from __future__ import annotations
 
 from ..exc import TypeCheckError
-from ..trace.context import user_location
 from .tile import Tile, as_tile, emit1
 
 #: the largest divisibility a hint states (Triton's own facts cap far above 16-byte alignment)
@@ -26,9 +25,7 @@ def _per_axis(v, rank: int, name: str) -> tuple[int, ...]:
         v = (1,) * (n - 1) + (v,)  # an int speaks of the last axis
     v = tuple(v)
     if len(v) != n or any(not isinstance(x, int) or x < 1 or x & (x - 1) for x in v):
-        raise TypeCheckError(
-            f"hint {name} is a power of two or one per axis ({n}), got {v!r}", loc=user_location()
-        )
+        raise TypeCheckError(f"hint {name} is a power of two or one per axis ({n}), got {v!r}")
     return v
 
 
@@ -41,7 +38,7 @@ def hint(x, *, contiguous=1, multiple_of=1) -> Tile:
     """
     x = as_tile(x)
     if not x.dtype.is_int:
-        raise TypeCheckError(f"hint describes integer tiles, got {x.type}", loc=user_location())
+        raise TypeCheckError(f"hint describes integer tiles, got {x.type}")
     c = _per_axis(contiguous, x.ndim, "contiguous")
     m = _per_axis(multiple_of, x.ndim, "multiple_of")
     if all(v == 1 for v in c + m):

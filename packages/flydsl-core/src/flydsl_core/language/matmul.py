@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..exc import TypeCheckError
 from ..ir.ops import MX_FORMATS
-from ..trace.context import current, user_location
+from ..trace.context import current
 from .creation import zeros
 from .tile import Tile, as_tile, cast
 
@@ -26,13 +26,13 @@ def dot(
     acc_dtype = dt.int32 if a.dtype.is_int else dt.fp32
     out_shape = (*a.shape[:-1], b.shape[-1]) if a.ndim >= 2 and b.ndim >= 2 else None
     if out_shape is None:
-        raise TypeCheckError(f"dot needs 2-D tiles, got {a.type} and {b.type}", loc=user_location())
+        raise TypeCheckError(f"dot needs 2-D tiles, got {a.type} and {b.type}")
     if acc is None:
         acc = zeros(out_shape, acc_dtype)
     else:
         acc = cast(as_tile(acc), acc_dtype)
     if input_precision not in ("ieee", "tf32"):
-        raise TypeCheckError("input_precision is 'ieee' or 'tf32'", loc=user_location())
+        raise TypeCheckError("input_precision is 'ieee' or 'tf32'")
     r = Tile(
         current().emit("dot", [a._v, b._v, acc._v], {"input_precision": input_precision}).result
     )
@@ -60,9 +60,7 @@ def dot_scaled(
     a, b, a_scale, b_scale = (as_tile(t) for t in (a, b, a_scale, b_scale))
     for f in (a_format, b_format):
         if f not in MX_FORMATS:
-            raise TypeCheckError(
-                f"unknown MX format {f!r}; use one of {sorted(MX_FORMATS)}", loc=user_location()
-            )
+            raise TypeCheckError(f"unknown MX format {f!r}; use one of {sorted(MX_FORMATS)}")
     _check_elem(a, a_format, "a")
     _check_elem(b, b_format, "b")
     m, n = a.shape[0], b.shape[1]
@@ -86,6 +84,5 @@ def _check_elem(t: Tile, fmt: str, name: str):
     want = _ELEM[fmt]
     if t.dtype != want:
         raise TypeCheckError(
-            f"dot_scaled operand {name} in format {fmt} must be a {want} tile, got {t.type}",
-            loc=user_location(),
+            f"dot_scaled operand {name} in format {fmt} must be a {want} tile, got {t.type}"
         )

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from .. import dtypes as dt
 from ..exc import TypeCheckError
-from ..trace.context import current, user_location
+from ..trace.context import current
 from .tile import Tile, as_tile, cast, reshape
 
 
 def _axis(x: Tile, axis) -> int:
     if axis is None:
-        raise TypeCheckError(
-            "give the reduction an axis (tiles reduce along one axis)", loc=user_location()
-        )
+        raise TypeCheckError("give the reduction an axis (tiles reduce along one axis)")
     a = axis + x.ndim if axis < 0 else axis
     if not 0 <= a < x.ndim:
-        raise TypeCheckError(f"axis {axis} is out of range for {x.type}", loc=user_location())
+        raise TypeCheckError(f"axis {axis} is out of range for {x.type}")
     return a
 
 
@@ -118,7 +116,7 @@ def topk(x, k: int, axis: int = -1, *, largest: bool = True):
     x = as_tile(x)
     a = _axis(x, axis)
     if not isinstance(k, int):
-        raise TypeCheckError("topk's k must be a compile-time int", loc=user_location())
+        raise TypeCheckError("topk's k must be a compile-time int")
     vals, idx = (
         current().emit("topk", [x._v], {"axis": a, "k": k, "largest": bool(largest)}).results
     )
@@ -137,19 +135,15 @@ def histogram(x, num_bins: int, *, mask=None) -> Tile:
     x = as_tile(x)
     if not isinstance(num_bins, int) or isinstance(num_bins, bool) or num_bins < 1:
         raise TypeCheckError(
-            f"histogram's num_bins must be a positive compile-time int, got {num_bins!r}",
-            loc=user_location(),
+            f"histogram's num_bins must be a positive compile-time int, got {num_bins!r}"
         )
     if x.ndim != 1 or x.dtype != dt.int32:
-        raise TypeCheckError(
-            f"histogram counts a 1-D int32 tile, got {x.type}; cast it first",
-            loc=user_location(),
-        )
+        raise TypeCheckError(f"histogram counts a 1-D int32 tile, got {x.type}; cast it first")
     operands = [x._v]
     if mask is not None:
         m = broadcast_to(as_tile(mask), x.shape)
         if not m.dtype.is_bool:
-            raise TypeCheckError(f"a mask must be a bool tile, got {m.type}", loc=user_location())
+            raise TypeCheckError(f"a mask must be a bool tile, got {m.type}")
         operands.append(m._v)
     attrs = {"num_bins": num_bins}
     return Tile(current().emit("histogram", operands, attrs).result)

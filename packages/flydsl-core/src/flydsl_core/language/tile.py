@@ -16,7 +16,7 @@ from .. import dtypes as dt
 from ..exc import ControlFlowError, TypeCheckError
 from ..ir.core import Value
 from ..ir.types import TileType
-from ..trace.context import current, user_location
+from ..trace.context import current
 
 
 class Tile:
@@ -56,8 +56,7 @@ class Tile:
         if v.type != self._v.type:
             raise TypeCheckError(
                 f"an in-place update must keep the tile's type {self.type}, got {v.type}; "
-                "cast the new value first",
-                loc=user_location(),
+                "cast the new value first"
             )
         current().note_write(self, self._v)
         self._v = v
@@ -75,31 +74,27 @@ class Tile:
             "tile, whose value is only known when the kernel runs. Use fly.where(cond, a, b) to "
             "select values, `with fly.if_(cond):` for a data-dependent branch, "
             "fly.maximum/fly.minimum for min/max, `&`/`|`/`~` for logic, or make the condition a "
-            "compile-time constant (a fly.constexpr parameter)",
-            loc=user_location(),
+            "compile-time constant (a fly.constexpr parameter)"
         )
 
     def __index__(self):
         raise ControlFlowError(
             "a traced tile cannot be used as a Python integer (for example in range() or as a "
             "list index). Use fly.range(...) for a loop with run-time bounds, or pass the value "
-            "as a fly.constexpr parameter",
-            loc=user_location(),
+            "as a fly.constexpr parameter"
         )
 
     __int__ = __index__
 
     def __float__(self):
         raise ControlFlowError(
-            "a traced tile cannot become a Python float; its value is only known at run time",
-            loc=user_location(),
+            "a traced tile cannot become a Python float; its value is only known at run time"
         )
 
     def __iter__(self):
         raise ControlFlowError(
             "a traced tile cannot be iterated in Python; use fly.static_range over its static "
-            "shape and index with a slice, or a reduction",
-            loc=user_location(),
+            "shape and index with a slice, or a reduction"
         )
 
     def __hash__(self):
@@ -252,14 +247,13 @@ class Tile:
                 shape.append(1)
             elif isinstance(i, slice) and i == slice(None):
                 if k >= self.ndim:
-                    raise TypeCheckError(f"too many indices for {self.type}", loc=user_location())
+                    raise TypeCheckError(f"too many indices for {self.type}")
                 shape.append(self.shape[k])
                 k += 1
             else:
                 raise TypeCheckError(
                     "a tile can only be indexed with `:` and `None` (to add axes); load "
-                    "elements through a tensor view instead",
-                    loc=user_location(),
+                    "elements through a tensor view instead"
                 )
         shape += self.shape[k:]
         return reshape(self, tuple(shape))
@@ -306,9 +300,7 @@ class Tile:
 def _keep(old: Tile, new: Tile) -> Tile:
     """In-place ops keep the handle's dtype and shape (as NumPy's do)."""
     if new.shape != old.shape:
-        raise TypeCheckError(
-            f"in-place update would change shape {old.shape} -> {new.shape}", loc=user_location()
-        )
+        raise TypeCheckError(f"in-place update would change shape {old.shape} -> {new.shape}")
     return cast(new, old.dtype)
 
 
@@ -359,8 +351,7 @@ def as_tile(x, like=None) -> Tile:
     if isinstance(x, numbers.Real):
         return constant(float(x), d if d is not None and d.is_float else dt.fp32)
     raise TypeCheckError(
-        f"cannot use a {type(x).__name__} in a kernel computation; expected a tile or a number",
-        loc=user_location(),
+        f"cannot use a {type(x).__name__} in a kernel computation; expected a tile or a number"
     )
 
 
@@ -376,9 +367,7 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
     for i in range(rank):
         dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0} - {1}
         if len(dims) > 1:
-            raise TypeCheckError(
-                f"shapes {' and '.join(map(str, shapes))} do not broadcast", loc=user_location()
-            )
+            raise TypeCheckError(f"shapes {' and '.join(map(str, shapes))} do not broadcast")
         out.append(dims.pop() if dims else 1)
     return tuple(out)
 
@@ -400,7 +389,7 @@ def broadcast_to(x, shape) -> Tile:
         if x.shape == shape:
             return x
     if x.ndim > len(shape):
-        raise TypeCheckError(f"cannot broadcast {x.type} to shape {shape}", loc=user_location())
+        raise TypeCheckError(f"cannot broadcast {x.type} to shape {shape}")
     return emit1("broadcast", [x], {"shape": shape})
 
 

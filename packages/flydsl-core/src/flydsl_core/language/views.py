@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from .. import dtypes as dt
 from ..exc import TypeCheckError
-from ..trace.context import current, user_location
+from ..trace.context import current
 from .creation import arange
 from .hints import hint, static_facts
 from .tile import Tile, as_tile, broadcast_to, cast, emit1, is_number, reshape, unify
@@ -46,16 +46,12 @@ class _Mode:
 def _scalar(x) -> Tile | int:
     if isinstance(x, Tile):
         if x.shape != ():
-            raise TypeCheckError(
-                f"an index here must be a scalar, got {x.type}", loc=user_location()
-            )
+            raise TypeCheckError(f"an index here must be a scalar, got {x.type}")
         if not (x.dtype.is_int or x.dtype.is_bool):
-            raise TypeCheckError(f"an index must be an integer, got {x.type}", loc=user_location())
+            raise TypeCheckError(f"an index must be an integer, got {x.type}")
         return x
     if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeCheckError(
-            f"an index must be an int or a scalar tile, got {x!r}", loc=user_location()
-        )
+        raise TypeCheckError(f"an index must be an int or a scalar tile, got {x!r}")
     return x
 
 
@@ -107,8 +103,7 @@ class View:
         if open_:
             raise TypeCheckError(
                 f"view axes {open_} still span whole run-time dimensions; tile them first, "
-                "e.g. row.tile((BLOCK,), j) or x.tile((BM, BN), (i, j))",
-                loc=user_location(),
+                "e.g. row.tile((BLOCK,), j) or x.tile((BM, BN), (i, j))"
             )
         return tuple(m.size for m in self.modes)
 
@@ -121,9 +116,7 @@ class View:
         if not isinstance(idx, tuple):
             idx = (idx,)
         if len(idx) > len(self.modes):
-            raise TypeCheckError(
-                f"too many indices ({len(idx)}) for a {len(self.modes)}-d view", loc=user_location()
-            )
+            raise TypeCheckError(f"too many indices ({len(idx)}) for a {len(self.modes)}-d view")
         idx = idx + (slice(None),) * (len(self.modes) - len(idx))
         modes, fixed = [], list(self.fixed)
         for m, i in zip(self.modes, idx):
@@ -139,15 +132,12 @@ class View:
                 ):
                     raise TypeCheckError(
                         "a slice of a view needs static int bounds (a:b); use fly.ds(start, size) "
-                        "for a run-time start",
-                        loc=user_location(),
+                        "for a run-time start"
                     )
                 i = ds(start, (stop - start + step - 1) // step, step)
             if isinstance(i, ds):
                 if m.pattern is not None:
-                    raise TypeCheckError(
-                        "cannot slice a permuted or gathered axis", loc=user_location()
-                    )
+                    raise TypeCheckError("cannot slice a permuted or gathered axis")
                 modes.append(
                     replace(
                         m,
@@ -158,23 +148,16 @@ class View:
                 )
             elif isinstance(i, Tile) and i.ndim == 1:
                 if m.pattern is not None or m.step != 1:
-                    raise TypeCheckError(
-                        "cannot gather from a permuted or strided axis", loc=user_location()
-                    )
+                    raise TypeCheckError("cannot gather from a permuted or strided axis")
                 if not i.dtype.is_int:
-                    raise TypeCheckError(
-                        f"gather indices must be integers, got {i.type}", loc=user_location()
-                    )
+                    raise TypeCheckError(f"gather indices must be integers, got {i.type}")
                 modes.append(replace(m, size=i.shape[0], pattern=_add(i, m.start)))
             elif isinstance(i, Tile) and i.ndim > 1:
-                raise TypeCheckError("gather with a 1-D index tile per axis", loc=user_location())
+                raise TypeCheckError("gather with a 1-D index tile per axis")
             else:
                 i = _scalar(i)
                 if m.pattern is not None:
-                    raise TypeCheckError(
-                        "cannot index a permuted or gathered axis with a scalar",
-                        loc=user_location(),
-                    )
+                    raise TypeCheckError("cannot index a permuted or gathered axis with a scalar")
                 fixed.append((m.dim, _add(m.start, _mul(i, m.step))))
         return View(self.tensor, tuple(modes), tuple(fixed))
 
@@ -194,8 +177,7 @@ class View:
         if len(tiler) != len(self.modes) or len(coord) != len(self.modes):
             raise TypeCheckError(
                 f"tile needs one tiler and one coordinate per view axis ({len(self.modes)}), "
-                f"got {len(tiler)} and {len(coord)}",
-                loc=user_location(),
+                f"got {len(tiler)} and {len(coord)}"
             )
         modes = []
         for m, t, c in zip(self.modes, tiler, coord):
@@ -203,29 +185,22 @@ class View:
                 modes.append(m)
                 continue
             if m.pattern is not None:
-                raise TypeCheckError(
-                    "cannot tile a permuted or gathered axis again", loc=user_location()
-                )
+                raise TypeCheckError("cannot tile a permuted or gathered axis again")
             c = _scalar(c)
             if isinstance(t, int):
                 if t < 1:
-                    raise TypeCheckError(
-                        f"tile sizes must be positive, got {t}", loc=user_location()
-                    )
+                    raise TypeCheckError(f"tile sizes must be positive, got {t}")
                 block, pattern = t, None
             elif isinstance(t, Layout):
                 block = size(t)
                 if cosize(t) != block:
                     raise TypeCheckError(
                         f"a layout tiler must permute its block (size == cosize); {t} has size "
-                        f"{block} and cosize {cosize(t)}",
-                        loc=user_location(),
+                        f"{block} and cosize {cosize(t)}"
                     )
                 pattern = t
             else:
-                raise TypeCheckError(
-                    f"a tiler entry is an int, a Layout or None, got {t!r}", loc=user_location()
-                )
+                raise TypeCheckError(f"a tiler entry is an int, a Layout or None, got {t!r}")
             start = _add(m.start, _mul(_mul(c, block), m.step))
             modes.append(replace(m, size=block, start=start, pattern=pattern))
         return View(self.tensor, tuple(modes), self.fixed)
@@ -276,9 +251,7 @@ class View:
         if mask is not None:
             user = broadcast_to(as_tile(mask), offs.shape)
             if not user.dtype.is_bool:
-                raise TypeCheckError(
-                    f"a mask must be a bool tile, got {user.type}", loc=user_location()
-                )
+                raise TypeCheckError(f"a mask must be a bool tile, got {user.type}")
             bmask = user if bmask is None else bmask & user
         return offs, bmask
 
@@ -450,13 +423,10 @@ class LayoutView(View):
         if tensor.ndim != 1:
             raise TypeCheckError(
                 f"a layout view indexes a 1-D tensor; {tensor.name} has rank {tensor.ndim}: view a "
-                "flattened tensor (x.view(-1) on the host) or tile it per dimension",
-                loc=user_location(),
+                "flattened tensor (x.view(-1) on the host) or tile it per dimension"
             )
         if not isinstance(layout, (Layout, ComposedLayout)):
-            raise TypeCheckError(
-                f"expected a Layout or ComposedLayout, got {layout!r}", loc=user_location()
-            )
+            raise TypeCheckError(f"expected a Layout or ComposedLayout, got {layout!r}")
         self.layout = layout
         self.base = offset
         super().__init__(tensor, (), ())
@@ -466,14 +436,11 @@ class LayoutView(View):
         return tuple(inner[i].size() for i in range(inner.rank())) if inner.rank() else (1,)
 
     def __getitem__(self, idx):
-        raise TypeCheckError(
-            "a layout view cannot be sliced; compose the layout instead", loc=user_location()
-        )
+        raise TypeCheckError("a layout view cannot be sliced; compose the layout instead")
 
     def tile(self, tiler, coord):
         raise TypeCheckError(
-            "a layout view cannot be tiled; divide the layout itself (zipped_divide) and index the tile",
-            loc=user_location(),
+            "a layout view cannot be tiled; divide the layout itself (zipped_divide) and index the tile"
         )
 
     def offsets(self, *, bounds_check: bool = True):

@@ -14,7 +14,8 @@ is turned off (``FLYDSL_GENERIC_BINDER=1``) and for debugging.
 
 from __future__ import annotations
 
-from ..settings import env_flag
+from .. import settings
+from .spec import is_tensor_annotation, typed
 
 _MISSING = object()
 
@@ -30,13 +31,11 @@ def _int_expr(n: str) -> str:
 
 def generic_key(kernel, args, kwargs):
     """The same key as the generated function, computed by a loop (slower)."""
-    from .kernel import _typed
-
     key = []
     for i, a in enumerate(args):
         t = type(a)
         if i in kernel._constexpr_pos:
-            key.append(a if type(a) is int else _typed(a))
+            key.append(a if type(a) is int else typed(a))
         elif t is int:
             key.append((a == 1, a % 16 == 0, -2147483648 <= a < 2147483648))
         elif t is float:
@@ -46,20 +45,18 @@ def generic_key(kernel, args, kwargs):
         else:
             key.append((t, a))
     if kwargs:
-        key.append(tuple(sorted((k, _typed(v)) for k, v in kwargs.items())))
+        key.append(tuple(sorted((k, typed(v)) for k, v in kwargs.items())))
     return tuple(key)
 
 
 def make_key_fn(kernel):
     """A function ``key(*args, **kwargs)`` for this kernel, or ``generic_key`` bound to it."""
-    if env_flag("FLYDSL_GENERIC_BINDER"):
+    if settings.get("FLYDSL_GENERIC_BINDER"):
         return lambda *a, **k: generic_key(kernel, a, k)
-    from .kernel import Tensor, _typed
-
     params = list(kernel.signature.parameters.values())
     if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
         return lambda *a, **k: generic_key(kernel, a, k)
-    sig, parts, env = [], [], {"_MISSING": _MISSING, "_generic": _generic_part, "_typed": _typed}
+    sig, parts, env = [], [], {"_MISSING": _MISSING, "_generic": _generic_part, "_typed": typed}
     first_tensor = True
     for p in params:
         n = p.name
@@ -68,7 +65,7 @@ def make_key_fn(kernel):
         if p.name in kernel.constexpr_params:
             # 2, 2.0 and True are equal but trace differently; a plain int skips the call
             parts.append(f"({n} if {n}.__class__ is int else _typed({n}))")
-        elif ann is Tensor or ann == "Tensor" or str(ann).endswith(".Tensor"):
+        elif is_tensor_annotation(ann):
             parts.append(_tensor_expr(n, first_tensor))
             first_tensor = False
         elif ann is int or ann == "int":

@@ -7,19 +7,31 @@
 
     add[(fly.cdiv(n, 1024),)](x, y, out, BLOCK=1024)
 
-A call binds its arguments, specializes them (runtime/spec.py), and looks
-the specialization up in the kernel's in-process cache; on a miss it traces
-the function, runs the pass pipeline and hands the IR to the target's
-backend. Parameters annotated ``fly.constexpr`` (and bool or None
-arguments) are compile-time values: Python code sees them as plain values.
+The launch path runs in one direction (each stage names its file):
+
+1. key: the generated per-signature key function (``binder.py``) maps a call
+   straight to a compiled kernel; a source guard (``cache/keys.py``) checks
+   that the kernel's sources, and everything they read, are still what it
+   was compiled from;
+2. on a miss, bind and specialize the arguments (``spec.py``) and look the
+   specialization up in memory, then in AOT bundles and the disk cache
+   (``store.py``, through the backend's ``deserialize``);
+3. only when nothing stored serves it: trace (``trace/``, ``language/``),
+   run the pass pipeline (``passes/``), compile with the target's backend
+   (``backends/``) and store the result.
+
+A cache hit, in memory or on disk, never traces and never runs a pass.
+Parameters annotated ``fly.constexpr`` (and bool or None arguments) are
+compile-time values: Python code sees them as plain values.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import operator
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from .. import dtypes as dt
@@ -29,16 +41,22 @@ from ..ir.types import TensorType, TileType
 from ..ir.verifier import verify
 from ..language.tile import Tile
 from ..language.views import TensorRef
-from ..trace.context import TraceContext, tracing
-from .spec import ArgSpec, spec_of
+from ..trace.context import TraceContext, maybe_current, tracing
+from .binder import make_key_fn
+from .spec import (
+    ArgSpec,
+    Tensor,
+    constexpr,
+    is_constexpr_annotation,
+    is_tensor_annotation,
+    is_tensor_like,
+    spec_of,
+    typed,
+)
 
+log = logging.getLogger(__name__)
 
-class constexpr:
-    """Annotation: this parameter is a compile-time value."""
-
-
-class Tensor:
-    """Annotation: this parameter is a tensor."""
+__all__ = ["CompiledKernel", "Kernel", "Tensor", "cdiv", "constexpr", "kernel"]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -49,37 +67,57 @@ def cdiv(a: int, b: int) -> int:
 LAUNCH_OPTIONS = ("target", "num_warps", "num_stages", "options")
 
 
-@dataclass
 class Specialization:
-    key: tuple
-    specs: dict[str, ArgSpec]
-    constexprs: dict[str, Any]
-    runtime: list[str]  # names of run-time parameters, in order
+    __slots__ = ("constexprs", "key", "runtime", "specs")
+
+    def __init__(self, key: tuple, specs: dict[str, ArgSpec], constexprs: dict, runtime: list):
+        self.key = key
+        self.specs = specs
+        self.constexprs = constexprs
+        self.runtime = runtime  # names of run-time parameters, in order
+
+    def __repr__(self) -> str:
+        return f"Specialization({self.specs}, constexprs={self.constexprs})"
 
 
-@dataclass
 class CompiledKernel:
-    """One specialization compiled for one target."""
+    """One specialization compiled for one target.
 
-    name: str
-    target: str
-    ir: Function
-    executable: Any
-    spec: Specialization
-    key: str | None = None  # the disk-cache / AOT key, for GPU targets
+    ``ir`` is the FlyIR after the passes; for a kernel served from the disk
+    cache or an AOT bundle it is traced only when asked for.
+    """
+
+    def __init__(self, kernel: Kernel, target: str, executable, spec, key=None, ir=None):
+        self.kernel = kernel
+        self.name = kernel.name
+        self.target = target
+        self.executable = executable
+        self.spec = spec
+        self.key = key  # the disk-cache / AOT key, for targets whose compiles are stored
+        self._ir = ir
+
+    @property
+    def ir(self) -> Function:
+        if self._ir is None:
+            self._ir = self.kernel.lower(self.spec)
+        return self._ir
 
     def stages(self) -> dict[str, Any]:
         """Every stage: FlyIR after passes, then the backend's (Triton source, TTIR, ..., binary)."""
         from ..ir.printer import print_function
 
-        out: dict[str, Any] = {"flyir": print_function(self.ir)}
-        if hasattr(self.executable, "stages"):
-            out.update(self.executable.stages())
-        return out
+        return {"flyir": print_function(self.ir), **self.executable.stages()}
 
     @property
     def report(self):
-        return getattr(self.executable, "report", None)
+        return self.executable.report
+
+    def __repr__(self) -> str:
+        return f"<CompiledKernel {self.name} for {self.target}>"
+
+
+def _stale() -> bool:
+    return False
 
 
 class Kernel:
@@ -93,24 +131,64 @@ class Kernel:
         self.static_dims = {k: tuple(v) for k, v in (static_dims or {}).items()}
         self.pipeline = pipeline
         hints = getattr(fn, "__annotations__", {})
-        self.constexpr_params = {
-            n
-            for n, a in hints.items()
-            if a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
-        }
+        self.constexpr_params = {n for n, a in hints.items() if is_constexpr_annotation(a)}
+        self.tensor_params = {n for n, a in hints.items() if is_tensor_annotation(a)}
         self._cache: dict[tuple, CompiledKernel] = {}
         self._fast: dict[tuple, tuple] = {}
+        # The in-process caches hold compiles of these sources: ``_guard()`` is True while
+        # the sources and everything they read are unchanged (armed at the first launch).
+        self._fingerprint: str | None = None
+        self._guard = _stale
+        self._guard_lookups = 0
         self._constexpr_pos = frozenset(
             i for i, n in enumerate(self.signature.parameters) if n in self.constexpr_params
         )
-        from .binder import make_key_fn
-
         self._key_fn = make_key_fn(self)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
         return f"<flydsl kernel {self.name}>"
+
+    def __call__(self, *args, **kwargs):
+        where = maybe_current()
+        if where is not None:
+            raise ArgumentError(
+                f"kernel {self.name} was called inside kernel {where.kernel_name}; a kernel "
+                "cannot call or launch another kernel. Make the shared code a plain Python "
+                "function and call that from both"
+            )
+        raise ArgumentError(
+            f"kernel {self.name} is launched on a grid: {self.name}[grid](...), "
+            "with grid a tuple of 1 to 3 ints"
+        )
+
+    # -- sources ----------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Re-arm the source guard; drop every in-process compile if the sources changed."""
+        from ..cache.keys import guarded_fingerprint
+
+        with self._lock:
+            if self._guard():
+                return
+            fp, guard = guarded_fingerprint(self.fn)
+            if fp != self._fingerprint:
+                if self._fingerprint is not None:
+                    log.info(
+                        "kernel %s: its source or something it reads changed; compiling again",
+                        self.name,
+                    )
+                self._cache.clear()
+                self._fast.clear()
+                self._fingerprint = fp
+            self._guard = guard.check
+            self._guard_lookups = guard.lookups
+
+    def clear_cache(self) -> None:
+        """Forget this kernel's in-process compiles (stored ones stay on disk)."""
+        with self._lock:
+            self._cache.clear()
+            self._fast.clear()
 
     # -- binding ----------------------------------------------------------------------
     def bind(self, args, kwargs) -> dict[str, Any]:
@@ -127,8 +205,16 @@ class Kernel:
             if name in self.constexpr_params:
                 consts[name] = value
                 continue
+            if name in self.tensor_params and not is_tensor_like(value):
+                raise ArgumentError(
+                    f"{self.name}: parameter {name!r} is a tensor (annotated fly.Tensor) but got "
+                    f"{_described(value)}; pass a torch.Tensor (or a fly.TensorSpec to compile "
+                    "ahead of time)"
+                )
             s = spec_of(
-                value, static_dims=self.static_dims.get(name, ()), name=f"{self.name}({name}=...)"
+                value,
+                static_dims=self.static_dims.get(name, ()),
+                name=f"{self.name}: parameter {name!r}",
             )
             if s.kind == "constexpr":
                 consts[name] = s.value
@@ -137,7 +223,7 @@ class Kernel:
                 runtime.append(name)
         key = (
             tuple(specs.items()),
-            tuple(sorted(((k, _typed(v)) for k, v in consts.items()), key=lambda kv: kv[0])),
+            tuple(sorted(((k, typed(v)) for k, v in consts.items()), key=lambda kv: kv[0])),
         )
         try:
             hash(key)
@@ -169,15 +255,18 @@ class Kernel:
                 v = Value(TileType(s.dtype), name=name)
                 params.append(Param(name, "scalar", v, facts=dict(s.facts)))
                 call[name] = Tile(v)
-        from ..trace.context import user_location
-
         with tracing(ctx):
-            ret = self.fn(**call)
+            try:
+                ret = self.fn(**call)
+            except AttributeError as e:
+                misuse = _misused_parameter(self.name, e, call, spec)
+                if misuse is None:
+                    raise
+                raise misuse from None
         if len(ctx.blocks) != 1:
             raise ControlFlowError(
                 "a fly.range / fly.while_ loop or fly.if_ block was left early (break, continue or "
-                "return inside it is not supported); use a condition with fly.where or fly.if_",
-                loc=user_location(False),
+                "return inside it is not supported); use a condition with fly.where or fly.if_"
             )
         if ret is not None:
             raise TraceError(
@@ -186,24 +275,31 @@ class Kernel:
         fn = Function(self.name, params, body, dict(spec.constexprs))
         return verify(fn)
 
-    def ir(self, *args, **kwargs) -> Function:
-        """The FlyIR of this kernel for these arguments, after the pass pipeline."""
+    def lower(self, spec: Specialization) -> Function:
+        """The FlyIR of a specialization after the pass pipeline (traces it)."""
         from ..passes import run_pipeline
 
-        spec = self.specialize(self.bind(args, kwargs))
         return run_pipeline(self.trace(spec), self.pipeline)
+
+    def ir(self, *args, **kwargs) -> Function:
+        """The FlyIR of this kernel for these arguments, after the pass pipeline."""
+        return self.lower(self.specialize(self.bind(args, kwargs)))
 
     # -- compile and launch ---------------------------------------------------------------
     def compile(self, *args, target=None, options=None, **kwargs) -> CompiledKernel:
         """Compile for ``target`` with tensors, ``TensorSpec``s or numbers as arguments."""
+        _not_in_a_trace(self)
         spec = self.specialize(self.bind(args, kwargs))
         return self._compiled(spec, target, options or {})
 
     def _compiled(self, spec: Specialization, target, options: dict) -> CompiledKernel:
-        from ..backends import get_backend, target_name
+        """Memory, then stored executables (AOT bundle, disk); trace and compile on a miss."""
+        from ..targets import resolve_target
 
-        tname = target_name(target)
-        ckey = (spec.key, tname, tuple(sorted(options.items())))
+        tgt = resolve_target(target)
+        if not self._guard():
+            self._refresh()
+        ckey = (spec.key, tgt.name, tuple(sorted(options.items())))
         hit = self._cache.get(ckey)
         if hit is not None:
             return hit
@@ -211,18 +307,23 @@ class Kernel:
             hit = self._cache.get(ckey)
             if hit is not None:
                 return hit
-            from ..passes import run_pipeline
+            from ..backends import get_backend
+            from . import store
 
-            ir = run_pipeline(self.trace(spec), self.pipeline)
-            backend = get_backend(tname)
-            key = None
-            if hasattr(backend, "target_name") and _is_gpu(tname):
-                from .store import lookup_or_compile
-
-                exe, key = lookup_or_compile(self, ir, spec, backend, tname, options)
-            else:
+            backend = get_backend(tgt)
+            key = exe = ir = None
+            if backend.stores:
+                key = store.disk_key(self, self._fingerprint, spec, tgt.name, options)
+                if key is not None:
+                    exe = store.lookup(self.name, key, backend)
+            if exe is None:
+                ir = self.lower(spec)
+                if backend.stores:
+                    store.before_compile(self.name, tgt.name)
                 exe = backend.compile(ir, spec, options)
-            ck = CompiledKernel(self.name, tname, ir, exe, spec, key=key)
+                if key is not None:
+                    store.store(self.name, key, backend, exe)
+            ck = CompiledKernel(self, tgt.name, exe, spec, key=key, ir=ir)
             self._cache[ckey] = ck
             return ck
 
@@ -232,25 +333,27 @@ class Kernel:
         without compiling it. Another compiler can then take the function over (torch's
         ``wrap_triton`` puts it in an Inductor graph); ``GeneratedKernel.params`` says which
         run-time argument, size or stride each Triton parameter is read from."""
-        from ..backends import get_backend, target_name
-        from ..passes import run_pipeline
+        from ..backends import get_backend
+        from ..targets import resolve_target
 
         spec = self.specialize(self.bind(args, kwargs))
-        tname = target_name(target)
-        ckey = ("triton_function", spec.key, tname)
+        tgt = resolve_target(target)
+        if not self._guard():
+            self._refresh()
+        ckey = ("triton_function", spec.key, tgt.name)
         hit = self._cache.get(ckey)
         if hit is not None:
             return hit
-        backend = get_backend(tname)
+        backend = get_backend(tgt)
         if not hasattr(backend, "generate"):
             raise ArgumentError(
-                f"{self.name}: target {tname} does not generate Triton; use a GPU target or "
+                f"{self.name}: target {tgt.name} does not generate Triton; use a GPU target or "
                 "cpu-interpret"
             )
         from ..backends.triton.compiler import import_source, write_source
 
         with self._lock:
-            gen = backend.generate(run_pipeline(self.trace(spec), self.pipeline))
+            gen = backend.generate(self.lower(spec))
             out = (getattr(import_source(write_source(gen)), gen.name), gen)
             self._cache[ckey] = out
         return out
@@ -266,6 +369,8 @@ class Kernel:
         sink = getattr(_SINK, "fn", None)
         if sink is not None:  # a tracing framework takes the launch over (launch_sink)
             return sink(self, grid, args, kwargs)
+        if not self._guard():
+            self._refresh()
         # Fast path: a call shaped like an earlier one maps straight to its compiled kernel
         # and to a getter of its run-time arguments.
         try:
@@ -280,13 +385,14 @@ class Kernel:
                     self._fast.clear()
                 self._fast[fast] = hit
         ck, runtime = hit
-        g3 = _GRIDS.get(grid) if type(grid) is tuple or type(grid) is int else None
+        g3 = _GRIDS.get(grid) if type(grid) is tuple and _ints(grid) else None
         if g3 is None:
             g3 = _grid_of(self, grid, args, kwargs)
         ck.executable.launch(g3, runtime(args, kwargs))
         return ck
 
     def _slow_bind(self, args, kwargs):
+        _not_in_a_trace(self)
         kwargs = dict(kwargs)
         opts = {
             k: kwargs.pop(k)
@@ -350,24 +456,41 @@ class _Launcher:
 
 _FAST_CACHE_SIZE = 4096
 
+GRID_RULE = (
+    "a launch grid is an int or a tuple of 1 to 3 non-negative ints (or a function of the "
+    "bound arguments returning one)"
+)
 
-def _is_gpu(name: str) -> bool:
-    from ..targets import get_target
 
-    return get_target(name).is_gpu
+def _ints(g: tuple) -> bool:
+    """All elements are exact ints (a cached grid must not match (4.0,) by equality)."""
+    n = len(g)
+    return (
+        n != 0
+        and type(g[0]) is int
+        and (n == 1 or type(g[-1]) is int)
+        and (n != 3 or type(g[1]) is int)
+    )
 
 
 def _grid(grid) -> tuple[int, int, int]:
-    if isinstance(grid, int):
-        grid = (grid,)
-    grid = tuple(int(g) for g in grid)
-    if not 1 <= len(grid) <= 3 or any(g < 0 for g in grid):
-        raise ArgumentError(f"a grid is 1 to 3 non-negative ints, got {grid}")
-    return grid + (1,) * (3 - len(grid))
+    if isinstance(grid, (list, tuple)):
+        items = tuple(grid)
+    else:
+        items = (grid,)
+    try:
+        if any(isinstance(g, bool) for g in items):
+            raise TypeError
+        dims = tuple(operator.index(g) for g in items)
+    except TypeError:
+        raise ArgumentError(f"{GRID_RULE}; got {grid!r}") from None
+    if not 1 <= len(dims) <= 3 or any(g < 0 for g in dims):
+        raise ArgumentError(f"{GRID_RULE}; got {grid!r}")
+    return dims + (1,) * (3 - len(dims))
 
 
-#: grids seen before (tuples or ints of plain ints), normalized to 3-tuples: a launch's grid is a
-#: dict lookup rather than a validation loop
+#: grids seen before (tuples of plain ints), normalized to 3-tuples: a launch's grid is a dict
+#: lookup rather than a validation loop
 _GRIDS: dict = {}
 
 
@@ -377,12 +500,58 @@ def _grid_of(kernel, grid, args, kwargs) -> tuple[int, int, int]:
         return _grid(grid(bound))
     g3 = _grid(grid)
     # only tuples of exact ints are stored: a tensor in a grid hashes by identity (the cache
-    # would keep it alive and grow), a list does not hash; equal numbers (4.0, np.int64(4))
-    # may still find a stored entry, which holds the grid they normalize to anyway
-    plain = all(type(g) is int for g in ((grid,) if type(grid) is int else grid))
-    if plain and (type(grid) is int or type(grid) is tuple) and len(_GRIDS) < _FAST_CACHE_SIZE:
+    # would keep it alive and grow), a list does not hash; lookups check the element types
+    # (_ints), since (4.0,) == (4,)
+    if type(grid) is int:
+        grid = (grid,)
+    if type(grid) is tuple and _ints(grid) and len(_GRIDS) < _FAST_CACHE_SIZE:
         _GRIDS[grid] = g3
     return g3
+
+
+def _not_in_a_trace(k: Kernel) -> None:
+    where = maybe_current()
+    if where is not None:
+        raise ArgumentError(
+            f"kernel {k.name} was launched inside kernel {where.kernel_name}; a kernel cannot "
+            "launch another kernel. Make the shared code a plain Python function and call it "
+            "from both, or launch the two kernels one after the other from the host"
+        )
+
+
+def _described(value) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _misused_parameter(kernel_name, e: AttributeError, call: dict, spec) -> ArgumentError | None:
+    """An ``AttributeError`` the kernel body raised using the stand-in of a number or None
+    argument as a tensor (``x.tile``, ``x.shape``): the caller passed a number or None where
+    the kernel wants a tensor. Parameters annotated ``fly.Tensor`` are checked before this."""
+    obj, attr = getattr(e, "obj", _NOTHING), getattr(e, "name", None)
+    if obj is _NOTHING or not isinstance(attr, str) or not hasattr(TensorRef, attr):
+        return None
+    if obj is None:
+        names = [n for n, v in call.items() if v is None]
+        got = "None"
+    else:
+        names = [n for n, v in call.items() if v is obj and isinstance(v, Tile)]
+        kinds = {spec.specs[n].kind for n in names if n in spec.specs}
+        got = "an int" if kinds == {"int"} else "a float" if kinds == {"float"} else "a number"
+    if not names:
+        return None
+    which = " or ".join(repr(n) for n in names)
+    return ArgumentError(
+        f"{kernel_name}: parameter {which} got {got}, but the kernel uses it as a tensor "
+        f"(.{attr}); pass a torch.Tensor there"
+    )
+
+
+_NOTHING = object()
 
 
 def _getter(where: tuple):
@@ -392,16 +561,6 @@ def _getter(where: tuple):
         return lambda a, k: a[:n]
     parts = ", ".join(f"a[{w}]" if type(w) is int else f"k[{w!r}]" for w in where)
     return eval(f"lambda a, k: ({parts}{',' if len(where) == 1 else ''})", {})
-
-
-def _typed(v):
-    """A constexpr as part of a cache key. Equal values of different types (2, 2.0, True)
-    or signs (0.0, -0.0) trace differently, so they must not share a compile."""
-    if isinstance(v, tuple):
-        return (tuple, tuple(_typed(x) for x in v))
-    if isinstance(v, float):
-        return (float, v, repr(v))
-    return (type(v), v)
 
 
 def _hashable(v) -> bool:

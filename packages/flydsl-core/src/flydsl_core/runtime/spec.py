@@ -20,6 +20,32 @@ from ..exc import ArgumentError
 DIV = 16  # the divisibility Triton specializes on, and that 128-bit access needs for 8-bit types
 
 
+class constexpr:
+    """Annotation: this parameter is a compile-time value."""
+
+
+class Tensor:
+    """Annotation: this parameter is a tensor."""
+
+
+def is_constexpr_annotation(a) -> bool:
+    return a is constexpr or a == "constexpr" or str(a).endswith("constexpr")
+
+
+def is_tensor_annotation(a) -> bool:
+    return a is Tensor or a == "Tensor" or str(a).endswith(".Tensor")
+
+
+def typed(v):
+    """A constexpr as part of a cache key. Equal values of different types (2, 2.0, True)
+    or signs (0.0, -0.0) trace differently, so they must not share a compile."""
+    if isinstance(v, tuple):
+        return (tuple, tuple(typed(x) for x in v))
+    if isinstance(v, float):
+        return (float, v, repr(v))
+    return (type(v), v)
+
+
 def int_facts(v: int) -> tuple:
     """Facts of one integer, as a hashable tuple of (name, value) pairs."""
     if v == 1:
@@ -105,13 +131,18 @@ def _fits32(t) -> bool:
     return span < 2**31 and t.numel() < 2**31
 
 
+def is_tensor_like(value) -> bool:
+    """A torch.Tensor (checked without importing torch) or a ``TensorSpec``."""
+    return isinstance(value, TensorSpec) or (
+        hasattr(value, "data_ptr") and hasattr(value, "stride")
+    )
+
+
 def spec_of(value, *, static_dims=(), name="argument") -> ArgSpec:
     """Specialize one run-time argument."""
     if isinstance(value, TensorSpec):
         return value.arg_spec(static_dims)
-    if hasattr(value, "data_ptr") and hasattr(
-        value, "stride"
-    ):  # a torch.Tensor, without importing torch
+    if is_tensor_like(value):  # a torch.Tensor, without importing torch
         d = dt.dtype(value.dtype)
         sizes = tuple(
             (("value", s),) if i in static_dims else int_facts(s) for i, s in enumerate(value.shape)
@@ -129,7 +160,9 @@ def spec_of(value, *, static_dims=(), name="argument") -> ArgSpec:
         return ArgSpec("int", dt.int32 if bits == 32 else dt.int64, facts=int_facts(v))
     if isinstance(value, numbers.Real):
         return ArgSpec("float", dt.fp32)
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
     raise ArgumentError(
-        f"{name} is a {type(value).__name__}; kernel arguments are tensors, ints, floats, bools "
-        "or None (constexpr parameters may be any hashable value)"
+        f"{name} got {type(value).__name__} {text}; kernel arguments are tensors, ints, floats, "
+        "bools or None (constexpr parameters may be any hashable value)"
     )

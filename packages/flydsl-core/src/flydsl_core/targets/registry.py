@@ -80,6 +80,9 @@ class Target:
     warp_size: int
     description: str = ""
     aliases: tuple[str, ...] = ()
+    # the FlyDSL backend kind that compiles for it: "triton", "reference" (backends.KINDS) or
+    # one a program registered with backends.register_kind
+    compiler: str = "triton"
     num_cus: int | None = None  # CUs (AMD; WGPs on gfx1250) or SMs (NVIDIA)
     num_xcds: int | None = None  # accelerator complex dies; 1 for monolithic parts
     lds_bytes_per_cu: int | None = None  # LDS per CU (AMD) / shared memory per SM (NVIDIA)
@@ -356,6 +359,7 @@ _CPU_REFERENCE = Target(
     warp_size=1,
     description="the PyTorch-on-CPU reference backend",
     aliases=("cpu", "reference", "ref", "cpu-ref"),
+    compiler="reference",
 )
 
 _CPU_INTERPRET = Target(
@@ -367,7 +371,8 @@ _CPU_INTERPRET = Target(
     aliases=("interpret", "interpreter", "cpu-interpreter", "triton-interpret"),
 )
 
-_TARGETS: tuple[Target, ...] = (
+#: the shipped targets; ``register_target`` adds to the registry
+SHIPPED: tuple[Target, ...] = (
     _GFX950,
     _GFX942,
     _GFX1250,
@@ -384,13 +389,39 @@ def _norm(name: str) -> str:
     return key.split(":", 1)[0]
 
 
+_TARGETS: list[Target] = []
 _BY_KEY: dict[str, Target] = {}
-for _t in _TARGETS:
-    for _k in (_t.name, *_t.aliases):
-        _nk = _norm(_k)
-        assert _nk not in _BY_KEY, f"duplicate target key {_nk!r}"
-        _BY_KEY[_nk] = _t
-del _t, _k, _nk
+
+
+def register_target(target: Target) -> Target:
+    """Add ``target`` (its name and aliases) to the registry; a name already taken is an error.
+
+    For backends a program brings (``backends.register_kind``) and test backends; the
+    shipped targets are registered at import.
+    """
+    keys = [_norm(k) for k in (target.name, *target.aliases)]
+    taken = [k for k in keys if k in _BY_KEY]
+    if taken or len(set(keys)) != len(keys):
+        raise UnknownTargetError(f"target names already taken: {taken or keys}")
+    _TARGETS.append(target)
+    for k in keys:
+        _BY_KEY[k] = target
+    return target
+
+
+def unregister_target(name: str) -> None:
+    """Remove a target added with ``register_target`` (shipped targets stay)."""
+    t = lookup_target(name)
+    if t is None or t in SHIPPED:
+        raise UnknownTargetError(f"{name!r} is not a registered (non-shipped) target")
+    _TARGETS.remove(t)
+    for k in [k for k, v in _BY_KEY.items() if v is t]:
+        del _BY_KEY[k]
+
+
+for _t in SHIPPED:
+    register_target(_t)
+del _t
 
 
 def known_targets() -> tuple[str, ...]:
@@ -399,7 +430,7 @@ def known_targets() -> tuple[str, ...]:
 
 
 def all_targets() -> tuple[Target, ...]:
-    return _TARGETS
+    return tuple(_TARGETS)
 
 
 def _known_list() -> str:
@@ -431,6 +462,12 @@ def get_target(name_or_target: str | Target) -> Target:
             f"(aliases: {aliases})"
         )
     return t
+
+
+def is_cpu_target(target: str | Target) -> bool:
+    """Whether ``target`` (a name, an alias or a Target) runs on the CPU: the one rule every
+    package uses. An unknown name raises ``UnknownTargetError``."""
+    return not get_target(target).is_gpu
 
 
 def target_for_triton(backend: str, arch: str | int) -> Target | None:

@@ -12,31 +12,13 @@ region whose old value was defined outside it is carried through the region.
 
 from __future__ import annotations
 
-import linecache
-import os
-import sys
 import threading
 
-from ..exc import FlyDSLError, SourceLoc, TraceError
+from ..exc import FlyDSLError, TraceError, user_location
 from ..ir import ops as O
 from ..ir.core import Block, Op, Value
 
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = threading.local()
-
-
-def user_location(skip_pkg: bool = True) -> SourceLoc | None:
-    """The innermost frame outside flydsl-core: the kernel line being traced."""
-    f = sys._getframe(1)
-    while f is not None:
-        fname = f.f_code.co_filename
-        if not (skip_pkg and os.path.abspath(fname).startswith(_PKG_DIR + os.sep)) or (
-            os.sep + "examples" + os.sep in fname
-        ):
-            text = linecache.getline(fname, f.f_lineno)
-            return SourceLoc(fname, f.f_lineno, f.f_code.co_name, text)
-        f = f.f_back
-    return None
 
 
 class WriteRecorder:
@@ -99,8 +81,7 @@ def current() -> TraceContext:
     if ctx is None:
         raise TraceError(
             "this FlyDSL operation was called outside a kernel; call it inside a function "
-            "decorated with @flydsl_core.kernel",
-            loc=user_location(),
+            "decorated with @flydsl_core.kernel"
         )
     return ctx
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_target as _check_target
 from . import configs, reference
 from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm, swiglu
 from .kernels import KERNELS
@@ -38,12 +39,8 @@ def _err(out, ref) -> float:
     return float(((out - ref).abs() / (atol + rtol * ref.abs())).max()) if out.numel() else 0.0
 
 
-def _cpu(device):
-    return device in ("cpu", "cpu-reference", "cpu-interpret")
-
-
-def _check_target(device):
-    return ("cpu-reference" if device == "cpu" else device) if _cpu(device) else None
+def _cpu(device) -> bool:
+    return _check_target(device) is not None
 
 
 def _nt(m, n, k, device, seed=0):
@@ -54,18 +51,26 @@ def _nt(m, n, k, device, seed=0):
 
 
 def _dense_case(cls, m, n, k, model):
-    cfg = configs.SHIPPED[cls]
+    def cfg_of(target):
+        # the class's tile of the target's table (the report names the class; select() may
+        # trade large for medium on a GPU that a large grid would not fill)
+        return configs.shipped_table(target)[cls]
 
     def compile_(target):
-        return configs.compile_config(cfg, m, n, k, target=target)
+        return configs.compile_config(cfg_of(target), m, n, k, target=target)
 
-    def check(device):
+    def check(device, target=None):
+        cfg = cfg_of(target)
         # small shapes on the CPU (not tile multiples, so masks are exercised); full on a GPU
         mm, nn, kk = (min(m, _CHECK_MAX), min(n, _CHECK_MAX) - 3, min(k, 4 * cfg.BK) + 8)
         if not _cpu(device):
             mm, nn, kk = m, n, k
         a, b = _nt(mm, nn, kk, "cpu" if _cpu(device) else device, seed=1)
-        out = gemm(a, b, out_dtype=torch.float32, config=cfg, target=_check_target(device))
+        # on a GPU the API picks the device's own table, as a user's call does
+        out = gemm(
+            a, b, out_dtype=torch.float32, config=cfg if _cpu(device) else None,
+            target=_check_target(device),
+        )  # fmt: skip
         return _err(out, reference.gemm(a, b, out_dtype=torch.float32))
 
     def run(device):
@@ -76,16 +81,22 @@ def _dense_case(cls, m, n, k, model):
         a, b = _nt(m, n, k, device)
         return lambda: torch.mm(a, b)
 
+    def config(target):
+        cfg = cfg_of(target)
+        return {**cfg.as_dict(target), "split_k": configs.split_k(cfg, m, n, k, target=target)}
+
     return registry.ReportCase(
         family="gemm",
         kernel=KERNELS["gemm"].name,
         shape=f"{m}x{n}x{k} bf16 NT",
-        config={**cfg.as_dict(), "split_k": configs.split_k(cfg, m, n, k)},
+        config=config,
         compile=compile_,
         check=check,
         run=run,
         aten=aten,
         notes=f"{model}; {cls} default from the static model (configs.py), untimed",
+        flops=2.0 * m * n * k,
+        bytes=2.0 * (m * k + n * k + m * n),
     )
 
 
@@ -140,7 +151,8 @@ def _swiglu_case(m, n, k, model):
 
 
 def _grouped_case(tokens, experts, n, k, model):
-    cfg = configs.select_grouped(max(1, tokens // experts), n, k)
+    def cfg_of(target):
+        return configs.select_grouped(max(1, tokens // experts), n, k, target)
 
     def inputs(device, t, e, nn, kk, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -154,23 +166,27 @@ def _grouped_case(tokens, experts, n, k, model):
     def compile_(target):
         from flydsl_core import TensorSpec
 
+        cfg = cfg_of(target)
         a = TensorSpec("bf16", (1, tokens, k))
         b = TensorSpec("bf16", (experts, k, n), (k * n, 1, k))
         o = TensorSpec("bf16", (1, tokens, n))
         offs = TensorSpec("int32", (experts,))
         return KERNELS["grouped"].compile(
-            a, b, o, offs, None, experts, tokens, n, k, target=target, options=cfg.options(),
+            a, b, o, offs, None, experts, tokens, n, k, target=target, options=cfg.options(target),
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=max(16, 1 << (experts - 1).bit_length()),
-            RAGGED=1, EVEN_K=k % cfg.BK == 0, STAGES=cfg.num_stages, HAS_BIAS=False, XCDS=8,
-            GROUP_M=cfg.GROUP_M,
+            RAGGED=1, EVEN_K=k % cfg.BK == 0, STAGES=cfg.num_stages, HAS_BIAS=False,
+            XCDS=configs.xcds(target), GROUP_M=cfg.GROUP_M,
         )  # fmt: skip
 
-    def check(device):
+    def check(device, target=None):
         if _cpu(device):
             a, w, offs = inputs("cpu", 64, 8, 72, 136, seed=1)
         else:
             a, w, offs = inputs(device, tokens, experts, n, k, seed=1)
-        out = grouped_mm(a, w, offs, out_dtype=torch.float32, target=_check_target(device))
+        out = grouped_mm(
+            a, w, offs, out_dtype=torch.float32, target=_check_target(device),
+            config=cfg_of(target) if _cpu(device) else None,
+        )  # fmt: skip
         return _err(out, reference.grouped_mm(a, w, offs, out_dtype=torch.float32))
 
     def run(device):
@@ -185,12 +201,14 @@ def _grouped_case(tokens, experts, n, k, model):
         family="gemm",
         kernel=KERNELS["grouped"].name,
         shape=f"{tokens} tokens x {experts} experts, N={n} K={k} bf16",
-        config=cfg.as_dict(),
+        config=lambda target: cfg_of(target).as_dict(target),
         compile=compile_,
         check=check,
         run=run,
         aten=aten,
         notes=f"{model}; persistent grouped GEMM, ragged M; static-model default, untimed",
+        flops=2.0 * tokens * n * k,
+        bytes=2.0 * (tokens * k + experts * n * k + tokens * n),
     )
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .._offs import check_offs
+from .._target import table_target
 from .._target import tensor_target as _target
 from . import configs
 from .kernels import (
@@ -43,11 +45,10 @@ SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 REDUCE_BM, REDUCE_BN = 32, 64
 
 
-def _options(cfg: configs.Config, target) -> dict:
-    # the AMD MFMA options mean nothing to the CPU backends
-    if target is not None and str(target).startswith("cpu"):
-        return {"num_warps": cfg.num_warps}
-    return cfg.options()
+def _options(cfg: configs.Config, target, table: str) -> dict:
+    """The config's options for the launch target (the table's target where the launch
+    resolves the device's own): the MFMA options reach AMD compilers only."""
+    return cfg.options(target if target is not None else table)
 
 
 def _check_operands(a, b, what="gemm"):
@@ -174,15 +175,16 @@ def gemm(
                 f"got {list(residual.shape)}"
             )
         r3 = residual.reshape(batch, M, N) if batched else residual[None]
-    cfg = config or configs.select(M, N, K, batch)
     tgt = _target(a, target)
-    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch)
+    table = table_target(a, target)
+    cfg = config or configs.select(M, N, K, batch, table)
+    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
     s = max(1, min(int(s), -(-K // cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
     common = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt, a),
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
         EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
-        target=tgt, options=_options(cfg, tgt),
+        target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
     tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
     if s == 1:
@@ -236,23 +238,22 @@ def swiglu(a, w_gate, w_up, *, out_dtype=None, target=None, config=None, out=Non
         return result.zero_()  # silu(0) * 0
     a3 = _as3(a, batch, M, K, "a")
     g3, u3 = _as3(w_gate, batch, K, N, "w_gate"), _as3(w_up, batch, K, N, "w_up")
-    cfg = config or configs.select_swiglu(M, N, K, batch)
     tgt = _target(a, target)
+    table = table_target(a, target)
+    cfg = config or configs.select_swiglu(M, N, K, batch, table)
     tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
     swiglu_kernel[(tiles, batch, 1)](
         a3, g3, u3, out, M, N, K,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt, a),
-        EVEN_K=K % cfg.BK == 0, STAGES=cfg.num_stages, target=tgt, options=_options(cfg, tgt),
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
+        EVEN_K=K % cfg.BK == 0, STAGES=cfg.num_stages, target=tgt,
+        options=_options(cfg, tgt, table),
     )  # fmt: skip
     return result
 
 
-def target_xcds(target, t) -> int:
-    """XCDs to remap the pid across: the target's XCD count (1 on the CPU backends)."""
-    from flydsl_core.targets import get_target, resolve_target
-
-    tg = get_target(target) if target is not None else resolve_target()
-    return getattr(tg, "num_xcds", None) or 1
+def target_xcds(target) -> int:
+    """XCDs to remap the pid across: the launch target's XCD count (1 on the CPU backends)."""
+    return configs.xcds(target)
 
 
 # -- grouped ---------------------------------------------------------------------------------------
@@ -289,7 +290,11 @@ def grouped_mm(
     * 3-D x 2-D ``(G, M, K) x (K, N) -> (M, N)``: columns ``offs[g-1]:offs[g]``
       use ``mat_a[g]`` (ragged N).
 
-    Empty groups produce nothing (ragged M / N) or zeros (ragged K).
+    Empty groups produce nothing (ragged M / N) or zeros (ragged K). ``offs`` follows
+    torch's rule (``_offs.py``): non-negative, non-decreasing, at most the ragged extent;
+    rows / columns past ``offs[-1]`` are left unwritten. A broken rule is a ``ValueError``
+    (a list or another dtype a ``TypeError``) where ``offs`` is on the CPU; a GPU ``offs`` is
+    not read on the host, and the kernel clamps it, so nothing outside the operands is touched.
     ``bias``: ``(G, N)``, one row per group, for the 2-D x 3-D and 3-D x 3-D forms.
     ``out``: where to write the result (its shape and dtype; any strides).
     """
@@ -309,17 +314,16 @@ def grouped_mm(
             raise ValueError("grouped_mm: 3-D x 3-D batch sizes differ")
         G = mat_a.shape[0]
     else:
-        if offs is None:
-            raise ValueError("grouped_mm: a 2-D operand needs offs (int32 cumulative ends)")
-        if offs.dtype != torch.int32 or offs.dim() != 1:
-            raise TypeError(
-                f"grouped_mm offs must be a 1-D int32 tensor, got {offs.dtype} {offs.dim()}-D"
-            )
+        groups = {RAGGED_M: mat_b.shape[0], RAGGED_N: mat_a.shape[0]}.get(ragged)
+        dim, extent = {
+            RAGGED_M: ("row", mat_a.shape[0]),
+            RAGGED_N: ("column", mat_b.shape[1]),
+            RAGGED_K: ("K", mat_a.shape[1]),
+        }[ragged]
+        offs = check_offs(
+            offs, groups=groups, extent=extent, dim=dim, device=mat_a.device, what="grouped_mm"
+        )
         G = offs.shape[0]
-        if ragged == RAGGED_M and mat_b.shape[0] != G:
-            raise ValueError(f"grouped_mm: mat_b has {mat_b.shape[0]} groups, offs {G}")
-        if ragged == RAGGED_N and mat_a.shape[0] != G:
-            raise ValueError(f"grouped_mm: mat_a has {mat_a.shape[0]} groups, offs {G}")
     M = mat_a.shape[-2]
     K = mat_a.shape[-1]
     N = mat_b.shape[-1]
@@ -341,13 +345,14 @@ def grouped_mm(
     a3 = mat_a if da == 3 else mat_a[None]
     b3 = mat_b if db == 3 else mat_b[None]
     o3 = out if out.dim() == 3 else out[None]
-    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K)
     tgt = _target(mat_a, target)
-    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt)
+    table = table_target(mat_a, target)
+    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K, table)
+    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt if tgt else table)
     grouped_gemm_kernel[(programs,)](
         a3, b3, o3, offs, bias, G, M, N, K,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt, mat_a), GROUP_M=cfg.GROUP_M,
-        target=tgt, options=_options(cfg, tgt),
+        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt), GROUP_M=cfg.GROUP_M,
+        target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
     return out

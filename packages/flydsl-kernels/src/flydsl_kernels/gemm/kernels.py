@@ -353,20 +353,27 @@ class GroupTile(NamedTuple):
     ob: object
 
 
-def group_schedule(offs, G, M, N, BM, BN, GB, RAGGED) -> GroupSchedule:
+def group_schedule(offs, G, M, N, BM, BN, GB, RAGGED, K=0) -> GroupSchedule:
     """Load ``offs`` once (``GB >= G``, a power of two) and derive every group's tile count and
     their prefix sum: a tile's group is then found by counting prefix ends (``group_tile``),
-    with no host loop and no host sync on ``offs``. Empty groups own no tiles."""
+    with no host loop and no host sync on ``offs``. Empty groups own no tiles.
+
+    Every group's bounds are clamped to ``[0, extent]`` of the ragged dimension (``M``,
+    ``N`` or ``K``) and a start never passes its end, so whatever ``offs`` holds (it is
+    not checked on the host for GPU tensors, ``flydsl_kernels._offs``) no tile reaches
+    outside the operands; for valid ``offs`` the clamps change nothing."""
     gi = fly.arange(0, GB)
     gmask = gi < G
     if RAGGED == RAGGED_NONE:
         ends = fly.zeros((GB,), fly.int32)
         starts = ends
     else:
-        ends = offs[fly.ds(0, GB)].load(gmask, bounds_check=False).to(fly.int32)
+        extent = M if RAGGED == RAGGED_M else N if RAGGED == RAGGED_N else K
+        raw = offs[fly.ds(0, GB)].load(gmask, bounds_check=False).to(fly.int32)
+        ends = fly.minimum(fly.maximum(raw, 0), extent)
         # a group's start is the previous group's end (0 for the first): a gather of offs[g - 1]
         prev = offs[fly.maximum(gi - 1, 0)].load(gmask & (gi >= 1), bounds_check=False)
-        starts = prev.to(fly.int32)
+        starts = fly.minimum(fly.maximum(prev.to(fly.int32), 0), ends)
     sizes = ends - starts
     gm = sizes if RAGGED == RAGGED_M else fly.full((GB,), 0, fly.int32) + M
     gn = sizes if RAGGED == RAGGED_N else fly.full((GB,), 0, fly.int32) + N
@@ -437,7 +444,7 @@ def grouped_gemm_kernel(
     ``K`` are the full extents (the ragged one is the total). Empty groups
     own no tiles; a group smaller than a tile is masked.
     """
-    s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
+    s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED, K)
     for t in persistent_tiles(s.total, XCDS):
         w = group_tile(t, s, M, N, K, BM, BN, RAGGED, GROUP_M)
         rmask = w.m0 + fly.arange(0, BM) < w.m_end

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_device as _dev
+from .._target import check_target as _check_target
 from . import baseline, configs, reference
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .gemm import mx_gemm
@@ -38,27 +40,27 @@ _CHECK_GEMM = (5, 48, 256)
 _CHECK_GROUPED = (24, 5, 40, 160)
 
 
-def _check_target(device):
-    if device in ("cpu", "cpu-reference", "cpu-interpret"):
-        return "cpu-reference" if device == "cpu" else device
-    return None
-
-
-def _dev(device):
-    return "cpu" if device in ("cpu", "cpu-reference", "cpu-interpret") else device
-
-
 def _randn(shape, device, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+def _emulated(target) -> str | None:
+    """Why ``target`` runs the MX GEMMs only by emulation (None where it has MX MMA)."""
+    from flydsl_core.targets import get_target
+
+    tg = get_target(target)
+    if not tg.is_gpu or tg.supports_native_mx:
+        return None
+    return f"emulated: {tg.name} has no MX matrix instructions (Triton upcasts to bf16 MMA)"
+
+
 def _quant_case(m, k, fmt, in_dtype=torch.bfloat16):
-    cfg = configs.select_quant(m, k)
     elem = _TORCH[fmt]
 
-    def check(device):
+    def check(device, target=None):
         x = _randn(_CHECK_QUANT, _dev(device), 1).mul_(4).to(in_dtype)
-        q, s = to_mx(x, elem, target=_check_target(device))
+        cfg = configs.select_quant(*_CHECK_QUANT, target) if _dev(device) == "cpu" else None
+        q, s = to_mx(x, elem, target=_check_target(device), config=cfg)
         rq, rs = reference.to_mx(x.cpu(), elem)
         # bit-exact semantics: any differing byte is a failure (error 2), else 0
         same = torch.equal(q.view(torch.uint8).cpu(), rq.view(torch.uint8)) and torch.equal(
@@ -74,16 +76,16 @@ def _quant_case(m, k, fmt, in_dtype=torch.bfloat16):
         family="mx",
         kernel=KERNELS["quantize"].name,
         shape=f"{m}x{k} bf16 -> {_NAME[fmt]}",
-        config=cfg.as_dict(),
-        compile=lambda target: configs.compile_quant(m, k, fmt, cfg=cfg, target=target),
+        config=lambda target: configs.select_quant(m, k, target).as_dict(),
+        compile=lambda target: configs.compile_quant(m, k, fmt, target=target),
         check=check,
         run=run,
         notes="OCP MX v1.0 quantization (E8M0 scale per 32), bit-exact vs reference.py; untimed",
+        bytes=m * k * 2 + m * k / elem_format(fmt).per_byte + m * k / 32,
     )
 
 
 def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
-    cfg = configs.select_dequant(m, k)
     elem = _TORCH[fmt]
     fmt_ = elem_format(fmt)
     oname = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[out_dtype]
@@ -95,10 +97,11 @@ def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
         s = torch.randint(0, 256, (mm, kk // BLOCK), generator=g, dtype=torch.uint8)
         return q.view(elem).to(device), s.view(SCALE_DTYPE).to(device)
 
-    def check(device):
+    def check(device, target=None):
         # random bytes: every element code and scale, NaN / Inf and subnormal results among them
         q, s = operands(_CHECK_QUANT, _dev(device), 3)
-        got = from_mx(q, s, elem, out_dtype=out_dtype, target=_check_target(device))
+        cfg = configs.select_dequant(*_CHECK_QUANT, target) if _dev(device) == "cpu" else None
+        got = from_mx(q, s, elem, out_dtype=out_dtype, target=_check_target(device), config=cfg)
         want = reference.from_mx(q.cpu(), s.cpu(), elem, out_dtype=out_dtype)
         return 2.0 if reference.mismatches(got.cpu(), want).any() else 0.0
 
@@ -110,13 +113,14 @@ def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
         family="mx",
         kernel=KERNELS["dequantize"].name,
         shape=f"{m}x{k} {_NAME[fmt]} -> {oname}",
-        config=cfg.as_dict(),
-        compile=lambda target: configs.compile_dequant(
-            m, k, fmt, cfg=cfg, out_dtype=oname, target=target
-        ),
+        config=lambda target: configs.select_dequant(m, k, target).as_dict(),
+        compile=lambda target: configs.compile_dequant(m, k, fmt, out_dtype=oname, target=target),
         check=check,
         run=run,
         notes="OCP MX v1.0 dequantization, bit-exact vs reference.py; untimed",
+        bytes=m * k / fmt_.per_byte
+        + m * k / 32
+        + m * k * torch.empty((), dtype=out_dtype).element_size(),
     )
 
 
@@ -130,20 +134,25 @@ def _mx_operands(a_shape, w_shape, fa, fb, device, seed):
 
 def _check_error(got, want):
     """One bf16 rounding of an fp32 sum that matches to fp32 precision: error <= 1 passes."""
+    want = want.to(got.device)
     tol = 2**-8 * want.abs() + 1e-2 * float(want.abs().max())
-    return float(((got.cpu().float() - want).abs() / tol).max()) if want.numel() else 0.0
+    return float(((got.float() - want).abs() / tol).max()) if want.numel() else 0.0
 
 
 def _gemm_case(m, n, k, fa, fb):
-    cfg = configs.select_gemm(m, n, k, fa, fb)
+    def cfg_of(target):
+        return configs.select_gemm(m, n, k, fa, fb, target)
 
     def operands(shape, device, seed):
         mm, nn, kk = shape
         return _mx_operands((mm, kk), (nn, kk), fa, fb, device, seed)
 
-    def check(device):
+    def check(device, target=None):
         ops = operands(_CHECK_GEMM, _dev(device), 2)
-        got = mx_gemm(*ops, fa, fb, out_dtype=torch.bfloat16, target=_check_target(device))
+        cfg = cfg_of(target) if _dev(device) == "cpu" else None
+        got = mx_gemm(
+            *ops, fa, fb, out_dtype=torch.bfloat16, target=_check_target(device), config=cfg
+        )
         want = reference.mx_gemm(*(t.cpu() for t in ops), fa, fb, out_dtype=torch.float32)
         return _check_error(got, want)
 
@@ -159,8 +168,14 @@ def _gemm_case(m, n, k, fa, fb):
         family="mx",
         kernel=KERNELS["gemm"].name,
         shape=f"{m}x{n}x{k} {_NAME[fa]} x {_NAME[fb]} (NT)",
-        config=cfg.as_dict(),
-        compile=lambda target: configs.compile_gemm(m, n, k, fa, fb, cfg=cfg, target=target),
+        config=lambda target: cfg_of(target).as_dict(),
+        compile=lambda target: configs.compile_gemm(
+            m, n, k, fa, fb, cfg=cfg_of(target), target=target
+        ),
+        emulated=_emulated,
+        flops=2.0 * m * n * k,
+        bytes=(m / elem_format(fa).per_byte + n / elem_format(fb).per_byte + (m + n) / 32) * k
+        + 2 * m * n,
         check=check,
         run=run,
         aten=aten,
@@ -173,7 +188,9 @@ def _gemm_case(m, n, k, fa, fb):
 
 def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
     rows = tokens * top
-    cfg = configs.select_grouped(max(1, rows // experts), n, k, fa, fb)
+
+    def cfg_of(target):
+        return configs.select_grouped(max(1, rows // experts), n, k, fa, fb, target)
 
     def inputs(device, rows, experts, nn, kk, seed):
         ops = _mx_operands((rows, kk), (experts, nn, kk), fa, fb, device, seed)
@@ -182,15 +199,16 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         counts = torch.bincount(torch.randint(0, experts, (rows,), generator=g), minlength=experts)
         return ops, counts.cumsum(0).to(torch.int32).to(device)
 
-    def check(device):
-        shape = _CHECK_GROUPED if _dev(device) == "cpu" else (rows, experts, n, k)
+    def check(device, target=None):
+        cpu = _dev(device) == "cpu"
+        shape = _CHECK_GROUPED if cpu else (rows, experts, n, k)
         ops, offs = inputs(_dev(device), *shape, seed=3)
         got = mx_grouped_mm(
-            *ops, fa, fb, offs, out_dtype=torch.bfloat16, target=_check_target(device), config=cfg
-        )
-        want = reference.mx_grouped_mm(
-            *(t.cpu() for t in ops), fa, fb, offs.cpu(), out_dtype=torch.float32
-        )
+            *ops, fa, fb, offs, out_dtype=torch.bfloat16, target=_check_target(device),
+            config=cfg_of(target) if cpu else None,
+        )  # fmt: skip
+        # the reference where the operands are: float64 on the GPU at the case's full shape
+        want = reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
         return _check_error(got, want)
 
     def run(device):
@@ -209,10 +227,15 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         kernel=KERNELS["grouped"].name,
         shape=f"{tokens} tokens x top-{top} of {experts} experts, N={n} K={k} "
         f"{_NAME[fa]} x {_NAME[fb]} (NT)",
-        config={**cfg.as_dict(), "kernel": "grouped"},
+        config=lambda target: {**cfg_of(target).as_dict(), "kernel": "grouped"},
         compile=lambda target: configs.compile_grouped(
-            rows, experts, n, k, fa, fb, cfg=cfg, target=target
+            rows, experts, n, k, fa, fb, cfg=cfg_of(target), target=target
         ),
+        emulated=_emulated,
+        flops=2.0 * rows * n * k,
+        bytes=(rows / elem_format(fa).per_byte + experts * n / elem_format(fb).per_byte) * k
+        + (rows + experts * n) * k / 32
+        + 2 * rows * n,
         check=check,
         run=run,
         aten=aten,

@@ -63,9 +63,12 @@ def _scaled_mm_expected(device, fa: str, fb: str) -> bool:
         return False
     if (fa == "e2m1") != (fb == "e2m1"):
         return False  # one element kind for both operands
-    if torch.version.hip:
-        return torch.cuda.get_device_properties(dev).gcnArchName.startswith("gfx950")
-    return torch.cuda.get_device_capability(dev) >= (10, 0)
+    from flydsl_core.targets import device_arch
+
+    arch = device_arch(dev.index) or ""  # the one arch probe: "gfx950", "sm100", ...
+    if arch.startswith("gfx"):
+        return arch == "gfx950"
+    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 100
 
 
 def thunk(kind, a_q, a_scale, b_q, b_scale, fa, fb, out_dtype=torch.bfloat16):

@@ -95,3 +95,26 @@ def elem_bytes(q: torch.Tensor, fmt: ElemFormat) -> torch.Tensor:
             f"MX {fmt.name} elements must be {fmt.torch_dtype} or uint8, got {q.dtype}"
         )
     return q.view(torch.uint8)
+
+
+def _elem_constexprs(fmt, names) -> dict:
+    fmt = elem_format(fmt)
+    every = {
+        "EMAX": fmt.emax,
+        "MB": fmt.mbits,
+        "BIAS": fmt.bias,
+        "MAXB": fmt.max_bits,
+        "PACK": fmt.per_byte,
+        "INF": fmt.has_inf,
+    }
+    return {n: every[n] for n in names}
+
+
+def quant_constexprs(fmt) -> dict:
+    """The element-format constexprs of ``mx_quantize``."""
+    return _elem_constexprs(fmt, ("EMAX", "MB", "BIAS", "MAXB", "PACK"))
+
+
+def dequant_constexprs(fmt) -> dict:
+    """The element-format constexprs of ``mx_dequantize``."""
+    return _elem_constexprs(fmt, ("MB", "BIAS", "MAXB", "PACK", "INF"))

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from .._target import table_target
+from .._target import tensor_target as _target
 from .configs import GemmConfig, select_gemm
 from .formats import BLOCK, elem_bytes, elem_format, scale_bytes
 from .kernels import mx_gemm_nt
-from .quant import _target
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -85,7 +86,8 @@ def mx_gemm(
         return c
     if k == 0:
         return c.zero_() if bias is None else c.copy_(bias.float().expand(m, n))
-    cfg = config or select_gemm(m, n, k, fa.name, fb.name)
+    tgt = _target(a, target)
+    cfg = config or select_gemm(m, n, k, fa.name, fb.name, table_target(a, target))
     grid = (-(-m // cfg.BM), -(-n // cfg.BN))
     mx_gemm_nt[grid](
         a,
@@ -98,7 +100,7 @@ def mx_gemm(
         FA=fa.name,
         FB=fb.name,
         **cfg.constexprs(),
-        target=_target(a, target),
+        target=tgt,
         options=cfg.options(),
     )
     return c

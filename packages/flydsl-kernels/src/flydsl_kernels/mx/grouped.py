@@ -12,8 +12,14 @@ Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
 * 2-D x 2-D, ragged K (weight gradient): ``a_q (M, K)``, ``b_q (N, K)`` -> ``(G, M, N)``;
   group ``g`` contracts K ``offs[g-1]:offs[g]`` (an empty group gives zeros).
   The MX blocks run along K, so every ``offs`` must be a multiple of 32: this
-  is checked on the host (one sync on ``offs``, in this form only) and a
-  ``ValueError`` says which offset is not.
+  is checked on the host (one sync on ``offs``, in this form only, with the
+  other value rules) and a ``ValueError`` says which offset is not.
+
+``offs`` follows torch's rule (``flydsl_kernels._offs``): non-negative,
+non-decreasing, at most the ragged extent; a broken rule is a ``ValueError``
+(a list or another dtype a ``TypeError``) where ``offs`` is on the CPU, and a
+GPU ``offs`` is clamped in the kernel, so nothing outside the operands is read
+or written.
 
 The weights are in the NT layout (K contiguous), as ``to_mx`` of ``(G, N, K)``
 weights gives; fp4 operands hold ``K / 2`` bytes per row (``float4_e2m1fn_x2``).
@@ -36,31 +42,20 @@ from __future__ import annotations
 
 import torch
 
+from .._offs import check_offs
+from .._target import table_target
+from .._target import tensor_target as _target
 from ..gemm.api import persistent_grid, target_xcds
 from ..gemm.kernels import RAGGED_K, RAGGED_M, RAGGED_NONE
 from .configs import GemmConfig, select_grouped
 from .formats import BLOCK
 from .gemm import operands
 from .kernels import mx_grouped_gemm_nt
-from .quant import _target
 
 FORMS = (
     "2-D x 3-D (ragged M, with offs), 3-D x 3-D (batched, no offs) or 2-D x 2-D (ragged K, "
     "offs multiples of 32)"
 )
-
-
-def _check_offs(offs, G, device):
-    if offs is None:
-        raise ValueError("mx_grouped_mm: a 2-D a_q needs offs, int32 cumulative group ends")
-    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
-        what = f"{offs.dtype} {offs.dim()}-D" if isinstance(offs, torch.Tensor) else type(offs)
-        raise ValueError(f"mx_grouped_mm offs must be a 1-D int32 tensor, got {what}")
-    if offs.shape[0] != G:
-        raise ValueError(f"mx_grouped_mm: b_q has {G} groups but offs has {offs.shape[0]} entries")
-    if offs.device != device:
-        raise ValueError(f"mx_grouped_mm: offs is on {offs.device}, the operands on {device}")
-    return offs.contiguous()
 
 
 def mx_grouped_mm(
@@ -90,13 +85,19 @@ def mx_grouped_mm(
     n, m = b.shape[-2], a.shape[-2]
     if b.dim() == 2:
         ragged = RAGGED_K
-        G = offs.shape[0] if isinstance(offs, torch.Tensor) and offs.dim() == 1 else 0
-        offs = _check_offs(offs, G, a.device)
-        _check_k_offsets(offs)
+        # the K offsets must sit on MX block boundaries: checked on the host, whatever the
+        # device (the one form that syncs on offs), with the other value rules
+        offs = check_offs(
+            offs, groups=None, extent=k, dim="K", device=a.device, what="mx_grouped_mm",
+            multiple=BLOCK, values=True,
+        )  # fmt: skip
+        G = offs.shape[0]
         a, sa, b, sb = a[None], sa[None], b[None], sb[None]
     elif a.dim() == 2:
         ragged, G = RAGGED_M, b.shape[0]
-        offs = _check_offs(offs, G, a.device)
+        offs = check_offs(
+            offs, groups=G, extent=m, dim="row", device=a.device, what="mx_grouped_mm"
+        )
         a, sa = a[None], sa[None]
     else:
         ragged, G = RAGGED_NONE, b.shape[0]
@@ -127,28 +128,18 @@ def mx_grouped_mm(
     if k == 0:
         # no K: bias (or zero) rows; ragged M writes only the rows the groups cover, as the kernel
         return _no_k(out, bias, offs, ragged)
-    cfg = config or select_grouped(
-        max(1, m // G) if ragged == RAGGED_M else m, n, k, fa.name, fb.name
-    )
     tgt = _target(a, target)
-    programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, tgt)
+    table = table_target(a, target)
+    cfg = config or select_grouped(
+        max(1, m // G) if ragged == RAGGED_M else m, n, k, fa.name, fb.name, table
+    )
+    programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, tgt if tgt else table)
     mx_grouped_gemm_nt[(programs,)](
         a, sa, b, sb, out if out.dim() == 3 else out[None], offs, bias, G, m, n, k,
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,
-        XCDS=target_xcds(tgt, a), **cfg.constexprs(), target=tgt, options=cfg.options(),
+        XCDS=target_xcds(tgt), **cfg.constexprs(), target=tgt, options=cfg.options(),
     )  # fmt: skip
     return out
-
-
-def _check_k_offsets(offs):
-    """Ragged K: every group boundary on an MX block boundary (a host sync on ``offs``)."""
-    bad = (offs % BLOCK != 0).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        raise ValueError(
-            f"mx_grouped_mm ragged K (2-D x 2-D) needs every offs to be a multiple of the MX "
-            f"block {BLOCK} (scales are per 32 elements along K); offs[{i}] = {int(offs[i])}"
-        )
 
 
 def _no_k(out, bias, offs, ragged):

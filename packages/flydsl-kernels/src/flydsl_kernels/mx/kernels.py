@@ -268,7 +268,7 @@ def mx_grouped_gemm_nt(
     masked to 0) but stores only its group's rows: each output row depends on
     its own row of ``a`` only. ``bias`` is ``(G, N)``.
     """
-    s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED)
+    s = group_schedule(offs, G, M, N, BM, BN, GB, RAGGED, K)
     for t in persistent_tiles(s.total, XCDS):
         w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
         acc = _mx_tile(

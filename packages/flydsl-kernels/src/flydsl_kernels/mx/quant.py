@@ -17,36 +17,23 @@ import math
 
 import torch
 
+from .._target import table_target
 from .._target import tensor_target as _target
 from .configs import DequantConfig, QuantConfig, select_dequant, select_quant
-from .formats import BLOCK, SCALE_DTYPE, check_block, elem_bytes, elem_format, scale_bytes
+from .formats import (
+    BLOCK,
+    SCALE_DTYPE,
+    check_block,
+    dequant_constexprs,
+    elem_bytes,
+    elem_format,
+    quant_constexprs,
+    scale_bytes,
+)
 from .kernels import mx_dequantize, mx_quantize
 
 SUPPORTED_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 OUT_DTYPES = SUPPORTED_INPUTS
-
-
-def _elem_constexprs(fmt, names) -> dict:
-    fmt = elem_format(fmt)
-    every = {
-        "EMAX": fmt.emax,
-        "MB": fmt.mbits,
-        "BIAS": fmt.bias,
-        "MAXB": fmt.max_bits,
-        "PACK": fmt.per_byte,
-        "INF": fmt.has_inf,
-    }
-    return {n: every[n] for n in names}
-
-
-def quant_constexprs(fmt) -> dict:
-    """The element-format constexprs of ``mx_quantize``."""
-    return _elem_constexprs(fmt, ("EMAX", "MB", "BIAS", "MAXB", "PACK"))
-
-
-def dequant_constexprs(fmt) -> dict:
-    """The element-format constexprs of ``mx_dequantize``."""
-    return _elem_constexprs(fmt, ("MB", "BIAS", "MAXB", "PACK", "INF"))
 
 
 def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK, *, target=None, config=None):
@@ -66,7 +53,7 @@ def to_mx(x: torch.Tensor, elem_dtype, block: int = BLOCK, *, target=None, confi
     q = torch.empty(m, k // fmt.per_byte, dtype=torch.uint8, device=x.device)
     s = torch.empty(m, k // block, dtype=torch.uint8, device=x.device)
     if m and k:
-        cfg: QuantConfig = config or select_quant(m, k)
+        cfg: QuantConfig = config or select_quant(m, k, table_target(x, target))
         grid = (-(-m // cfg.R), -(-(k // block) // cfg.NB))
         mx_quantize[grid](
             x2,
@@ -115,7 +102,7 @@ def from_mx(
     m = u2.shape[0]
     y = torch.empty(m, k, dtype=out_dtype, device=u.device)
     if m and k:
-        cfg = config or select_dequant(m, k)
+        cfg = config or select_dequant(m, k, table_target(u, target))
         grid = (-(-m // cfg.R), -(-(k // block) // cfg.NB))
         mx_dequantize[grid](
             u2,

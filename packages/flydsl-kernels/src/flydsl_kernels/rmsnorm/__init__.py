@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_device as _dev
+from .._target import check_target as _check_target
 from . import configs, reference
 from .api import SUPPORTED_DTYPES, fused_add_rms_norm, rms_norm, rms_norm_backward
 from .kernels import KERNELS
@@ -51,44 +53,42 @@ def _inputs(m, n, dtype, device, seed=0):
     return x, w, r
 
 
-def _check_target(device):
-    return (
-        None
-        if device not in ("cpu", "cpu-reference", "cpu-interpret")
-        else ("cpu-reference" if device == "cpu" else device)
-    )
-
-
-def _dev(device):
-    return "cpu" if device in ("cpu", "cpu-reference", "cpu-interpret") else device
+def _size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _forward_case(m, n, dtype, mode=None):
-    cfg = configs.select_forward(n, dtype, m)
-    args, fixed = configs.compile_args(
-        cfg.kernel, n, dtype, residual=mode is not None, mode=mode or 0
-    )
-    kern = KERNELS[cfg.kernel]
+    def cfg_of(target):
+        return configs.select_forward(n, dtype, m, target)
+
+    kern = KERNELS[cfg_of(None).kernel]  # the kernel follows N and the dtype, not the target
     kw = {} if mode is None else {"llama_numerics": mode == 1, "gemma": mode == 2}
 
     def compile_(target):
+        cfg = cfg_of(target)
+        args, fixed = configs.compile_args(
+            cfg.kernel, n, dtype, residual=mode is not None, mode=mode or 0
+        )
         return kern.compile(
             *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
         )
 
-    def ours(x, w, r, target):
+    def ours(x, w, r, target, config=None):
         if mode is None:
-            return rms_norm(x, (n,), w, 1e-6, target=target)[0]
-        return fused_add_rms_norm(x, r, w, 1e-6, target=target, **kw)[0]
+            return rms_norm(x, (n,), w, 1e-6, target=target, config=config)[0]
+        return fused_add_rms_norm(x, r, w, 1e-6, target=target, config=config, **kw)[0]
 
     def theirs(x, w, r):
         if mode is None:
             return reference.rms_norm(x, (n,), w, 1e-6)[0]
         return reference.fused_add_rms_norm(x, r, w, 1e-6, **kw)[0]
 
-    def check(device):
-        x, w, r = _inputs(min(m, _CHECK_ROWS), n, dtype, _dev(device), seed=1)
-        return _err(ours(x, w, r, _check_target(device)), theirs(x, w, r), dtype)
+    def check(device, target=None):
+        rows = m if _dev(device) != "cpu" else min(m, _CHECK_ROWS)
+        x, w, r = _inputs(rows, n, dtype, _dev(device), seed=1)
+        # the CPU runs the target's config on the reference backend; a GPU its own table
+        cfg = configs.select_forward(n, dtype, rows, target) if _dev(device) == "cpu" else None
+        return _err(ours(x, w, r, _check_target(device), cfg), theirs(x, w, r), dtype)
 
     def run(device):
         x, w, r = _inputs(m, n, dtype, device)
@@ -110,22 +110,26 @@ def _forward_case(m, n, dtype, mode=None):
         family="rmsnorm",
         kernel=kern.name,
         shape=f"{m}x{n} {_DNAME[dtype]}{variant}",
-        config=cfg.as_dict(),
+        config=lambda target: cfg_of(target).as_dict(),
         compile=compile_,
         check=check,
         run=run,
         aten=aten,
-        notes=f"{name}; shipped gfx950 default from the static model (configs.py), untimed",
+        notes=f"{name}; shipped default of the target's table (configs.py, static model), untimed",
+        # read x (and the residual), write y (and the new residual), read the weight once
+        bytes=float(_size(dtype) * (m * n * (2 if mode is None else 4) + n) + 4 * m),
     )
 
 
 def _backward_case(m, n, dtype):
-    cfgs = configs.select_backward(n, dtype)
-    main = cfgs[-1]  # bwd_rows, or bwd_cols (the kernel that moves the data)
-    args, fixed = configs.compile_args(main.kernel, n, dtype)
-    kern = KERNELS[main.kernel]
+    def main_of(target):
+        return configs.select_backward(n, dtype, target)[-1]  # bwd_rows, or bwd_cols
+
+    kern = KERNELS[main_of(None).kernel]
 
     def compile_(target):
+        main = main_of(target)
+        args, fixed = configs.compile_args(main.kernel, n, dtype)
         return kern.compile(
             *args, target=target, options=main.options(), **fixed, **main.constexprs()
         )
@@ -134,10 +138,15 @@ def _backward_case(m, n, dtype):
         x, w, g = _inputs(rows, n, dtype, device, seed=2)
         return x, w, g, rms_norm(x, (n,), w, 1e-6, target=target)[1]
 
-    def check(device):
-        rows = min(m, _CHECK_ROWS)
+    def check(device, target=None):
+        cpu = _dev(device) == "cpu"
+        rows = m if not cpu else min(m, _CHECK_ROWS)
         x, w, g, rstd = grads(_dev(device), rows, _check_target(device))
-        dx, dw = rms_norm_backward(g, x, rstd, w, deterministic=True, target=_check_target(device))
+        cfgs = (*configs.select_backward(n, dtype, target), configs.select_dw_reduce(dtype, target))
+        dx, dw = rms_norm_backward(
+            g, x, rstd, w, deterministic=True, target=_check_target(device),
+            config=cfgs if cpu else None,
+        )  # fmt: skip
         dxr, dwr = reference.rms_norm_backward(g, x, w, 1e-6)
         # dweight sums `rows` products: its rounding grows with them (fp32 accumulation)
         return max(_err(dx, dxr, dtype), _err(dw, dwr, dtype) / max(1.0, rows / 64))
@@ -154,15 +163,17 @@ def _backward_case(m, n, dtype):
         family="rmsnorm",
         kernel=kern.name,
         shape=f"{m}x{n} {_DNAME[dtype]}",
-        config={
-            "kernels": [c.as_dict() for c in cfgs],
-            "dw_reduce": configs.select_dw_reduce(dtype).as_dict(),
+        config=lambda target: {
+            "kernels": [c.as_dict() for c in configs.select_backward(n, dtype, target)],
+            "dw_reduce": configs.select_dw_reduce(dtype, target).as_dict(),
         },
         compile=compile_,
         check=check,
         run=run,
         aten=aten,
         notes="backward, deterministic dweight; static-model defaults, untimed",
+        # read grad_y, x, the weight and rstd; write dx and dweight
+        bytes=float(_size(dtype) * (3 * m * n + 2 * n) + 4 * m),
     )
 
 

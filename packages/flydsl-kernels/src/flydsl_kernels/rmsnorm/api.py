@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from .._target import table_target
 from .._target import tensor_target as _target
 from . import configs
 from .kernels import KERNELS, MODE_ATEN, MODE_GEMMA, MODE_LLAMA
@@ -105,7 +106,7 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
         if rstd is not None:
             rstd.fill_(float("nan"))
         return rstd, res_out
-    cfg = config or configs.select_forward(n, x.dtype, m)
+    cfg = config or configs.select_forward(n, x.dtype, m, table_target(x, target))
     kern = KERNELS[cfg.kernel]
     flat = [
         _flat(x2, sx),
@@ -131,7 +132,17 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
 # -- forward ----------------------------------------------------------------------------------------
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=None, *, target=None, config=None):
+def rms_norm(
+    x,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    llama_numerics=False,
+    gemma=False,
+    target=None,
+    config=None,
+):
     """``aten::_fused_rms_norm(x, normalized_shape, weight, eps) -> (y, rstd)``.
 
     ``rstd = rsqrt(mean(x^2 over normalized_shape) + eps)`` in fp32, shaped
@@ -141,13 +152,25 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, *, target=None, config=
     ATen's default, ``torch.finfo(torch.float32).eps``: ATen takes the
     epsilon of the accumulation type, fp32 for fp16/bf16/fp32 inputs (not
     the input dtype's, whatever the torch.nn.functional.rms_norm docs say).
+
+    ``llama_numerics`` / ``gemma`` give ``y`` the numerics of transformers'
+    RMSNorm modules, as ``fused_add_rms_norm`` documents them (LlamaRMSNorm:
+    the normalized value rounded to ``x.dtype`` before the weight product,
+    result dtype ``promote_types(weight.dtype, x.dtype)``; GemmaRMSNorm:
+    ``(1 + weight)`` in fp32); ``rstd`` is the same in every mode.
     """
+    if llama_numerics and gemma:
+        raise ValueError("llama_numerics and gemma are exclusive")
     _check_dtype(x, "inputs")
     ns, n, m = _normalized(x, normalized_shape)
     w = _weight(weight, ns, n, x.device)
     eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd, _ = _forward(x, m, n, w, None, y, MODE_ATEN, eps, target, config, True)
+    mode = MODE_LLAMA if llama_numerics else MODE_GEMMA if gemma else MODE_ATEN
+    out_dtype = x.dtype
+    if llama_numerics and weight is not None:
+        out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rstd, _ = _forward(x, m, n, w, None, y, mode, eps, target, config, True)
     lead = tuple(x.shape[: x.dim() - len(ns)])
     return y, rstd.view(lead + (1,) * len(ns))
 
@@ -274,11 +297,12 @@ def rms_norm_backward(
     acc = None
     if want_dw and not deterministic:
         acc = torch.zeros(n, dtype=torch.float32, device=x.device)
-    cfgs = tuple(config) if config else configs.select_backward(n, x.dtype)
-    red = cfgs[-1] if cfgs[-1].kernel == "dw_reduce" else configs.select_dw_reduce(x.dtype)
+    table = table_target(x, target)
+    cfgs = tuple(config) if config else configs.select_backward(n, x.dtype, table)
+    red = cfgs[-1] if cfgs[-1].kernel == "dw_reduce" else configs.select_dw_reduce(x.dtype, table)
     if cfgs[0].kernel == "bwd_rows":
         cfg = cfgs[0]
-        p, chunk = configs.backward_programs(m, cfg.R)
+        p, chunk = configs.backward_programs(m, cfg.R, table)
         part = _partials(p, n, x.device) if want_dw and deterministic else None
         KERNELS["bwd_rows"][(p,)](
             fg,
@@ -302,7 +326,7 @@ def rms_norm_backward(
             KERNELS["bwd_rowdot"][(m,)](
                 fg, fx, r, wdx, coef, **common, **cdot.constexprs(), options=cdot.options()
             )
-        nb, p, chunk = configs.cols_programs(m, n, ccols.BLOCK)
+        nb, p, chunk = configs.cols_programs(m, n, ccols.BLOCK, table)
         part = _partials(p, n, x.device) if want_dw and deterministic else None
         KERNELS["bwd_cols"][(nb, p)](
             fg,

@@ -213,8 +213,11 @@ def score(cfg: Config, report: dict) -> tuple:
     widths = report.get("load_widths_bits") or {}
     widest = max((int(k) for k in widths), default=0)
     occ = report.get("occupancy") or 0
+    # "enough" occupancy: every wave slot on AMD (8 per SIMD); half the warp slots on NVIDIA,
+    # where each thread's 128-bit loads keep more bytes in flight than a CDNA lane's
+    cap = 8 if report.get("occupancy_unit") != "warps_per_sm" else (report["occupancy_max"] // 2)
     cost = report["instruction_count"] * cfg.num_warps / _elements(cfg)
-    return (widest, min(occ, 8), -cost, -cfg.num_warps)
+    return (widest, min(occ, cap), -cost, -cfg.num_warps)
 
 
 def rank(kernel: str, N: int, dtype, target: str = TARGET, *, candidates=None, jobs=None, **kw):
@@ -346,56 +349,142 @@ SHIPPED_DW_REDUCE: dict[int, Config] = {
 FULL_WAVES = NUM_CUS * 4 * 8
 
 
-def select_forward(N: int, dtype, M: int | None = None) -> Config:
-    """The shipped forward kernel and config for rows of ``N`` elements of ``dtype``.
+# -- the other targets' tables ---------------------------------------------------------------------
+# gfx942 has gfx950's wave64 and register file (512 unified VGPRs per lane, 8 waves per SIMD), so
+# it ships gfx950's table (not re-ranked there; its report compiles every RMSNorm case clean with
+# it); sm90 and gfx1250 run warps of 32 lanes, so their table is gfx950's at equal
+# elements per lane: num_warps x 2 (``_target.lane_factor``), at most 32 warps (1024 threads).
+# The model re-run on sm90 at sampled buckets (``rank(kernel, N, bf16, target="sm90",
+# candidates=...)``, Triton 3.9, cross-compiled, untimed) ranks the derived entry first at each;
+# ``EVIDENCE`` holds what it saw, (num_warps, registers, warps per SM, PTX statements), best
+# first, no candidate with a stack frame. One entry is adjusted (``ADJUSTED``): at (bf16, 8192)
+# the derived 8 warps spill 4 bytes in the fused-residual variant at N = 5120 (40 registers,
+# 8 B stack), so sm90 takes the model's second, 16 warps (36 registers; the residual variant
+# 32, no stack): an entry must compile clean for every variant it serves.
+EVIDENCE: dict[str, dict] = {
+    "sm90": {
+        "fwd_row N=8192 bf16": [
+            (8, 59, 32, 332),
+            (16, 36, 48, 190),
+            (32, 24, 64, 116),
+            (4, 100, 16, 618),
+        ],
+        "fwd_row N=4096 bf16": [
+            (4, 58, 32, 328),
+            (8, 32, 64, 186),
+            (16, 24, 64, 116),
+            (2, 98, 16, 614),
+        ],
+        "bwd_rows N=4096 bf16": [(16, 58, 32, 227), (8, 98, 16, 378), (32, 32, 64, 141)],
+        "fwd_row N=5120 bf16 +residual (BLOCK 8192)": [
+            (4, 64, 32, 718),
+            (8, 40, 48, 386),
+            (16, 32, 64, 218),
+        ],
+    },
+}
+#: per target, (table, key) -> num_warps where the derived entry is not shipped (see above)
+ADJUSTED: dict[str, dict[tuple, int]] = {"sm90": {("fwd", (2, 8192)): 16}}
+
+
+def _derived(table: dict, factor: int) -> dict:
+    return {
+        k: Config(c.kernel, c.BLOCK, c.R, min(32, c.num_warps * factor), notes={"from": "gfx950"})
+        for k, c in table.items()
+    }
+
+
+_TABLES: dict[str, dict[str, dict]] = {}
+
+
+def tables(target=None) -> dict[str, dict]:
+    """``{"fwd", "fwd_looped", "bwd", "bwd_rowdot", "bwd_cols", "dw_reduce"}`` of ``target``'s
+    table (None and the CPU backends: gfx950's)."""
+    from .._target import lane_factor, table_target
+
+    name = table_target(None, target)
+    got = _TABLES.get(name)
+    if got is None:
+        base = {
+            "fwd": SHIPPED_FWD,
+            "fwd_looped": SHIPPED_FWD_LOOPED,
+            "bwd": SHIPPED_BWD,
+            "bwd_rowdot": SHIPPED_BWD_ROWDOT,
+            "bwd_cols": SHIPPED_BWD_COLS,
+            "dw_reduce": SHIPPED_DW_REDUCE,
+        }
+        f = lane_factor(name)
+        got = base if f == 1 else {k: _derived(v, f) for k, v in base.items()}
+        for (table, key), warps in ADJUSTED.get(name, {}).items():
+            c = got[table][key]
+            got[table] = {**got[table], key: Config(c.kernel, c.BLOCK, c.R, warps, notes={"from": "model, adjusted"})}  # fmt: skip
+        _TABLES[name] = got
+    return got
+
+
+def select_forward(N: int, dtype, M: int | None = None, target=None) -> Config:
+    """The shipped forward kernel and config of ``target``'s table for rows of ``N`` elements
+    of ``dtype``.
 
     ``M`` (the number of rows), when given, only matters to the multi-row
     kernel: its ``R`` is halved (and ``num_warps`` with it, keeping at least
-    one element per lane) while the grid would bring fewer than
-    ``FULL_WAVES`` waves, so short batches still spread over every CU.
+    one element per lane) while the grid would bring fewer warps than the
+    GPU keeps resident (``FULL_WAVES`` on gfx950), so short batches still
+    spread over every CU.
     """
+    from .._target import lane_factor, resident_warps
+
+    t = tables(target)
     nb, b = elem_bytes(dtype), next_pow2(max(N, 1))
     if b > ROW_MAX_BLOCK[nb]:
-        return SHIPPED_FWD_LOOPED[nb]
-    cfg = SHIPPED_FWD[(nb, b)]
+        return t["fwd_looped"][nb]
+    cfg = t["fwd"][(nb, b)]
     if M is None or cfg.kernel != "fwd_rows":
         return cfg
+    full, lanes = resident_warps(target), 64 // lane_factor(target)
     r, w = cfg.R, cfg.num_warps
-    while r > 1 and math.ceil(M / r) * w < FULL_WAVES:
+    while r > 1 and math.ceil(M / r) * w < full:
         r //= 2
-        if r * b < 64 * w and w > 1:
+        if r * b < lanes * w and w > 1:
             w //= 2
     return cfg if (r, w) == (cfg.R, cfg.num_warps) else Config("fwd_rows", b, r, w)
 
 
-def select_backward(N: int, dtype) -> tuple[Config, ...]:
+def select_backward(N: int, dtype, target=None) -> tuple[Config, ...]:
     """``(bwd_rows,)`` or ``(bwd_rowdot, bwd_cols)``: the shipped backward kernels for ``N``."""
+    t = tables(target)
     nb, b = elem_bytes(dtype), next_pow2(max(N, 1))
     if b <= BWD_ROW_MAX_BLOCK[nb]:
-        return (SHIPPED_BWD[(nb, b)],)
-    return (SHIPPED_BWD_ROWDOT[nb], SHIPPED_BWD_COLS[nb])
+        return (t["bwd"][(nb, b)],)
+    return (t["bwd_rowdot"][nb], t["bwd_cols"][nb])
 
 
-def select_dw_reduce(dtype) -> Config:
-    return SHIPPED_DW_REDUCE[elem_bytes(dtype)]
+def select_dw_reduce(dtype, target=None) -> Config:
+    return tables(target)["dw_reduce"][elem_bytes(dtype)]
 
 
-def backward_programs(M: int, R: int) -> tuple[int, int]:
+def _cus(target) -> int:
+    from .._target import num_cus
+
+    return num_cus(target)
+
+
+def backward_programs(M: int, R: int, target=None) -> tuple[int, int]:
     """``(programs, rows per program)`` for the register-resident backward.
 
     At most two programs per CU (each then walks its chunk of rows, keeping
     its dweight partial in registers), and chunks are whole ``R``-row tiles."""
     groups = math.ceil(M / R)
-    p = max(1, min(groups, 2 * NUM_CUS))
+    p = max(1, min(groups, 2 * _cus(target)))
     chunk = math.ceil(groups / p) * R
     return math.ceil(M / chunk), chunk
 
 
-def cols_programs(M: int, N: int, BLOCK: int) -> tuple[int, int, int]:
+def cols_programs(M: int, N: int, BLOCK: int, target=None) -> tuple[int, int, int]:
     """``(column blocks, row chunks, rows per chunk)`` for ``bwd_cols``: about four programs
     per CU in all, each with at least 8 rows where there are that many."""
     nb = math.ceil(N / BLOCK)
-    p = max(1, min(math.ceil(M / 8), math.ceil(4 * NUM_CUS / nb)))
+    p = max(1, min(math.ceil(M / 8), math.ceil(4 * _cus(target) / nb)))
     chunk = math.ceil(M / p)
     return nb, math.ceil(M / chunk), chunk
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .._target import check_device, check_target
 from ..registry import Family, ReportCase
 from . import configs, kernels, reference
 from .api import topk, topk_rows
@@ -44,19 +45,9 @@ UPSTREAM = {
 }
 
 
-#: the CPU "devices" a check may name: the tensors live on the CPU, the kernels run on that backend
-_CPU_BACKENDS = {
-    "cpu": "cpu-reference",
-    "cpu-reference": "cpu-reference",
-    "cpu-interpret": "cpu-interpret",
-}
-
-
 def _inputs(m, n, dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn((m, n), generator=g).to(dtype).to("cpu" if device in _CPU_BACKENDS else device)
-    )
+    return torch.randn((m, n), generator=g).to(dtype).to(check_device(device))
 
 
 def _mismatch(x, k, largest=True, target=None) -> float:
@@ -73,9 +64,9 @@ def _mismatch(x, k, largest=True, target=None) -> float:
 def _check_topk(m, n, k, device) -> float:
     """The check of a (m, n, k) problem; cases reporting stages of one pipeline share it."""
     # the reference backend runs programs one by one: few rows there (all of them on a GPU)
-    cpu = device in _CPU_BACKENDS
+    cpu = check_target(device) is not None
     mm = m if not cpu else (8 if n <= 8192 else 2 if n <= 65536 else 1)
-    t = _CPU_BACKENDS.get(device)
+    t = check_target(device)
     return max(
         _mismatch(_inputs(mm, n, torch.float32, device, n + k), k, target=t),
         _mismatch(_inputs(mm, n, torch.float32, device, n - k), k, largest=False, target=t),
@@ -86,7 +77,7 @@ def _compile_pipeline(m, n, k, dtype, target, stage):
     """Compile one stage of the pipeline ``select`` picks for (m, n, k): the report reads it."""
     from flydsl_core import TensorSpec
 
-    plan = select(m, n, k, dtype)
+    plan = select(m, n, k, dtype, target=target)
     kb = configs.KEY_BITS[dtype]
     f = lambda *s: TensorSpec(dtype, s)  # noqa: E731
     i32 = lambda *s: TensorSpec(torch.int32, s)  # noqa: E731
@@ -196,14 +187,19 @@ _MAIN_KERNEL = {
 
 def _topk_case(m, n, k, stage, up) -> ReportCase:
     dtype = torch.float32
-    plan = select(m, n, k, dtype)
-    cfg = plan.as_dict()
+    plan = select(m, n, k, dtype)  # the kernels follow the shape; the target sets the warps
     name = _MAIN_KERNEL[plan.kernel]
     if stage == "sort":
         name = "sort_tile" if plan.sorter == "tile" else "merge_pass"
-        cfg = {"kernel": plan.sorter, "num_warps": plan.sort_warps, "KP": plan.SORT_KP}
 
-    def check(device, m=m, n=n, k=k):
+    def config(target):
+        p = select(m, n, k, dtype, target=target)
+        if stage == "sort":
+            return {"kernel": p.sorter, "num_warps": p.sort_warps, "KP": p.SORT_KP}
+        return p.as_dict()
+
+    def check(device, target=None, m=m, n=n, k=k):
+        # the target's table differs from gfx950's only in warps, which the CPU backends ignore
         return _check_topk(m, n, k, device)
 
     def run(device):
@@ -218,8 +214,9 @@ def _topk_case(m, n, k, stage, up) -> ReportCase:
         family="topk",
         kernel=name,
         shape=f"{m}x{n} fp32 k={k}",
-        config=cfg,
+        config=config,
         compile=lambda target: _compile_pipeline(m, n, k, dtype, target, stage),
+        bytes=float(m * n * 4 + m * k * 12) if stage == "main" else None,
         check=check,
         run=run,
         aten=aten,
@@ -252,7 +249,6 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
     sc = {"softmax": 0, "sigmoid": 1, "topk_softmax": 2}[kw["scoring"]]
     dtype = torch.float32 if sc == 1 else torch.bfloat16
     block = configs.next_pow2(e)
-    rc = configs.router_config(block)
     ng = kw.get("n_group", 1)
     cx = dict(
         TOPK=top_k,
@@ -268,7 +264,7 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
 
     def inputs(device, tt):
         g = torch.Generator().manual_seed(e + top_k)
-        dev = "cpu" if device in _CPU_BACKENDS else device
+        dev = check_device(device)
         logits = torch.randn(tt, e, generator=g).to(dtype).to(dev)
         bias = (torch.randn(e, generator=g) * 0.1).to(dev) if sc == 1 else None
         return logits, bias
@@ -280,13 +276,14 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
             TensorSpec(torch.float32, (t, top_k)),
             TensorSpec(torch.int64, (t, top_k)),
         )
+        rc = configs.router_config(block, target)
         return kernels.moe_router_kernel.compile(
             *args, target=target, options={"num_warps": rc.num_warps}, **cx
         )
 
-    def check(device):
-        logits, bias = inputs(device, t if device not in _CPU_BACKENDS else 64)
-        w, ids = moe_router(logits, top_k, bias=bias, target=_CPU_BACKENDS.get(device), **kw)
+    def check(device, target=None):
+        logits, bias = inputs(device, t if check_target(device) is None else 64)
+        w, ids = moe_router(logits, top_k, bias=bias, target=check_target(device), **kw)
         if sc == 0:
             rw, rids = reference.qwen3_moe_router(logits, top_k, kw.get("renormalize", False))
             rw, rids = reference.in_kernel_order(rw, rids, logits.float())
@@ -310,7 +307,8 @@ def _router_case(model, t, e, top_k, kw) -> ReportCase:
         family="topk",
         kernel="moe_router_kernel",
         shape=f"{model}: {t}x{e} {str(dtype).removeprefix('torch.').replace('bfloat16', 'bf16').replace('float32', 'fp32')} top-{top_k}",
-        config={**cx, "num_warps": rc.num_warps},
+        config=lambda target: {**cx, "num_warps": configs.router_config(block, target).num_warps},
+        bytes=float(t * e * (2 if dtype == torch.bfloat16 else 4) + t * top_k * 12),
         compile=compile_,
         check=check,
         run=run,

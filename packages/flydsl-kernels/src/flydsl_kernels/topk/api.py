@@ -2,30 +2,41 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
+from .._target import is_cpu_target, table_target, tensor_target
 from . import kernels as K
 from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Plan, next_pow2, select
 
 DTYPES = tuple(KEY_BITS)
 
 
-def resolve_target(device: torch.device, target=None):
-    """``target`` if given; CPU tensors run on the reference backend; else the device's own."""
-    if target is not None:
-        return target
-    return "cpu-reference" if device.type == "cpu" else None
-
-
-def _gpu(target) -> bool:
-    return target not in ("cpu-reference", "cpu-interpret", "reference", "cpu", "ref")
-
-
 def _opts(plan: Plan, target, num_warps=None) -> dict:
     opts = {"target": target}
-    if target is None or _gpu(target):  # CPU backends ignore warps: don't key compiles on them
+    if not is_cpu_target(target):  # CPU backends ignore warps: don't key compiles on them
         opts["num_warps"] = num_warps or plan.num_warps
     return opts
+
+
+def _int_arg(v, name: str) -> int:
+    """torch's int argument rule: ints, numpy ints and integer 0-d tensors; not bools, floats."""
+    if isinstance(v, torch.Tensor) and not v.dtype.is_floating_point and v.dtype != torch.bool:
+        if v.numel() == 1:
+            return int(v)
+    elif not isinstance(v, bool):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    raise TypeError(f"topk(): argument '{name}' must be int, not {type(v).__name__}")
+
+
+def _bool_arg(v, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"topk(): argument '{name}' must be bool, not {type(v).__name__}")
+    return v
 
 
 def _i32(n, device):
@@ -64,9 +75,15 @@ def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, tar
     dev = x2.device
     kb = KEY_BITS[x2.dtype]
     plan = plan or select(
-        m, n, k, x2.dtype, sorted=sorted, deterministic=torch.are_deterministic_algorithms_enabled()
+        m,
+        n,
+        k,
+        x2.dtype,
+        sorted=sorted,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        target=table_target(x2, target),
     )
-    target = resolve_target(dev, target)
+    target = tensor_target(x2, target)
     vals = torch.empty((m, k), dtype=x2.dtype, device=dev)
     idx = torch.empty((m, k), dtype=torch.int64, device=dev)
     lg = bool(largest)
@@ -173,10 +190,14 @@ def topk(
     target=None,
     method=None,
 ):
-    """``torch.topk(x, k, dim, largest, sorted)`` -> (values, int64 indices).
+    """``torch.topk(x, k, dim, largest, sorted)`` -> ``torch.return_types.topk(values, indices)``.
 
-    fp32, bf16 and fp16; any ``dim``; NaN ranks above every number (as in
-    torch); ``k`` from 0 to N. ``deterministic`` (default
+    fp32, bf16 and fp16 (another dtype is a ``TypeError``); any ``dim``; NaN
+    ranks above every number (as in torch); ``k`` from 0 to N. Arguments
+    follow torch.topk's rules and errors: ``k`` and ``dim`` are ints (a float
+    or bool is a ``TypeError``), ``largest`` and ``sorted`` bools, an out of
+    range ``k`` is a ``RuntimeError`` and an out of range ``dim`` an
+    ``IndexError``; a 0-d input gives 0-d results. ``deterministic`` (default
     ``torch.are_deterministic_algorithms_enabled()``): True gives bitwise
     reproducible results in the order values descending (ascending for
     ``largest=False``), ties by index ascending, for sorted and unsorted
@@ -189,22 +210,24 @@ def topk(
     backend); ``method`` forces a kernel ("small", "sort", "radix",
     "radix_split") instead of the selection rule in ``configs.select``.
     """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"topk(): argument 'input' must be Tensor, not {type(x).__name__}")
+    k, dim = _int_arg(k, "k"), _int_arg(dim, "dim")
+    largest, sorted = _bool_arg(largest, "largest"), _bool_arg(sorted, "sorted")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if x.dtype not in DTYPES:
         raise TypeError(f"topk supports {', '.join(map(str, DTYPES))}, got {x.dtype}")
-    k = int(k)
+    nd = max(x.dim(), 1)  # a 0-d tensor has one dimension for dim's range, as in torch
+    if not -nd <= dim < nd:
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-nd}, {nd - 1}], but got {dim})"
+        )
     if x.dim() == 0:
         if k not in (0, 1):
             raise RuntimeError(f"selected index k out of range (k={k} for a 0-d tensor)")
-        if k == 0:
-            return x.new_empty((0,)), torch.empty((0,), dtype=torch.int64, device=x.device)
-        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
-    if not -x.dim() <= dim < x.dim():
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of [{-x.dim()}, {x.dim() - 1}], "
-            f"but got {dim})"
-        )
+        # torch gives the element and index 0 for k = 0 as well
+        return _result(x.clone(), torch.zeros((), dtype=torch.int64, device=x.device))
     d = dim % x.dim()
     n = x.shape[d]
     if not 0 <= k <= n:
@@ -219,8 +242,19 @@ def topk(
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
         plan = select(
-            x2.shape[0], n, k, x.dtype, sorted=sorted, deterministic=deterministic, method=method
+            x2.shape[0],
+            n,
+            k,
+            x.dtype,
+            sorted=sorted,
+            deterministic=deterministic,
+            method=method,
+            target=table_target(x2, target),
         )
         v, i = topk_rows(x2, k, largest, sorted, plan=plan, target=target)
         v, i = v.reshape(out_shape), i.reshape(out_shape)
-    return v.movedim(-1, d).contiguous(), i.movedim(-1, d).contiguous()
+    return _result(v.movedim(-1, d).contiguous(), i.movedim(-1, d).contiguous())
+
+
+def _result(values, indices):
+    return torch.return_types.topk((values, indices))

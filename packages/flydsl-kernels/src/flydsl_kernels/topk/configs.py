@@ -178,19 +178,53 @@ def bucket_of(kernel: str, size: int, chunked: bool = False) -> tuple:
     return (b, False) if kernel == "small" else (b,)
 
 
-def shipped(kernel: str, bucket: tuple) -> dict:
-    """The shipped config of a bucket (a plain fallback where the table has no entry)."""
+# The other targets' tables. gfx942 has gfx950's wave64 and register file, so it ships gfx950's
+# table (not re-ranked there; its report compiles every TopK case clean with it); sm90 and
+# gfx1250 run warps of 32 lanes: their table is gfx950's at equal elements per lane, num_warps x 2
+# (``_target.lane_factor``), at most 32 warps. ``EVIDENCE`` holds the sm90 compile report of
+# the derived entries at the report's cases (Triton 3.9, cross-compiled, untimed): (num_warps,
+# registers per thread, warps per SM, PTX statements), none with a stack frame. The model's
+# full re-ranking on sm90 (``derive(target="sm90")``) was not run: on the shared 2-core
+# machine its unrolled small-k candidates alone took over 15 minutes; RMSNorm's re-ranking on
+# sm90 picked the derived entry at every sampled bucket (rmsnorm/configs.py).
+EVIDENCE: dict[str, dict] = {
+    "sm90": {
+        "small 256x4096 k=8": (8, 56, 32, 1636),
+        "small 256x1024 k=2": (2, 48, 40, 506),
+        "sort 256x8192 k=64": (32, 54, 32, 4584),
+        "radix fp32 keys (N 16k-256k)": (8, 64, 32, 1032),
+        "sort_tile k=256": (4, 32, 64, 898),
+        "sort_tile k=1024": (4, 56, 36, 4115),
+        "radix_hist_split 4x262144": (8, 34, 48, 340),
+        "router 128 experts": (2, 30, 64, 583),
+        "router 256 experts (DeepSeek-V3)": (2, 32, 64, 1002),
+    },
+}
+
+
+def shipped(kernel: str, bucket: tuple, target=None) -> dict:
+    """The shipped config of a bucket in ``target``'s table (a plain fallback where the table
+    has no entry)."""
+    from .._target import lane_factor
+
     got = SHIPPED.get((kernel, *bucket))
     if got is not None:
-        return dict(got)
-    if kernel == "radix":
-        return {"BLOCK": 2048, "num_warps": 8}
-    return {"num_warps": max(1, min(8, bucket[0] // 512))}
+        cfg = dict(got)
+    elif kernel == "radix":
+        cfg = {"BLOCK": 2048, "num_warps": 8}
+    else:
+        cfg = {"num_warps": max(1, min(8, bucket[0] // 512))}
+    f = lane_factor(target)
+    if f > 1:
+        cfg["num_warps"] = min(32, cfg["num_warps"] * f)
+    return cfg
 
 
-def router_config(block: int) -> Plan:
+def router_config(block: int, target=None) -> Plan:
     return Plan(
-        "router", BLOCK=block, num_warps=shipped("router", bucket_of("router", block))["num_warps"]
+        "router",
+        BLOCK=block,
+        num_warps=shipped("router", bucket_of("router", block), target)["num_warps"],
     )
 
 
@@ -203,9 +237,15 @@ def select(
     sorted: bool = True,
     deterministic: bool = True,
     method: str | None = None,
-    cus: int = GFX950_CUS,
+    cus: int | None = None,
+    target=None,
 ) -> Plan:
-    """The kernel and config for M rows of N elements, 1 <= k <= N (see the module doc)."""
+    """The kernel and config of ``target``'s table for M rows of N elements, 1 <= k <= N (see
+    the module doc); ``cus`` defaults to the target's CUs / SMs."""
+    if cus is None:
+        from .._target import num_cus
+
+        cus = num_cus(target)
     if not 1 <= k <= n:
         raise ValueError(f"select needs 1 <= k <= n, got k={k}, n={n}")
     if method is not None and method not in METHODS:
@@ -219,29 +259,29 @@ def select(
         elif n <= SORT_N_DEFAULT:
             method = "sort"
         else:
-            chunk = shipped("radix", (kb,))["BLOCK"]
+            chunk = shipped("radix", (kb,), target)["BLOCK"]
             method = "radix_split" if (m < cus // 2 and n > chunk) else "radix"
     if method == "small":
         if k > SMALL_K_MAX:
             raise ValueError(f"the small-k kernel unrolls k rounds: k={k} > {SMALL_K_MAX}")
         chunked = tile > SMALL_TILE_MAX
         block = SMALL_CHUNK if chunked else max(tile, kp)
-        cfg = shipped("small", bucket_of("small", block, chunked))
+        cfg = shipped("small", bucket_of("small", block, chunked), target)
         return Plan("small", KP=kp, BLOCK=block, CHUNKED=chunked, num_warps=cfg["num_warps"])
     if method == "sort":
         if tile > SORT_TILE_MAX:
             raise ValueError(f"the sort kernel holds a row in one tile: N={n} > {SORT_TILE_MAX}")
-        cfg = shipped("sort", bucket_of("sort", tile))
+        cfg = shipped("sort", bucket_of("sort", tile), target)
         return Plan("sort", KP=kp, BLOCK=tile, num_warps=cfg["num_warps"])
-    cfg = shipped("radix", (kb,))
+    cfg = shipped("radix", (kb,), target)
     sorter, skp, sw = None, 1, 4
     if sorted and k > 1:
         if k <= SURVIVOR_TILE_MAX:
             sorter, skp = "tile", next_pow2(k)
-            sw = shipped("sort_tile", bucket_of("sort_tile", skp))["num_warps"]
+            sw = shipped("sort_tile", bucket_of("sort_tile", skp), target)["num_warps"]
         else:
             sorter = "merge"
-            sw = shipped("merge", (MERGE_B,))["num_warps"]
+            sw = shipped("merge", (MERGE_B,), target)["num_warps"]
     split = 1
     if method == "radix_split":
         split = max(1, min(-(-n // cfg["BLOCK"]), cus // max(1, m)))
@@ -359,16 +399,18 @@ def static_score(report: dict, num_warps: int, elements: int) -> tuple:
     return (-(report.get("occupancy") or 0), round(per_elem, 4), report.get("vgpr") or 1 << 30)
 
 
-def derive(*, jobs: int | None = None, kernels=None, progress=None) -> dict[tuple, dict]:
+def derive(
+    *, jobs: int | None = None, kernels=None, progress=None, target: str = "gfx950", buckets=None
+) -> dict[tuple, dict]:
     """Re-run the static model for every bucket: ``{(kernel, *bucket): config}`` (no GPU needed)."""
     from flydsl_core.autotune import ConfigSpace, prune
 
     out: dict[tuple, dict] = {}
-    for kernel, buckets in BUCKETS.items():
+    for kernel in BUCKETS:
         if kernels is not None and kernel not in kernels:
             continue
         space = SPACES[kernel]
-        for bucket in buckets:
+        for bucket in BUCKETS[kernel] if buckets is None else buckets.get(kernel, ()):
             cands = []
             blocks = space.get("BLOCK", (None,))
             for block in blocks:
@@ -379,7 +421,7 @@ def derive(*, jobs: int | None = None, kernels=None, progress=None) -> dict[tupl
                     kern,
                     args,
                     ConfigSpace(**{k: [v] for k, v in cx.items()}, num_warps=warps),
-                    "gfx950",
+                    target,
                     jobs=jobs,
                 )
                 for c in res.survivors:
@@ -475,12 +517,12 @@ def _companion_args(name: str, bucket: tuple, config: dict):
     return K.merge_pass, args, {"B": b, "FINAL": False}
 
 
-def shipped_compiles() -> list[tuple[str, str, tuple, dict]]:
-    """Every (label, kernel, bucket, config) compile the shipped table stands for."""
+def shipped_compiles(target=None) -> list[tuple[str, str, tuple, dict]]:
+    """Every (label, kernel, bucket, config) compile ``target``'s shipped table stands for."""
     out = []
     for kernel, buckets in BUCKETS.items():
         for bucket in buckets:
-            cfg = shipped(kernel, bucket)
+            cfg = shipped(kernel, bucket, target)
             out.append((kernel, kernel, bucket, cfg))
             out += [(c, kernel, bucket, cfg) for c in COMPANIONS.get(kernel, ())]
     return out

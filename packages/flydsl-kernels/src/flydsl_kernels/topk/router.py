@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .api import _opts, resolve_target
+from .._target import table_target, tensor_target
+from .api import _opts
 from .configs import next_pow2, router_config
 from .kernels import moe_router_kernel
 
@@ -87,8 +88,8 @@ def moe_router(
     lg = logits if logits.stride(1) == 1 else logits.contiguous()
     b = bias.contiguous() if bias is not None else lg[0]  # unread without HAS_BIAS
     block = next_pow2(e)
-    cfg = router_config(block)
-    target = resolve_target(logits.device, target)
+    cfg = router_config(block, table_target(logits, target))
+    target = tensor_target(logits, target)
     moe_router_kernel[(t,)](
         lg,
         b,

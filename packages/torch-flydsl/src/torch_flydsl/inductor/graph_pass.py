@@ -64,7 +64,7 @@ class CompileContext:
             return ""
         a = self._arch.get(dev.index)
         if a is None:
-            a = _runtime.resolve_arch(dev.index) or ""
+            a = self.settings.arch or _runtime.resolve_arch(dev.index) or ""
             self._arch[dev.index] = a = a if a in self.allowed else ""
         return a
 
@@ -106,7 +106,7 @@ def fingerprint(settings: Settings) -> str:
 # -- splicing a traced function into the graph ------------------------------------------------------
 
 
-def _trace(fn, inputs, decompose: bool) -> tuple[fx.GraphModule, list]:
+def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list]:
     """``make_fx`` of ``fn(*inputs)`` on the inputs' FakeTensors: ``(gm, input nodes, spec)``;
     fx nodes among the (nested) inputs become placeholders, other leaves are constants."""
     from torch._dispatch.python import enable_python_dispatcher
@@ -127,18 +127,21 @@ def _trace(fn, inputs, decompose: bool) -> tuple[fx.GraphModule, list]:
 
     from torch._inductor.decomposition import select_decomp_table
 
+    from .._trace import assume_arch
+
     mode = detect_fake_mode(vals)
     body = dispatch_functionalize(traced) if decompose else traced
     # Inductor's decompositions, as for the rest of a post-grad graph (``t`` -> ``permute``)
-    with mode, enable_python_dispatcher(), preserve_node_meta():
+    with mode, enable_python_dispatcher(), preserve_node_meta(), assume_arch(arch):
         gm = make_fx(body, select_decomp_table(), tracing_mode="real")(*vals)
     return gm, [flat[i] for i in where]
 
 
-def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool) -> fx.Node:
+def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool, arch=None) -> fx.Node:
     """Insert the trace of ``fn(*inputs)`` before ``anchor`` and use its output for
-    ``anchor``'s value (``anchor``'s users are moved to it)."""
-    gm, nodes = _trace(fn, inputs, decompose)
+    ``anchor``'s value (``anchor``'s users are moved to it). ``arch``: the GPU arch the traced
+    kernels are generated for where the device cannot say (``Settings.arch``)."""
+    gm, nodes = _trace(fn, inputs, decompose, arch)
     owner = graph.owning_module
     env: dict[fx.Node, object] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -277,7 +280,10 @@ class Rewriter:
         if isinstance(low, Dense):
             self._dense(node, low, args, vals)
         elif isinstance(low, Call):
-            splice(self.graph, node, low.build, args, _decompose(self.settings, vals[0]))
+            splice(
+                self.graph, node, low.build, args, _decompose(self.settings, vals[0]),
+                self.settings.arch,
+            )  # fmt: skip
         st.hits += 1
         self.rewritten += 1
 
@@ -319,6 +325,7 @@ class Rewriter:
             build,
             [a, b, c, bias, residual, shape],
             _decompose(self.settings, vals[d.a]),
+            self.settings.arch,
         )
         _repoint_sizes([node, *chain.nodes], out, a)
         if chain.fused:
@@ -344,8 +351,9 @@ class Rewriter:
             return out.reshape(shape) if shape is not None else out
 
         out = splice(
-            self.graph, mul, build, [a, wg, wu, shape], _decompose(self.settings, gvals[0])
-        )
+            self.graph, mul, build, [a, wg, wu, shape], _decompose(self.settings, gvals[0]),
+            self.settings.arch,
+        )  # fmt: skip
         gate_chain = [found.gate, *found.gate.users, found.up, *found.up.users]
         _repoint_sizes(gate_chain, out, a)
         self.done.update((found.gate, found.up))

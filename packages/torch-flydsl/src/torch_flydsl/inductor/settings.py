@@ -18,6 +18,9 @@ option             meaning
 ``device``         ``"cpu"`` also rewrites CPU nodes (the test backend; default from
                    ``$FLYDSL_TORCH_DEVICE``); GPU nodes are rewritten where the arch is in
                    ``$FLYDSL_TORCH_ARCHS``
+``arch``           the GPU arch to compile GPU nodes for when the device cannot be asked
+                   (lowering on a machine without that GPU: cross-compiling, tests); default:
+                   the device's own (``flydsl_core.targets.device_arch``)
 ``inductor``       a dict of Inductor config patches applied with ours (backend only)
 =================  =========================================================================
 """
@@ -25,10 +28,9 @@ option             meaning
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
-KNOWN = ("ops", "gates", "autotune", "epilogue", "swiglu", "kernels", "device", "inductor")
+KNOWN = ("ops", "gates", "autotune", "epilogue", "swiglu", "kernels", "device", "arch", "inductor")
 KERNELS = ("triton", "extern")
 
 
@@ -41,6 +43,7 @@ class Settings:
     swiglu: bool = True
     kernels: str = "triton"
     cpu: bool = False
+    arch: str | None = None
     inductor: dict = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
@@ -74,9 +77,9 @@ class Settings:
         kernels = o.get("kernels", "triton")
         if kernels not in KERNELS:
             raise ValueError(f"options['kernels'] is {kernels!r}; expected one of {KERNELS}")
-        dev = o.get("device") or os.environ.get("FLYDSL_TORCH_DEVICE", "").strip() or "cuda"
-        if dev not in ("cpu", "cuda"):
-            raise ValueError(f"options['device'] is {dev!r}; expected 'cpu' or 'cuda'")
+        from .. import _runtime
+
+        dev = _runtime.normalize_device(o.get("device"))  # None: $FLYDSL_TORCH_DEVICE or cuda
         auto = o.get("autotune")
         if auto is None:
             auto = mode == "max-autotune"
@@ -89,6 +92,7 @@ class Settings:
             swiglu=bool(o.get("swiglu", True)),
             kernels=kernels,
             cpu=dev == "cpu",
+            arch=str(o["arch"]) if o.get("arch") else None,
             inductor=inductor,
         )
 
@@ -101,6 +105,7 @@ class Settings:
             "swiglu": self.swiglu,
             "kernels": self.kernels,
             "cpu": self.cpu,
+            "arch": self.arch,
         }
 
     def key(self) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from ...exc import ArgumentError, LoweringError
 from ...ir.core import Block, Function, Op, Value
+from .. import Backend, Executable
 from .rules import RULES, rule
 
 
@@ -143,7 +144,7 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(t, (span,), (1,), t.storage_offset())
 
 
-class ReferenceExecutable:
+class ReferenceExecutable(Executable):
     def __init__(self, fn: Function):
         self.fn = fn
         S = Slots()
@@ -205,8 +206,8 @@ class ReferenceExecutable:
                 s(env, state)
 
 
-class ReferenceBackend:
-    name = "cpu-reference"
+class ReferenceBackend(Backend):
+    """Closures over torch ops; compiling is cheaper than storing, so nothing is stored."""
 
     def compile(self, fn: Function, spec=None, options=None) -> ReferenceExecutable:
         return ReferenceExecutable(fn)

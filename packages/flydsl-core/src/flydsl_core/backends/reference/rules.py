@@ -16,14 +16,10 @@ from __future__ import annotations
 import torch
 
 from ... import dtypes as dt
-from ...exc import FlyDSLError, LoweringError
+from ...exc import LoweringError, ReferenceRuntimeError
 from ...ir.core import Op
 
 RULES: dict = {}
-
-
-class ReferenceRuntimeError(FlyDSLError, RuntimeError):
-    """A kernel did something undefined while running on the reference backend."""
 
 
 def rule(*names):

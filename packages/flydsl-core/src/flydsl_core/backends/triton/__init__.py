@@ -15,29 +15,16 @@ import os
 # Keep Triton 3.9's current default (FP fusion on) and silence its warning about it.
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+from ...exc import TritonLaunchError
 from .codegen import LOWERINGS, GeneratedKernel, KernelParam, generate, lower
-from .compiler import (
-    CpuInterpretBackend,
-    Gfx942Backend,
-    Gfx950Backend,
-    Gfx1250Backend,
-    Sm90Backend,
-    TritonBackend,
-    TritonExecutable,
-    write_source,
-)
-from .launcher import InterpretedExecutable, TritonLaunchError
+from .compiler import TritonBackend, TritonExecutable, write_source
+from .launcher import InterpretedExecutable
 
 __all__ = [
     "LOWERINGS",
-    "CpuInterpretBackend",
     "GeneratedKernel",
-    "Gfx942Backend",
-    "Gfx950Backend",
-    "Gfx1250Backend",
     "InterpretedExecutable",
     "KernelParam",
-    "Sm90Backend",
     "TritonBackend",
     "TritonExecutable",
     "TritonLaunchError",

@@ -33,7 +33,8 @@ from typing import Any
 from ...exc import CompileError
 from ...ir.core import Function
 from ...settings import default_cache_dir
-from ...targets import Target, get_target
+from ...targets import Target
+from .. import Backend, Executable
 from .codegen import GeneratedKernel, generate
 
 #: options every GPU target takes (defaults where FlyDSL's differ from Triton's)
@@ -184,7 +185,7 @@ def triton_compile(
 _TRITON_FILE = "triton-"
 
 
-def executable_files(exe) -> dict[str, bytes]:
+def executable_files(exe: TritonExecutable) -> dict[str, bytes]:
     """Everything needed to rebuild ``exe`` without compiling: for the disk cache and AOT bundles."""
     import pickle
 
@@ -198,11 +199,21 @@ def executable_files(exe) -> dict[str, bytes]:
     return files
 
 
-def load_executable(directory: Path, target: Target):
+def _compiled_kernel(src, group: dict[str, str], digest: str):
+    """Triton's ``CompiledKernel`` from stored files. Built so that a failure inside its
+    constructor (a corrupt stored file) leaves an object whose ``__del__`` has nothing to
+    do: Triton's would otherwise print ``Exception ignored in CompiledKernel.__del__``."""
+    from triton.compiler.compiler import CompiledKernel
+
+    ck = CompiledKernel.__new__(CompiledKernel)
+    ck.module = None
+    ck.__init__(src, group, digest)
+    return ck
+
+
+def load_executable(directory: Path, target: Target) -> TritonExecutable:
     """A ``TritonExecutable`` from ``executable_files`` written into ``directory``; no compile."""
     import pickle
-
-    from triton.compiler.compiler import CompiledKernel
 
     gen, options = pickle.loads((directory / "generated.pkl").read_bytes())
     path = write_source(gen)
@@ -212,22 +223,27 @@ def load_executable(directory: Path, target: Target):
         for p in directory.iterdir()
         if p.name.startswith(_TRITON_FILE)
     }
-    compiled = CompiledKernel(ast_source(jitfn, gen), group, (directory / "hash.txt").read_text())
+    compiled = _compiled_kernel(ast_source(jitfn, gen), group, (directory / "hash.txt").read_text())
     return TritonExecutable(gen, path, target, options, jitfn, compiled)
 
 
-class TritonBackend:
-    """Compiles FlyIR for one target through Triton (``target_name`` says which)."""
-
-    target_name: str = ""
+class TritonBackend(Backend):
+    """Compiles FlyIR for one target through Triton: GPU targets with ``triton.compile``
+    (cross-compiling works without a GPU), ``cpu-interpret`` for Triton's interpreter."""
 
     @property
-    def name(self) -> str:
-        return self.target_name
+    def stores(self) -> bool:
+        return self.target.is_gpu
 
-    def generate(self, fn: Function, options: dict | None = None) -> GeneratedKernel:
+    def serialize(self, exe: TritonExecutable) -> dict[str, bytes]:
+        return executable_files(exe)
+
+    def deserialize(self, directory: Path) -> TritonExecutable:
+        return load_executable(directory, self.target)
+
+    def generate(self, fn: Function) -> GeneratedKernel:
         """The Triton source this backend would compile (no compile)."""
-        target = get_target(self.target_name)
+        target = self.target
         if not target.is_gpu:
             return generate(fn, target)
         return generate(fn, target, dot_precisions=dot_precisions(target))
@@ -235,7 +251,7 @@ class TritonBackend:
     def compile(self, fn: Function, spec=None, options: dict | None = None):
         from .launcher import InterpretedExecutable
 
-        target = get_target(self.target_name)
+        target = self.target
         if not target.is_gpu:
             if options:
                 extra = sorted(
@@ -251,7 +267,7 @@ class TritonBackend:
             path = write_source(gen)
             return InterpretedExecutable(gen, path, import_source(path))
         opts = triton_options(target, options)
-        gen = self.generate(fn, options)
+        gen = self.generate(fn)
         path = write_source(gen)
         mod = import_source(path)
         jitfn = getattr(mod, gen.name)
@@ -262,7 +278,7 @@ class TritonBackend:
         return TritonExecutable(gen, path, target, opts, jitfn, compiled)
 
 
-class TritonExecutable:
+class TritonExecutable(Executable):
     """One kernel compiled for one GPU target: every stage, the resource report and the launcher."""
 
     def __init__(
@@ -282,6 +298,15 @@ class TritonExecutable:
         self._fallback = None
         self._lock = threading.Lock()
         self._launcher = GpuLauncher(self)
+
+    def describe(self) -> dict[str, Any]:
+        md = self.compiled.metadata
+        return {
+            "num_warps": md.num_warps,
+            "shared": md.shared,
+            "name": md.name,
+            "options": dict(self.options),
+        }
 
     @property
     def report(self):
@@ -322,26 +347,6 @@ class TritonExecutable:
 
     def __repr__(self) -> str:
         return f"<TritonExecutable {self.name} for {self.target.name}>"
-
-
-class Gfx950Backend(TritonBackend):
-    target_name = "gfx950"
-
-
-class Gfx942Backend(TritonBackend):
-    target_name = "gfx942"
-
-
-class Gfx1250Backend(TritonBackend):
-    target_name = "gfx1250"
-
-
-class Sm90Backend(TritonBackend):
-    target_name = "sm90"
-
-
-class CpuInterpretBackend(TritonBackend):
-    target_name = "cpu-interpret"
 
 
 with contextlib.suppress(Exception):  # the lazily imported part of Gluon must see real JITFunctions

@@ -27,14 +27,11 @@ import threading
 import types
 from pathlib import Path
 
-from ...exc import ArgumentError, FlyDSLError
+from ...exc import ArgumentError, TritonLaunchError
+from .. import Executable
 from .codegen import GeneratedKernel, KernelParam
 
 MAX_INT32 = 2**31 - 1
-
-
-class TritonLaunchError(FlyDSLError, RuntimeError):
-    """A Triton-compiled kernel cannot be launched here (no matching GPU, bad arguments)."""
 
 
 def make_extractor(params: list[KernelParam], nargs: int):
@@ -91,10 +88,10 @@ class GpuLauncher:
         self._bound = None  # (driver, get_device, get_stream) once the device is checked
 
     def _bind(self):
-        from ...targets import _detect_device_arch, detected_arch_to_target_name
+        from ...targets import detected_arch_to_target_name, device_arch
 
         target = self.exe.target
-        arch = _detect_device_arch()
+        arch = device_arch()
         if arch is None:
             raise TritonLaunchError(
                 f"cannot launch kernel {self.exe.name!r} compiled for {target.name}: there is no GPU on this "
@@ -302,7 +299,7 @@ def interpret_scope():
             scope.restore()
 
 
-class InterpretedExecutable:
+class InterpretedExecutable(Executable):
     """The generated source run by Triton's interpreter on CPU tensors (target ``cpu-interpret``)."""
 
     def __init__(self, gen: GeneratedKernel, path: Path, module):

@@ -1,0 +1,39 @@
+"""Route transformers models' own modules into FlyDSL kernels: ``patch(model)``.
+
+transformers' RMSNorm modules compute by hand (``pow(2).mean()``, ``rsqrt``),
+its MoE routers call ``softmax`` / ``topk`` and its experts ``grouped_mm``, so
+the eager ATen overrides (``torch_flydsl.enable()``) reach almost nothing in
+these models. ``patch`` routes each family explicitly and reversibly::
+
+    from torch_flydsl.transformers import patch
+    p = patch(model)          # RMSNorm (+ fused residual add), MoE router, experts
+    p.replaced, p.not_routed  # what now runs FlyDSL, and what does not (with reasons)
+    p.undo()                  # the model is exactly as before
+
+Modules are recognized by their ``forward`` bodies (``_forms``), not their
+names; every FlyDSL launch is a ``torch_flydsl::hf_*`` custom op (``_ops``),
+so torch.compile treats it as one opaque node and torch.profiler names it.
+Attention stays on transformers' implementation and linear layers on ATen:
+``patch`` lists them under ``not_routed``.
+"""
+
+from __future__ import annotations
+
+from ._experts import NAME as EXPERTS_IMPLEMENTATION
+from ._experts import experts_forward
+from ._experts import register as register_experts
+from ._ops import PROFILE_PREFIXES, STAT_KEYS
+from ._patch import ROUTES, NotRouted, Patch, Replacement, patch
+
+__all__ = [
+    "EXPERTS_IMPLEMENTATION",
+    "PROFILE_PREFIXES",
+    "ROUTES",
+    "STAT_KEYS",
+    "NotRouted",
+    "Patch",
+    "Replacement",
+    "experts_forward",
+    "patch",
+    "register_experts",
+]

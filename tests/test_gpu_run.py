@@ -1,0 +1,98 @@
+"""tools/gpu_run.py's dry run (``--device cpu``): the prepared GPU run's whole pipeline on the
+CPU, with small shapes, writing the same files; and its summary on GPU-shaped figures.
+
+The dry run goes in-process (``--in-process``: every part's entry point in this interpreter,
+no interpreter start per part), which is what keeps it within a minute; on the GPU each part
+is a subprocess with a time limit. The summary test feeds ``gpu_summary`` a report with GPU
+figures (invented, labelled so in the test) to check the goal logic and the plots: a goal is
+met / not met from the measured figure, never asserted about the hardware.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.compile
+def test_dry_run_writes_every_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
+    gpu_run = _tool("gpu_run")
+    out = tmp_path / "run"
+    rc = gpu_run.main(["--out", str(out), "--device", "cpu", "--in-process", "--pack"])
+    kept = sorted(p.name for p in out.iterdir())
+    assert kept == sorted(gpu_run.KEEP), kept  # at most 8 files come back from the device
+    with tarfile.open(out / "gpu-run.tar.gz") as tar:
+        names = set(tar.getnames())
+    for f in ("env.json", "parts.json", "junit.xml", "launch.json", "ops.json", "gemm.json",
+              "dispatch.json", "warm-0.json", "report.log", "pytest.log"):  # fmt: skip
+        assert f in names, (f, sorted(names))
+    parts = json.loads(tar_read(out / "gpu-run.tar.gz", "parts.json"))["parts"]
+    assert [p["part"] for p in parts] == ["env", "warm", "report", "pytest", "launch", "ops", "gemm", "dispatch", "summary"]  # fmt: skip
+    assert all(p["status"] == "ok" for p in parts), parts
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["rows"]) == len(gpu_run.DRY_SELECT)
+    assert all(r["ok"] and not r["error"] for r in report["rows"]), report["rows"]
+    summary = (out / "summary.md").read_text()
+    assert "Dry run on the CPU" in summary and "not measured" in summary
+    assert (out / "plots.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def tar_read(path, name) -> str:
+    with tarfile.open(path) as tar:
+        return tar.extractfile(name).read().decode()
+
+
+def _row(key, family, kernel, shape, **kw):
+    base = dict(key=key, family=family, kernel=kernel, shape=shape, error=None, ok=True)
+    base.update(speedup=None, hbm_pct=None, gbps=None, flops=None, ours_us=None, aten_us=None)
+    return {**base, **kw}
+
+
+@pytest.mark.cpu
+def test_summary_goals_and_plots_from_gpu_figures(tmp_path):
+    """Invented GPU figures (not measurements): each goal comes out met or not met."""
+    rows = [
+        _row("rmsnorm/rmsnorm_fwd_row/4096x8192 bf16", "rmsnorm", "rmsnorm_fwd_row",
+             "4096x8192 bf16", hbm_pct=87.0, gbps=4176.0, speedup=1.3, ours_us=32.0, aten_us=41.0),
+        _row("topk/topk_small/256x4096 fp32 k=8", "topk", "topk_small", "256x4096 fp32 k=8",
+             speedup=2.5, hbm_pct=20.0),
+        _row("topk/topk_small/256x1024 fp32 k=2", "topk", "topk_small", "256x1024 fp32 k=2",
+             speedup=1.5, hbm_pct=10.0),
+        _row("gemm/gemm_kernel/16x4096x4096 bf16 NT", "gemm", "gemm_kernel",
+             "16x4096x4096 bf16 NT", speedup=0.8, flops=1.0),
+        _row("gemm/gemm_kernel/4096x4096x4096 bf16 NT", "gemm", "gemm_kernel",
+             "4096x4096x4096 bf16 NT", speedup=0.95, flops=1.0),
+        _row("gemm/gemm_kernel/128x6144x4096 bf16 NT", "gemm", "gemm_kernel",
+             "128x6144x4096 bf16 NT", speedup=0.1, flops=1.0),  # medium M: not in the goal
+        _row("mx/x/y", "mx", "mx_gemm_nt", "32x4096x4096", error="check canary: out-of-bounds write", ok=False),
+    ]  # fmt: skip
+    (tmp_path / "report.json").write_text(json.dumps({"gpu": True, "device": "cuda", "rows": rows}))
+    launch = {"real_driver": True, "our_python_us": 2.5, "below_triton_jit": True,
+              "us": {"flydsl cache hit": 6.0, "triton @jit": 9.0, "aten add (out=)": 4.0}}  # fmt: skip
+    (tmp_path / "launch.json").write_text(json.dumps(launch))
+    (tmp_path / "env.json").write_text(json.dumps({"gpu": "test GPU", "commit": "abc"}))
+    summary = _tool("gpu_summary")
+    g = summary.goals(json.loads((tmp_path / "report.json").read_text()), launch, True)
+    assert [x["met"] for x in g] == [True, False, False, True]
+    assert "0.87x over 2 shapes" in g[2]["value"]  # geomean of 0.8 and 0.95, M=128 left out
+    text = summary.write_summary(tmp_path)
+    assert "**met**" in text and "**not met**" in text
+    assert "1 with an out-of-bounds write" in text and "mx/x/y" in text
+    assert (tmp_path / "plots.png").stat().st_size > 1000

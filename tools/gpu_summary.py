@@ -1,0 +1,290 @@
+"""``summary.md`` and ``plots.png`` of a ``tools/gpu_run.py`` output folder.
+
+    python tools/gpu_summary.py DIR
+
+Reads what the run's parts wrote (env.json, parts.json, report.json, junit.xml,
+launch.json, ops.json, gemm.json, dispatch.json; a missing file is reported as
+missing) and writes the headline figures: each goal of issue 12 with its
+measured value and met / not met, correctness and guard-buffer (canary) results,
+the per-case table, and three plots (speedup vs ATen per case; % of the device's
+HBM bandwidth for the memory-bound cases; % of cuBLAS for the GEMMs). A dry run
+(``--device cpu``) gets the same files, with every goal "not measured" and the
+figures labelled as CPU figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+#: the H200 goals of issue 12 (measured by the run, never asserted by a test)
+RMSNORM_GOAL_PCT = 85.0
+TOPK_GOAL_X = 2.0
+GEMM_GOAL_X = 0.9
+LAUNCH_GOAL_US = 3.0
+
+
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _geomean(xs):
+    xs = [x for x in xs if isinstance(x, (int, float)) and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _junit(path: Path) -> dict | None:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tot = {
+        k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")
+    }
+    failed = [
+        f"{c.get('classname')}::{c.get('name')}"
+        for s in suites
+        for c in s.iter("testcase")
+        if c.find("failure") is not None or c.find("error") is not None
+    ]
+    return {**tot, "failed": failed}
+
+
+def _dense_mnk(shape: str):
+    try:
+        m, n, k = (int(v) for v in shape.split()[0].split("x"))
+        return m, n, k
+    except ValueError:
+        return None
+
+
+def goals(report: dict | None, launch: dict | None, gpu: bool) -> list[dict]:
+    """Each goal: name, value text, met (True / False / None = not measured)."""
+    rows = (report or {}).get("rows", [])
+    by = {r["key"]: r for r in rows}
+    out = []
+
+    r = by.get("rmsnorm/rmsnorm_fwd_row/4096x8192 bf16")
+    v = r and r.get("hbm_pct")
+    out.append(
+        {
+            "goal": f"RMSNorm fwd 4096x8192 bf16 >= {RMSNORM_GOAL_PCT:.0f}% of peak HBM (90% aim)",
+            "value": f"{v:.1f}% ({r['gbps']:.0f} GB/s)" if gpu and v else "not measured",
+            "met": (v >= RMSNORM_GOAL_PCT) if gpu and v else None,
+        }
+    )
+    small = [
+        x
+        for x in rows
+        if x["kernel"] == "topk_small"
+        and x.get("speedup")
+        and int(x["shape"].split("k=")[1]) <= 16
+        and int(x["shape"].split("x")[1].split()[0]) <= 8192
+    ]
+    worst = min((x["speedup"] for x in small), default=None)
+    out.append(
+        {
+            "goal": f"TopK small k (k<=16, N<=8192, fp32) >= {TOPK_GOAL_X:.0f}x torch.topk",
+            "value": ", ".join(f"{x['shape']}: {x['speedup']:.2f}x" for x in small)
+            if gpu and small
+            else "not measured",
+            "met": (worst >= TOPK_GOAL_X) if gpu and worst else None,
+        }
+    )
+    gem = []
+    for x in rows:
+        mnk = _dense_mnk(x["shape"]) if x["kernel"] == "gemm_kernel" else None
+        if mnk and (mnk[0] <= 64 or mnk[0] >= 2048) and x.get("speedup"):
+            gem.append(x)
+    g = _geomean([x["speedup"] for x in gem])
+    out.append(
+        {
+            "goal": f"dense bf16 GEMM geomean >= {GEMM_GOAL_X}x cuBLAS (Llama-3.1-8B decode M<=64, prefill M>=2048)",
+            "value": f"{g:.2f}x over {len(gem)} shapes" if gpu and g else "not measured",
+            "met": (g >= GEMM_GOAL_X) if gpu and g else None,
+        }
+    )
+    real = bool(launch and launch.get("real_driver"))
+    ours = launch and launch.get("our_python_us")
+    us = (launch or {}).get("us", {})
+    out.append(
+        {
+            "goal": f"cache-hit launch: <= {LAUNCH_GOAL_US:.0f} us of our Python, below Triton's @jit launch",
+            "value": (
+                f"our Python {ours:.2f} us; flydsl {us.get('flydsl cache hit', float('nan')):.2f} us vs "
+                f"triton @jit {us.get('triton @jit', float('nan')):.2f} us, aten {us.get('aten add (out=)', float('nan')):.2f} us"
+            )
+            if real and ours is not None
+            else "not measured",
+            "met": (ours <= LAUNCH_GOAL_US and bool(launch.get("below_triton_jit")))
+            if real and ours is not None
+            else None,
+        }
+    )
+    return out
+
+
+def _met(m) -> str:
+    return "not measured" if m is None else ("**met**" if m else "**not met**")
+
+
+def _fmt(v, spec=".1f", unit=""):
+    return (
+        "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:{spec}}{unit}"
+    )
+
+
+def plots(report: dict | None, path: Path, title: str) -> bool:
+    """plots.png: speedup per case; % of HBM (memory-bound cases); % of cuBLAS (GEMMs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = (report or {}).get("rows", [])
+    timed = [r for r in rows if r.get("speedup")]
+    mem = [r for r in rows if r.get("hbm_pct") is not None and not r.get("flops")]
+    gem = [r for r in rows if r["family"] == "gemm" and r.get("speedup")]
+    fig, axes = plt.subplots(3, 1, figsize=(12, 4 + 0.22 * (len(timed) + len(mem) + len(gem))))
+    panels = (
+        (axes[0], timed, "speedup", "speedup vs ATen (x, log)", 1.0),
+        (axes[1], mem, "hbm_pct", "% of peak HBM bandwidth (memory-bound cases)", 100.0),
+        (axes[2], gem, "speedup", "% of cuBLAS (GEMM: ATen time / ours x 100)", 1.0),
+    )
+    for ax, rs, key, label, ref in panels:
+        names = [f"{r['kernel']} {r['shape']}"[:60] for r in rs]
+        vals = [r[key] * (100 if ax is axes[2] else 1) for r in rs]
+        if rs:
+            ax.barh(
+                range(len(rs)),
+                vals,
+                color=[
+                    "tab:green" if v >= (100 if ax is axes[2] else ref) else "tab:red" for v in vals
+                ],
+            )
+            ax.set_yticks(range(len(rs)), names, fontsize=7)
+            ax.axvline(100 if ax is axes[2] else ref, color="k", lw=0.8)
+            if ax is axes[0]:
+                ax.set_xscale("log")
+        else:
+            ax.text(
+                0.5,
+                0.5,
+                "no timed rows (not measured)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
+        ax.set_xlabel(label)
+        ax.invert_yaxis()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def write_summary(out: Path) -> str:
+    out = Path(out)
+    env = _load(out / "env.json") or {}
+    parts = (_load(out / "parts.json") or {}).get("parts", [])
+    report = _load(out / "report.json")
+    launch = _load(out / "launch.json")
+    ops, gemm, disp = (_load(out / f) for f in ("ops.json", "gemm.json", "dispatch.json"))
+    junit = _junit(out / "junit.xml")
+    gpu = bool(report and report.get("gpu") and report.get("device") == "cuda")
+    what = env.get("gpu") or "CPU (dry run: CPU figures, no GPU speed)"
+    L = [f"# FlyDSL GPU run: {what}", ""]
+    L.append(
+        f"commit `{env.get('commit')}`; torch {env.get('torch')}, triton {env.get('triton')}, "
+        f"Python {env.get('python')}; driver {env.get('driver')}; target {env.get('target')}; "
+        f"peak HBM {env.get('peak_hbm_tb_s')} TB/s"
+    )
+    if not gpu:
+        L += [
+            "",
+            "**Dry run on the CPU**: the pipeline and its files, not a measurement. "
+            "Every goal below is 'not measured'.",
+        ]
+    L += ["", "## Goals (issue 12)", "", "| goal | measured | status |", "|---|---|---|"]
+    L += [f"| {g['goal']} | {g['value']} | {_met(g['met'])} |" for g in goals(report, launch, gpu)]
+    L += ["", "## Parts", "", "| part | status | seconds | limit |", "|---|---|---|---|"]
+    L += [
+        f"| {p['part']} | {p['status']} | {p.get('seconds', '-')} | {p.get('limit_s', '-')} |"
+        for p in parts
+    ]
+    rows = (report or {}).get("rows", [])
+    bad = [r for r in rows if r.get("error") or r.get("ok") is False]
+    canary = [r for r in rows if "canary" in (r.get("error") or "")]
+    L += ["", "## Correctness", ""]
+    L.append(
+        f"report: {len(rows)} cases, {len(bad)} failed, {len(canary)} with an out-of-bounds write "
+        f"(guard buffers after every output)"
+        if report
+        else "report: missing (report.json not written)"
+    )
+    for r in bad[:20]:
+        L.append(f"- `{r['key']}`: {r.get('error') or 'check error ' + str(r.get('check_error'))}")
+    if junit:
+        L.append(
+            f"pytest -m gpu: {junit['tests']} tests, {junit['failures']} failures, "
+            f"{junit['errors']} errors, {junit['skipped']} skipped"
+        )
+        L += [f"- {f}" for f in junit["failed"][:20]]
+    else:
+        L.append("pytest -m gpu: junit.xml missing")
+    emu = [r for r in rows if r.get("emulated")]
+    if emu:
+        L.append(f"emulated on this target: {len(emu)} MX cases ({emu[0]['emulated']})")
+    L += ["", "## Cases", ""]
+    L += [
+        "| case | ours us | ATen us | speedup | GB/s | % HBM | TFLOP/s | baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        L.append(
+            f"| {r['key']} | {_fmt(r.get('ours_us'))} | {_fmt(r.get('aten_us'))} | "
+            f"{_fmt(r.get('speedup'), '.2f', 'x')} | {_fmt(r.get('gbps'), '.0f')} | "
+            f"{_fmt(r.get('hbm_pct'))} | {_fmt(r.get('tflops'))} | {r.get('baseline') or '-'} |"
+        )
+    g = _geomean([r.get("speedup") for r in rows])
+    if g:
+        L.append(
+            f"\ngeomean speedup vs ATen over {sum(1 for r in rows if r.get('speedup'))} cases: {g:.2f}x"
+        )
+    L += ["", "## Benchmarks", ""]
+    for name, doc in (("bench_ops", ops), ("bench_gemm", gemm), ("bench_dispatch", disp)):
+        if doc is None:
+            L.append(f"- {name}: missing")
+            continue
+        rs = doc.get("rows", [])
+        gm = _geomean([r.get("speedup") for r in rs])
+        L.append(
+            f"- {name}: {len(rs)} rows on {doc.get('device')}"
+            + (f", geomean speedup {gm:.2f}x" if gm else "")
+        )
+    if launch:
+        L.append(
+            f"- launch ({'real driver' if launch.get('real_driver') else 'CPU, no-op device call'}): "
+            + ", ".join(f"{k} {v:.2f} us" for k, v in launch.get("us", {}).items())
+        )
+    title = f"FlyDSL on {what} ({'GPU' if gpu else 'dry run, CPU figures'})"
+    try:
+        plots(report, out / "plots.png", title)
+        L += ["", "plots: `plots.png` (speedup per case; % of HBM bandwidth; % of cuBLAS)"]
+    except Exception as e:  # matplotlib missing or broken: the text summary still stands
+        L += ["", f"plots: not drawn ({e!r})"]
+    text = "\n".join(L) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    print(write_summary(Path(sys.argv[1])))
