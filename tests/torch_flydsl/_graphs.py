@@ -102,7 +102,12 @@ class StubDriver:
     a user Triton kernel writes (``identify_accessed_tensors``) lowers it to TTIR for the
     active driver's target, which a machine without a GPU lacks."""
 
+    def __init__(self, arch: str = "gfx950"):
+        self.arch = arch
+
     def get_current_target(self):
         from triton.backends.compiler import GPUTarget
 
-        return GPUTarget("hip", "gfx950", 64)
+        if self.arch.startswith("sm"):
+            return GPUTarget("cuda", int(self.arch[2:]), 32)
+        return GPUTarget("hip", self.arch, 64)

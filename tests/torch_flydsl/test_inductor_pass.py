@@ -301,17 +301,48 @@ def test_symbolic_m_is_a_cond_over_config_ranges(gfx950):
     gm, _ = _compiled(torch.mm, [_rand(7, 64), _rand(48, 64).t()], {0: (0,)}, gfx950, "cuda")
     conds = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
     assert len(conds) == 1
+    # the classes, then the large tile's grid-fill bound (256 x 256 tiles over 256 CUs)
+    assert _cond_bounds(gm) == [16, 64, 128, 256, 65280]
+    assert len(_kernels(gm)) == 6
+
+
+def _cond_bounds(gm) -> list:
+    """The M bounds of a chain of ``cond``s (``M <= bound``), outermost first."""
     bounds = []
     mod = gm
     while True:
         c = [n for n in mod.graph.nodes if n.target is torch.ops.higher_order.cond]
         if not c:
-            break
-        pred = c[0].args[0]
-        bounds.append(pred.args[1])
+            return bounds
+        bounds.append(c[0].args[0].args[1])
         mod = getattr(mod, c[0].args[2].target)
-    assert bounds == [16, 64, 128, 256, 65280]  # classes, then the large tile's grid-fill bound
-    assert len(_kernels(gm)) == 6
+
+
+def test_traced_configs_follow_the_target(monkeypatch):
+    """Lowered for sm90, the traced kernels take sm90's shipped tiles and SM count (as the eager
+    API does for an sm90 tensor), not gfx950's: the decode tile's 3 stages, no AMD options, and
+    the grid-fill bound of sm90's 128 x 256 large tile over 132 SMs."""
+    import triton
+
+    from flydsl_kernels.gemm import configs
+
+    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "sm90")
+    prev = triton.runtime.driver._active
+    triton.runtime.driver.set_active(StubDriver("sm90"))
+    try:
+        sm90 = Settings.from_options({"arch": "sm90", "gates": "open"})  # no shipped sm90 rule
+        gm, n = _compiled(torch.mm, [_rand(7, 64), _rand(48, 64).t()], None, sm90, "cuda")
+        assert n == 1
+        ((k, _),) = _kernels(gm)
+        want = configs.select(7, 48, 64, 1, "sm90")
+        assert want != configs.select(7, 48, 64, 1, "gfx950")
+        (cfg,) = k.configs
+        assert (cfg.num_warps, cfg.num_stages) == (want.num_warps, want.num_stages)
+        assert "matrix_instr_nonkdim" not in cfg.kwargs
+        gm, _ = _compiled(torch.mm, [_rand(7, 64), _rand(48, 64).t()], {0: (0,)}, sm90, "cuda")
+        assert _cond_bounds(gm) == [16, 64, 128, 256, 128 * 131]
+    finally:
+        triton.runtime.driver._active = prev
 
 
 @pytest.mark.parametrize("m", [1, 20, 150])  # decode, small, medium branch

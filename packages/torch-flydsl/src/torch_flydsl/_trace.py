@@ -240,27 +240,29 @@ def _hint(v) -> int:
     return int(v.node.hint) if v.node.has_hint() else 1
 
 
-def dense_ranges(M, N, K, batch, swiglu=False):
-    """The dense GEMM's (or fused SwiGLU's) choice: ``configs.select`` / ``select_swiglu`` and
+def dense_ranges(M, N, K, batch, swiglu=False, target=None):
+    """The dense GEMM's (or fused SwiGLU's) choice for ``target`` (its shipped table and CU
+    count, as the eager API reads them): ``configs.select`` / ``select_swiglu`` and
     ``split_k``; it changes at M = 16, 64, 128, 256 and where the large tile starts to fill
     the GPU (``_fills_the_gpu``)."""
+    from flydsl_kernels._target import num_cus
     from flydsl_kernels.gemm import configs
 
     n, k, b = _known_int(N), _known_int(K), _hint(batch)
 
     def choose(m):
         if swiglu:
-            return configs.select_swiglu(m, n, k, b), None
-        cfg = configs.select(m, n, k, b)
-        return cfg, configs.split_k(cfg, m, n, k, b)
+            return configs.select_swiglu(m, n, k, b, target), None
+        cfg = configs.select(m, n, k, b, target)
+        return cfg, configs.split_k(cfg, m, n, k, b, target)
 
-    large = configs.SHIPPED["large"]
-    need = -(-configs.NUM_CUS // (-(-n // large.BN) * b))  # row tiles of 256 to fill the GPU
+    large = configs.shipped_table(target)["large"]
+    need = -(-num_cus(target) // (-(-n // large.BN) * b))  # row tiles to fill the GPU
     fill = max(256, large.BM * (need - 1))
     return choose, sorted({16, 64, 128, 256, fill})
 
 
-def grouped_ranges(M, N, K, G):
+def grouped_ranges(M, N, K, G, target=None):
     """The grouped GEMM's choice: by rows per group (``M // G``, ragged M) or by M (other
     forms), in the dense classes."""
     from flydsl_kernels.gemm import configs
@@ -268,26 +270,26 @@ def grouped_ranges(M, N, K, G):
     n, k = _known_int(N), _known_int(K)
 
     def choose(m):
-        return configs.select_grouped(max(1, m // G) if G else m, n, k), None
+        return configs.select_grouped(max(1, m // G) if G else m, n, k, target), None
 
     cuts = (16, 64, 256)
     return choose, [(c + 1) * G - 1 for c in cuts] if G else list(cuts)
 
 
-def mx_ranges(M, N, K, fa, fb):
+def mx_ranges(M, N, K, fa, fb, target=None):
     from flydsl_kernels.mx import configs
 
     n, k = _known_int(N), _known_int(K)
-    return (lambda m: (configs.select_gemm(m, n, k, fa, fb), None)), [32]
+    return (lambda m: (configs.select_gemm(m, n, k, fa, fb, target), None)), [32]
 
 
-def mx_grouped_ranges(M, N, K, G, fa, fb):
+def mx_grouped_ranges(M, N, K, G, fa, fb, target=None):
     from flydsl_kernels.mx import configs
 
     n, k = _known_int(N), _known_int(K)
 
     def choose(m):
-        return configs.select_grouped(max(1, m // G) if G else m, n, k, fa, fb), None
+        return configs.select_grouped(max(1, m // G) if G else m, n, k, fa, fb, target), None
 
     cuts = (16, 64)
     return choose, [(c + 1) * G - 1 for c in cuts] if G else list(cuts)

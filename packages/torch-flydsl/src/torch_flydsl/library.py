@@ -123,7 +123,8 @@ def gemm(
 
         return run
 
-    return by_m(M, dense_ranges(M, N, K, batch), variant, tensors, lambda t: t[0].shape[-2])
+    choice = dense_ranges(M, N, K, batch, target=sink.target_of(a))
+    return by_m(M, choice, variant, tensors, lambda t: t[0].shape[-2])
 
 
 # -- swiglu -----------------------------------------------------------------------------------------
@@ -150,10 +151,8 @@ def swiglu(a: Tensor, w_gate: Tensor, w_up: Tensor, out_dtype: torch.dtype | Non
 
         return run
 
-    return by_m(
-        M, dense_ranges(M, N, K, batch, swiglu=True), variant, (a, w_gate, w_up),
-        lambda t: t[0].shape[-2],
-    )  # fmt: skip
+    choice = dense_ranges(M, N, K, batch, swiglu=True, target=sink.target_of(a))
+    return by_m(M, choice, variant, (a, w_gate, w_up), lambda t: t[0].shape[-2])
 
 
 # -- grouped_mm ---------------------------------------------------------------------------------------
@@ -189,10 +188,8 @@ def grouped_mm(
 
         return run
 
-    return by_m(
-        M, grouped_ranges(M, N, K, G if ragged_m else 0), variant, tensors,
-        lambda t: t[0].shape[-2],
-    )  # fmt: skip
+    choice = grouped_ranges(M, N, K, G if ragged_m else 0, sink.target_of(a))
+    return by_m(M, choice, variant, tensors, lambda t: t[0].shape[-2])
 
 
 # -- MX ----------------------------------------------------------------------------------------------
@@ -232,9 +229,8 @@ def mx_mm(
 
     M, N = a.shape[0], b.shape[0]
     K = a.shape[1] * (2 if a_format == "e2m1" else 1)
-    return by_m(
-        M, mx_ranges(M, N, K, a_format, b_format), variant, tensors, lambda t: t[0].shape[0]
-    )
+    choice = mx_ranges(M, N, K, a_format, b_format, sink.target_of(a))
+    return by_m(M, choice, variant, tensors, lambda t: t[0].shape[0])
 
 
 @triton_op(f"{NAMESPACE}::mx_grouped_mm", mutates_args=())
@@ -276,10 +272,8 @@ def mx_grouped_mm(
 
         return run
 
-    return by_m(
-        M, mx_grouped_ranges(M, N, K, G if ragged_m else 0, a_format, b_format), variant,
-        tensors, lambda t: t[0].shape[-2],
-    )  # fmt: skip
+    choice = mx_grouped_ranges(M, N, K, G if ragged_m else 0, a_format, b_format, sink.target_of(a))
+    return by_m(M, choice, variant, tensors, lambda t: t[0].shape[-2])
 
 
 # -- output metadata (fake implementations) ---------------------------------------------------------
