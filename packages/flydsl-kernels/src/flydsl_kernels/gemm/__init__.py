@@ -6,11 +6,13 @@ epilogues) and grouped GEMM (``torch._grouped_mm``).
     y = gemm(x, w.t(), bias=b, activation="silu")           # F.linear + SiLU, NT layout
     y = gemm(a, b, alpha=0.5, beta=1.0, c=c)                 # addmm
     y = grouped_mm(tokens, experts_w, offs)                  # MoE forward, ragged M
+    h = swiglu(x, w_gate.t(), w_up.t())                       # silu(x @ Wg^T) * (x @ Wu^T)
 
 Kernels (kernels.py): one dense kernel for every layout (unit strides are
 compile-time facts), with grouped pid ordering, an XCD remap and split-K
 (fp32 partials + a fixed-order reduce); one persistent grouped kernel for
-all four ``_grouped_mm`` forms. configs.py holds the config space, the
+all four ``_grouped_mm`` forms; one fused SwiGLU kernel (two GEMMs sharing
+the A operand, ``silu(gate) * up`` in registers). configs.py holds the config space, the
 static model that chose the shipped gfx950 defaults (untimed: no gfx950
 here) and the selection rule.
 """
@@ -22,7 +24,7 @@ import torch
 from .. import registry
 from .._target import check_target as _check_target
 from . import configs, reference
-from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm
+from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm, swiglu
 from .kernels import KERNELS
 
 #: (rtol, atol) of the function API against the fp32 references, by output dtype
@@ -98,6 +100,56 @@ def _dense_case(cls, m, n, k, model):
     )
 
 
+def _swiglu_case(m, n, k, model):
+    cfg = configs.select_swiglu(m, n, k)
+
+    def compile_(target):
+        from flydsl_core import TensorSpec
+
+        a, b = configs.operand_specs(m, n, k, "bf16")
+        o = TensorSpec("bf16", (1, m, n))
+        return KERNELS["swiglu"].compile(
+            a, b, b, o, m, n, k, target=target, options=cfg.options(),
+            BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=8,
+            EVEN_K=k % cfg.BK == 0, STAGES=cfg.num_stages,
+        )  # fmt: skip
+
+    def inputs(device, mm, nn, kk, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(mm, kk, generator=g).to(torch.bfloat16).to(device)
+        wg = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
+        wu = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
+        return a, wg.t(), wu.t()
+
+    def check(device):
+        if _cpu(device):
+            a, wg, wu = inputs("cpu", min(m, 19), 45, 136, seed=1)
+        else:
+            a, wg, wu = inputs(device, m, n, k, seed=1)
+        out = swiglu(a, wg, wu, out_dtype=torch.float32, target=_check_target(device))
+        return _err(out, reference.swiglu(a, wg, wu, out_dtype=torch.float32))
+
+    def run(device):
+        a, wg, wu = inputs(device, m, n, k)
+        return lambda: swiglu(a, wg, wu)
+
+    def aten(device):
+        a, wg, wu = inputs(device, m, n, k)
+        return lambda: torch.nn.functional.silu(a @ wg) * (a @ wu)
+
+    return registry.ReportCase(
+        family="gemm",
+        kernel=KERNELS["swiglu"].name,
+        shape=f"{m}x{n}x{k} bf16 NT, gate+up",
+        config=cfg.as_dict(),
+        compile=compile_,
+        check=check,
+        run=run,
+        aten=aten,
+        notes=f"{model}; fused SwiGLU (A read once, two accumulators); static-model tile, untimed",
+    )
+
+
 def _grouped_case(tokens, experts, n, k, model):
     def cfg_of(target):
         return configs.select_grouped(max(1, tokens // experts), n, k, target)
@@ -169,6 +221,11 @@ DENSE_CASES = (
     ("large", 4096, 4096, 4096, "Llama-3.1-8B attn out, prefill"),
     ("large", 4096, 14336, 4096, "Llama-3.1-8B gate/up, prefill"),
 )
+#: the fused SwiGLU MLP: (M, N = intermediate size, K = hidden, model)
+SWIGLU_CASES = (
+    (16, 14336, 4096, "Llama-3.1-8B MLP gate+up, decode"),
+    (4096, 14336, 4096, "Llama-3.1-8B MLP gate+up, prefill"),
+)
 #: (tokens x top-k routed rows, experts, N, K, model)
 GROUPED_CASES = (
     (4096 * 8, 128, 768, 2048, "Qwen3-30B-A3B up proj (top-8 of 128)"),
@@ -179,6 +236,8 @@ GROUPED_CASES = (
 def _cases():
     for cls, m, n, k, model in DENSE_CASES:
         yield _dense_case(cls, m, n, k, model)
+    for m, n, k, model in SWIGLU_CASES:
+        yield _swiglu_case(m, n, k, model)
     for t, e, n, k, model in GROUPED_CASES:
         yield _grouped_case(t, e, n, k, model)
 
@@ -200,4 +259,5 @@ __all__ = [
     "gemm",
     "grouped_mm",
     "reference",
+    "swiglu",
 ]

@@ -18,8 +18,6 @@ the split-K rule (``configs.split_k``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .._offs import check_offs
@@ -38,6 +36,7 @@ from .kernels import (
     gemm_kernel,
     grouped_gemm_kernel,
     splitk_reduce_kernel,
+    swiglu_kernel,
 )
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -71,6 +70,17 @@ def _out_dtype(out_dtype, a):
     return out_dtype
 
 
+def _check_out(out, shape, dtype, device):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"FlyDSL GEMM out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+        raise ValueError(
+            f"FlyDSL GEMM out must be a {dtype} tensor of shape {list(shape)} on {device}, "
+            f"got {out.dtype} {list(out.shape)} on {out.device}"
+        )
+    return out
+
+
 def _as3(t: torch.Tensor, batch: int, rows: int, cols: int, what: str) -> torch.Tensor:
     """``t`` broadcast to ``(batch, rows, cols)`` (a view: broadcast dims get stride 0)."""
     try:
@@ -98,6 +108,7 @@ def gemm(
     target=None,
     config=None,
     split_k=None,
+    out=None,
 ):
     """``act(alpha * (a @ b) + beta * c + bias) + residual``, fp32 accumulation.
 
@@ -106,7 +117,12 @@ def gemm(
     * ``bias``: ``(N,)`` (per column, ``F.linear``'s) or ``(M, 1)`` (per row);
     * ``c``: broadcastable to the output ``(M, N)`` / ``(B, M, N)`` (``addmm``);
     * ``activation``: None, ``"relu"``, ``"gelu"`` / ``"gelu_erf"``, ``"gelu_tanh"``, ``"silu"``;
-    * ``residual``: added after the activation, the output's shape.
+    * ``residual``: added after the activation, the output's shape;
+    * ``out``: where to write the result (the result's shape and ``out_dtype``; any strides).
+
+    Host code is integer arithmetic on the shapes (no float ``ceil``, no ``min`` of sizes), so
+    the function also runs on tensors with symbolic sizes when a tracer takes the launches over
+    (``flydsl_core.runtime.kernel.launch_sink``), given ``config`` and ``split_k``.
     """
     _check_operands(a, b)
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
@@ -128,8 +144,12 @@ def gemm(
             f"{sorted(k for k in ACTIVATIONS if k)} or None"
         )
     odt = _out_dtype(out_dtype, a)
-    out = torch.empty((batch, M, N), dtype=odt, device=a.device)
-    result = out if batched else out[0]
+    if out is None:
+        out = torch.empty((batch, M, N), dtype=odt, device=a.device)
+        result = out if batched else out[0]
+    else:
+        result = _check_out(out, (batch, M, N) if batched else (M, N), odt, a.device)
+        out = out if batched else out[None]
     if out.numel() == 0:
         return result
     a3, b3 = _as3(a, batch, M, K, "a"), _as3(b, batch, K, N, "b")
@@ -159,14 +179,14 @@ def gemm(
     table = table_target(a, target)
     cfg = config or configs.select(M, N, K, batch, table)
     s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
-    s = max(1, min(int(s), math.ceil(K / cfg.BK))) if K else 1
+    s = max(1, min(int(s), -(-K // cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
     common = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
         EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
         target=tgt, options=_options(cfg, tgt, table),
     )  # fmt: skip
-    tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
+    tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
     if s == 1:
         gemm_kernel[(tiles, batch, 1)](
             a3, b3, out, c3, bias_t, r3, M, N, K, float(alpha), float(beta), **common, **epi
@@ -177,10 +197,56 @@ def gemm(
         a3, b3, part, None, None, None, M, N, K, 1.0, 0.0,
         **common, HAS_ALPHA=False, BIAS=BIAS_NONE, ACT=0,
     )  # fmt: skip
-    rt = math.ceil(M / REDUCE_BM) * math.ceil(N / REDUCE_BN)
+    rt = -(-M // REDUCE_BM) * -(-N // REDUCE_BN)
     splitk_reduce_kernel[(rt, batch)](
         part, out, c3, bias_t, r3, M, N, float(alpha), float(beta),
         BM=REDUCE_BM, BN=REDUCE_BN, SPLIT_K=s, target=tgt, **epi,
+    )  # fmt: skip
+    return result
+
+
+def swiglu(a, w_gate, w_up, *, out_dtype=None, target=None, config=None, out=None):
+    """``silu(a @ w_gate) * (a @ w_up)`` in one kernel that reads ``a`` once (``swiglu_kernel``).
+
+    ``a``: ``(M, K)`` or ``(B, M, K)``; ``w_gate`` / ``w_up``: ``(K, N)`` or ``(B, K, N)``, any
+    strides (``F.linear`` weights are ``W.t()``, the NT layout). fp32 accumulation, one
+    rounding to ``out_dtype`` (default the input dtype). ``out``: where to write the result.
+    """
+    _check_operands(a, w_gate, "swiglu")
+    _check_operands(a, w_up, "swiglu")
+    if a.dim() not in (2, 3) or w_gate.dim() not in (2, 3) or w_up.dim() not in (2, 3):
+        raise ValueError("FlyDSL swiglu takes 2-D or 3-D operands")
+    if tuple(w_gate.shape) != tuple(w_up.shape):
+        raise ValueError(
+            f"swiglu: w_gate {list(w_gate.shape)} and w_up {list(w_up.shape)} must have one shape"
+        )
+    if a.shape[-1] != w_gate.shape[-2]:
+        raise ValueError(f"swiglu: a {list(a.shape)} @ w {list(w_gate.shape)}: K differs")
+    batched = a.dim() == 3 or w_gate.dim() == 3
+    batch = max(a.shape[0] if a.dim() == 3 else 1, w_gate.shape[0] if w_gate.dim() == 3 else 1)
+    M, K, N = a.shape[-2], a.shape[-1], w_gate.shape[-1]
+    odt = _out_dtype(out_dtype, a)
+    if out is None:
+        out = torch.empty((batch, M, N), dtype=odt, device=a.device)
+        result = out if batched else out[0]
+    else:
+        result = _check_out(out, (batch, M, N) if batched else (M, N), odt, a.device)
+        out = out if batched else out[None]
+    if out.numel() == 0:
+        return result
+    if K == 0:
+        return result.zero_()  # silu(0) * 0
+    a3 = _as3(a, batch, M, K, "a")
+    g3, u3 = _as3(w_gate, batch, K, N, "w_gate"), _as3(w_up, batch, K, N, "w_up")
+    tgt = _target(a, target)
+    table = table_target(a, target)
+    cfg = config or configs.select_swiglu(M, N, K, batch, table)
+    tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
+    swiglu_kernel[(tiles, batch, 1)](
+        a3, g3, u3, out, M, N, K,
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
+        EVEN_K=K % cfg.BK == 0, STAGES=cfg.num_stages, target=tgt,
+        options=_options(cfg, tgt, table),
     )  # fmt: skip
     return result
 
@@ -201,14 +267,17 @@ def persistent_grid(ragged, G, M, N, BM, BN, target) -> tuple[int, int]:
     dimension), at most a few per CU. ``GB``: the power of two >= ``G`` (>= 16)
     the kernel loads ``offs`` with.
     """
-    tn = math.ceil(N / BN) + (G if ragged == RAGGED_N else 0)
-    tm = math.ceil(M / BM) + (G if ragged == RAGGED_M else 0)
+    tn = -(-N // BN) + (G if ragged == RAGGED_N else 0)
+    tm = -(-M // BM) + (G if ragged == RAGGED_M else 0)
     tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
-    programs = max(1, min(tiles, configs.grouped_programs(target)))
+    # torch.sym_max / sym_min: plain max / min of ints, no guard on a symbolic size
+    programs = torch.sym_max(1, torch.sym_min(tiles, configs.grouped_programs(target)))
     return programs, max(16, 1 << (G - 1).bit_length())
 
 
-def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None):
+def grouped_mm(
+    mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None, out=None
+):
     """``torch._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)`` in one persistent launch.
 
     Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
@@ -227,6 +296,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     (a list or another dtype a ``TypeError``) where ``offs`` is on the CPU; a GPU ``offs`` is
     not read on the host, and the kernel clamps it, so nothing outside the operands is touched.
     ``bias``: ``(G, N)``, one row per group, for the 2-D x 3-D and 3-D x 3-D forms.
+    ``out``: where to write the result (its shape and dtype; any strides).
     """
     _check_operands(mat_a, mat_b, "grouped_mm")
     da, db = mat_a.dim(), mat_b.dim()
@@ -259,7 +329,10 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     N = mat_b.shape[-1]
     odt = _out_dtype(out_dtype, mat_a)
     shape = {RAGGED_M: (M, N), RAGGED_NONE: (G, M, N), RAGGED_K: (G, M, N), RAGGED_N: (M, N)}
-    out = torch.empty(shape[ragged], dtype=odt, device=mat_a.device)
+    if out is None:
+        out = torch.empty(shape[ragged], dtype=odt, device=mat_a.device)
+    else:
+        _check_out(out, shape[ragged], odt, mat_a.device)
     if bias is not None and (ragged not in (RAGGED_M, RAGGED_NONE) or tuple(bias.shape) != (G, N)):
         raise ValueError(
             "grouped_mm bias is (G, N), for the 2-D x 3-D and 3-D x 3-D forms; got "
