@@ -14,6 +14,9 @@ Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm
     torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
     torch_flydsl.disable()
 
+``torch_flydsl.flex_attention``: torch's ``flex_attention`` (same signature) on FlyDSL's
+attention kernels, its mods translated from PyTorch (``torch_flydsl.flex``).
+
 GEMMs under torch.compile: ``torch.compile(model, backend="flydsl")`` (an entry point: no
 import needed) or ``torch_flydsl.inductor.install()`` with ``backend="inductor"``
 (``torch_flydsl.inductor``).
@@ -34,6 +37,7 @@ from flydsl_core import settings as _settings
 # The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
 # name on the package: a first load later would rebind the package attribute to the module.
 from . import stats as _stats_module
+from .flex import flex_attention
 
 __version__ = "0.1.0"
 
@@ -228,6 +232,7 @@ __all__ = [
     "disabled",
     "enable",
     "enabled",
+    "flex_attention",
     "reset_stats",
     "stats",
     "status",
