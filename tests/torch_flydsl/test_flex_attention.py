@@ -1,0 +1,213 @@
+"""``torch_flydsl.flex_attention`` on the CPU test backend against torch's own flex_attention
+(forward: torch's runs on CPU without autograd) and, for gradients, autograd through a dense
+fp32 reference that applies the same mods with torch's vmap (``_vmap_for_bhqkv``).
+
+bf16 inputs (the kernels take bf16 / fp16), awkward lengths (37, 45: partial blocks), fresh
+random data; tolerance: max error / max |reference| <= 2e-2 (bf16 inputs and outputs).
+"""
+
+import math
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import (
+    AuxRequest,
+    BlockMask,
+    _vmap_for_bhqkv,
+    create_block_mask,
+)
+from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+from torch_flydsl.flex import _fx
+
+TOL = 2e-2
+STAT = "flex_attention"
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+
+
+def qkv(b, h, hk, sq, sk, d, seed, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda hh, s: torch.randn(b, hh, s, d, generator=g).bfloat16()  # noqa: E731
+    q, k, v = mk(h, sq), mk(hk, sk), mk(hk, sk)
+    return tuple(t.requires_grad_(grad) for t in (q, k, v))
+
+
+def reference(q, k, v, score_mod=None, mask_mod=None):
+    """Dense fp32 attention with torch's vmap of the mods (differentiable)."""
+    B, H, Sq, D = q.shape
+    G = H // k.shape[1]
+    k, v = k.float().repeat_interleave(G, 1), v.float().repeat_interleave(G, 1)
+    s = q.float() @ k.transpose(-1, -2) / math.sqrt(D)
+    idx = [torch.arange(n, dtype=torch.int32) for n in (B, H, Sq, k.shape[2])]
+    if score_mod is not None:
+        s = _vmap_for_bhqkv(score_mod, prefix=(0,))(s, *idx)
+    if mask_mod is not None:
+        s = s.masked_fill(~_vmap_for_bhqkv(mask_mod, prefix=())(*idx), -math.inf)
+    return s.softmax(-1) @ v
+
+
+def check(tf, q, k, v, score_mod=None, mask_mod=None, block_mask=None, gqa=False, grad=True):
+    """Ours against torch's flex_attention (forward) and the reference's gradients."""
+    tf.reset_stats()
+    out = tf.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+    assert tf.stats()[STAT] == {"calls": 1, "hits": 1, "fallbacks": {}}
+    want = torch_flex(q.detach(), k.detach(), v.detach(), score_mod=score_mod,
+                      block_mask=block_mask, enable_gqa=gqa)  # fmt: skip
+    assert out.shape == want.shape and out.dtype == want.dtype
+    assert rel_err(out, want) <= TOL
+    if not grad:
+        return
+    do = torch.randn_like(out)
+    gq, gk, gv = torch.autograd.grad(out, (q, k, v), do)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = reference(qf, kf, vf, score_mod, mask_mod)
+    assert rel_err(out, ref) <= TOL
+    rq, rk, rv = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    for name, a, b in (("dq", gq, rq), ("dk", gk, rk), ("dv", gv, rv)):
+        assert rel_err(a, b) <= TOL, name
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def test_causal_block_mask_with_full_blocks(cpu_backend):
+    q, k, v = qkv(2, 3, 3, 45, 45, 32, seed=1)
+    bm = create_block_mask(causal, None, None, 45, 45, device="cpu", BLOCK_SIZE=16)
+    assert bm.full_kv_num_blocks is not None and int(bm.full_kv_num_blocks.sum()) > 0
+    check(cpu_backend, q, k, v, mask_mod=causal, block_mask=bm)
+
+
+def test_sliding_window_and_gqa(cpu_backend):
+    def window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < 11)
+
+    q, k, v = qkv(1, 4, 2, 37, 37, 16, seed=2)
+    bm = create_block_mask(window, 1, 4, 37, 37, device="cpu", BLOCK_SIZE=16)
+    check(cpu_backend, q, k, v, mask_mod=window, block_mask=bm, gqa=True)
+
+
+def test_alibi_from_a_captured_slope_tensor(cpu_backend):
+    slopes = torch.rand(4) * 0.5
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    check(cpu_backend, *qkv(2, 4, 4, 37, 29, 32, seed=3), score_mod=alibi)
+
+
+def test_tanh_softcap_has_its_gradient(cpu_backend):
+    def softcap(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / 2.0) * 2.0
+
+    check(cpu_backend, *qkv(1, 2, 2, 33, 40, 64, seed=4), score_mod=softcap)
+
+
+def test_document_mask_from_a_captured_id_tensor(cpu_backend):
+    doc = torch.tensor([0] * 10 + [1] * 17 + [2] * 3 + [3] * 15)  # int64 ids, 45 tokens
+
+    def document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    bm = create_block_mask(document, None, None, 45, 45, device="cpu", BLOCK_SIZE=16)
+    check(cpu_backend, *qkv(1, 2, 2, 45, 45, 32, seed=5), mask_mod=document, block_mask=bm)
+
+
+def test_prefix_lm_with_a_per_batch_prefix_length(cpu_backend):
+    prefix = torch.tensor([7, 20], dtype=torch.int32)
+
+    def prefix_lm(b, h, q_idx, kv_idx):
+        return (kv_idx < prefix[b]) | (q_idx >= kv_idx)
+
+    bm = create_block_mask(prefix_lm, 2, None, 37, 37, device="cpu", BLOCK_SIZE=16)
+    check(cpu_backend, *qkv(2, 2, 2, 37, 37, 32, seed=6), mask_mod=prefix_lm, block_mask=bm)
+
+
+def test_relative_position_bias_table(cpu_backend):
+    S = 29
+    table = torch.randn(3, 2 * S - 1) * 0.5
+
+    def rel_bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx + (S - 1)]
+
+    check(cpu_backend, *qkv(1, 3, 3, S, S, 32, seed=7), score_mod=rel_bias)
+
+
+def test_block_mask_without_full_blocks_and_torch_floor_semantics(cpu_backend):
+    # every block partial (no full lists): the mask mod decides everywhere; its floor division
+    # and remainder of negative numbers follow torch (not C's truncation)
+    def stripes(b, h, q_idx, kv_idx):
+        return ((q_idx - kv_idx) // 3) % 2 == 0
+
+    n = 3  # 45 / 16 -> 3 blocks each way, all listed
+    nb = torch.full((1, 1, n), n, dtype=torch.int32)
+    idx = torch.arange(n, dtype=torch.int32).expand(1, 1, n, n).contiguous()
+    bm = BlockMask.from_kv_blocks(nb, idx, BLOCK_SIZE=16, mask_mod=stripes, seq_lengths=(45, 45))
+    assert bm.full_kv_num_blocks is None
+    check(cpu_backend, *qkv(1, 2, 2, 45, 45, 32, seed=8), mask_mod=stripes, block_mask=bm)
+
+
+def test_lse_matches_torch_including_rows_with_no_key(cpu_backend):
+    def late(b, h, q_idx, kv_idx):
+        return kv_idx < q_idx - 20  # queries 0..20 see nothing
+
+    q, k, v = qkv(1, 2, 2, 37, 37, 32, seed=9, grad=False)
+    bm = create_block_mask(late, None, None, 37, 37, device="cpu", BLOCK_SIZE=16)
+    out, aux = cpu_backend.flex_attention(q, k, v, block_mask=bm, return_aux=AuxRequest(lse=True))
+    want, waux = torch_flex(q, k, v, block_mask=bm, return_aux=AuxRequest(lse=True))
+    assert cpu_backend.stats()[STAT]["hits"] == 1
+    assert rel_err(out, want) <= TOL
+    assert torch.equal(out[:, :, :21].float(), torch.zeros_like(out[:, :, :21]).float())
+    assert torch.equal(torch.isinf(aux.lse), torch.isinf(waux.lse))
+    live = ~torch.isinf(waux.lse)
+    torch.testing.assert_close(aux.lse[live], waux.lse[live], rtol=1e-2, atol=1e-2)
+
+
+def test_unsupported_mod_falls_back_with_the_reason(cpu_backend):
+    def atan_mod(score, b, h, q_idx, kv_idx):
+        return torch.atan(score)
+
+    q, k, v = qkv(1, 2, 2, 21, 21, 16, seed=10, grad=False)
+    out = cpu_backend.flex_attention(q, k, v, score_mod=atan_mod)
+    st = cpu_backend.stats()[STAT]
+    assert st["hits"] == 0 and st["calls"] == 1
+    (reason,) = st["fallbacks"]
+    assert reason.startswith("mod:") and "atan" in reason
+    torch.testing.assert_close(out, torch_flex(q, k, v, score_mod=atan_mod))
+
+
+def test_data_dependent_branch_is_unsupported():
+    def branchy(score, b, h, q_idx, kv_idx):
+        return score if q_idx > 3 else score * 2
+
+    with pytest.raises(_fx.Unsupported, match="data-dependent"):
+        _fx.capture(branchy, "score", _fx.Slots())
+
+
+def test_captured_tensor_requiring_grad_falls_back(cpu_backend):
+    bias = torch.randn(2, requires_grad=True)
+
+    def learned(score, b, h, q_idx, kv_idx):
+        return score + bias[h]
+
+    q, k, v = qkv(1, 2, 2, 17, 17, 16, seed=11, grad=False)
+    out = cpu_backend.flex_attention(q, k, v, score_mod=learned)
+    (reason,) = cpu_backend.stats()[STAT]["fallbacks"]
+    assert reason.startswith("grad: a captured tensor requires grad")
+    assert out.requires_grad  # torch's flex_attention carries the bias gradient
+    with torch.no_grad():  # no gradient wanted: ours runs
+        cpu_backend.reset_stats()
+        ours = cpu_backend.flex_attention(q, k, v, score_mod=learned)
+        assert cpu_backend.stats()[STAT]["hits"] == 1
+        assert rel_err(ours, out.detach()) <= TOL
+
+
+def test_fp32_falls_back_to_torch(cpu_backend):
+    q, k, v = (t.float() for t in qkv(1, 2, 2, 9, 9, 16, seed=12, grad=False))
+    out = cpu_backend.flex_attention(q, k, v)
+    assert cpu_backend.stats()[STAT]["fallbacks"] == {"dtype": 1}
+    torch.testing.assert_close(out, torch_flex(q, k, v))
