@@ -13,19 +13,33 @@ these models. ``patch`` routes each family explicitly and reversibly::
 Modules are recognized by their ``forward`` bodies (``_forms``), not their
 names; every FlyDSL launch is a ``torch_flydsl::hf_*`` custom op (``_ops``),
 so torch.compile treats it as one opaque node and torch.profiler names it.
-Attention stays on transformers' implementation and linear layers on ATen:
-``patch`` lists them under ``not_routed``.
+Linear layers stay on ATen and attention on the model's ``attn_implementation``: ``patch``
+lists them under ``not_routed``. ``register()`` adds ``"flydsl"`` to transformers'
+``AttentionInterface`` (``_attention``: FlyDSL's attention kernels, masks as sdpa builds them,
+gpt-oss sinks) and ``ExpertsInterface``, so ``attn_implementation="flydsl"`` works.
 """
 
 from __future__ import annotations
 
+from ._attention import NAME as ATTENTION_IMPLEMENTATION
+from ._attention import attention_forward
+from ._attention import register as register_attention
 from ._experts import NAME as EXPERTS_IMPLEMENTATION
 from ._experts import experts_forward
 from ._experts import register as register_experts
 from ._ops import PROFILE_PREFIXES, STAT_KEYS
 from ._patch import ROUTES, NotRouted, Patch, Replacement, patch
 
+
+def register() -> None:
+    """Register ``"flydsl"`` as an attention (and mask) implementation and as an experts
+    implementation in transformers' interfaces (global, idempotent)."""
+    register_attention()
+    register_experts()
+
+
 __all__ = [
+    "ATTENTION_IMPLEMENTATION",
     "EXPERTS_IMPLEMENTATION",
     "PROFILE_PREFIXES",
     "ROUTES",
@@ -33,7 +47,10 @@ __all__ = [
     "NotRouted",
     "Patch",
     "Replacement",
+    "attention_forward",
     "experts_forward",
     "patch",
+    "register",
+    "register_attention",
     "register_experts",
 ]

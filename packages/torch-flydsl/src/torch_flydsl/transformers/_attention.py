@@ -1,0 +1,170 @@
+"""The ``"flydsl"`` attention implementation of transformers' ``AttentionInterface``.
+
+    import torch_flydsl.transformers as tft
+    tft.register()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flydsl")
+
+``register()`` adds ``attention_forward`` to ``AttentionInterface`` and sdpa's mask builder to
+``AttentionMaskInterface`` under the same name, so a model builds the masks it builds for
+``"sdpa"``: a boolean ``(B, 1, Sq, Sk)`` mask (padding, sliding windows, packed sequences), or
+None where sdpa relies on ``is_causal``. The call runs ``flydsl_kernels.attention.
+flash_attn_func``: the mask, when there is one, as a FlyDSL mask mod reading it (a mod tensor,
+``mask[b, q_idx, kv_idx]``), else the kernel's causal flag; GQA without ``repeat_kv``;
+gpt-oss's sinks (``s_aux``) as the kernel's sinks; Gemma's ``softcap``; ``scaling``. The KV
+cache needs nothing: transformers passes the cached keys and a mask over them.
+
+Where the kernels do not apply (fp32, dropout in training, head dims over 256, a float mask, a
+device FlyDSL does not run on) the call computes the same attention in PyTorch (``_torch``,
+eager's math with the mask, sinks and softcap), counted as a fallback under
+``torch_flydsl.stats()["hf.attention"]`` with its reason. Rows with no visible key (left
+padding) give 0 where eager averages every value: they are padding, no logit reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("torch_flydsl")
+
+NAME = "flydsl"
+STAT = "hf.attention"
+_DTYPES = (torch.bfloat16, torch.float16)
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
+def register(name: str = NAME) -> None:
+    """Register ``name`` (default ``"flydsl"``) in transformers' attention and mask interfaces
+    (global, idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def _mask_mod():
+    from flydsl_kernels.attention import MaskMod
+
+    global _MASK
+    if _MASK is None:
+
+        def hf_mask(b, h, q_idx, kv_idx, mask):
+            return mask.gather(b, q_idx, kv_idx).load() != 0
+
+        _MASK = MaskMod(hf_mask, name="hf_mask")
+    return _MASK
+
+
+_MASK = None
+
+
+def _reason(module, query, key, value, mask, dropout) -> str | None:
+    from ..flex._eager import _device_reason
+
+    for t in (query, key, value):
+        if type(t) not in _PLAIN:
+            return "subclass"
+    r = _device_reason(query)
+    if r:
+        return r
+    if query.dtype not in _DTYPES or not (query.dtype == key.dtype == value.dtype):
+        return "dtype"
+    if dropout and module.training:
+        return "params"  # attention dropout: the kernels have none
+    if query.shape[-1] > 256 or value.shape[-1] > 256 or query.shape[1] % key.shape[1]:
+        return "params"
+    if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1):
+        return "params"  # a float / per-head mask: not what sdpa_mask builds
+    if query.numel() == 0 or key.shape[2] == 0:
+        return "empty"
+    return None
+
+
+def _causal(module, is_causal, sq) -> bool:
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return bool(causal) and sq > 1
+
+
+def _torch(module, query, key, value, mask, scaling, dropout, softcap, sinks, is_causal):
+    """Eager's attention in PyTorch (the fallback): fp32 softmax, sinks in the denominator;
+    no mask means sdpa's ``is_causal`` (bottom-right aligned, as transformers' caches are)."""
+    g = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(g, 1)
+    v = value.repeat_interleave(g, 1)
+    s = (query @ k.transpose(2, 3)).float() * scaling
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    sq, sk = s.shape[2], s.shape[3]
+    if mask is None and _causal(module, is_causal, sq):
+        i = torch.arange(sq, device=s.device)[:, None] + (sk - sq)
+        mask = torch.arange(sk, device=s.device)[None, :] <= i
+    if mask is not None:
+        mask = mask[..., :sk]
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    if sinks is not None:
+        sk = sinks.float().reshape(1, -1, 1, 1).expand(*s.shape[:3], 1)
+        p = torch.cat([s, sk], -1).softmax(-1)[..., :-1]
+    else:
+        p = s.softmax(-1)
+    p = torch.nn.functional.dropout(p, p=dropout, training=module.training)
+    return (p.to(v.dtype) @ v).transpose(1, 2).contiguous()
+
+
+def attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    softcap: float | None = None,
+    s_aux=None,
+    **kwargs,
+):
+    """transformers' attention signature: q ``(B, H, Sq, D)``, k/v ``(B, Hk, Sk, D)``; returns
+    ``(out (B, Sq, H, Dv), None)``."""
+    from ..stats import get
+
+    st = get(STAT)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    sinks = s_aux if s_aux is not None else kwargs.get("sinks")
+    mask = attention_mask
+    if mask is not None and mask.shape[-1] != key.shape[2]:
+        mask = mask[..., : key.shape[2]]
+    r = _reason(module, query, key, value, mask, dropout)
+    if r is None:
+        try:
+            out = _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks)
+            st.hits += 1
+            return out, None
+        except Exception as e:
+            log.warning("hf attention: the FlyDSL kernel raised %s: %s", type(e).__name__, e)
+            r = "error"
+    st.fallback(r)
+    out = _torch(module, query, key, value, mask, scale, dropout, softcap, sinks, is_causal)
+    return out, None
+
+
+def _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks):
+    from flydsl_kernels.attention import flash_attn_func
+
+    from ..flex._eager import _target
+
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    kw = {}
+    if mask is not None:
+        B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+        kw["mask_mod"] = _mask_mod()
+        kw["mod_tensors"] = (mask[:, 0].expand(B, Sq, Sk).to(torch.int8).contiguous(),)
+    else:
+        kw["causal"] = _causal(module, is_causal, q.shape[1])
+    if sinks is not None:
+        kw["sinks"] = sinks
+    out = flash_attn_func(
+        q, k, v, softmax_scale=scale, softcap=float(softcap or 0.0), target=_target(query), **kw
+    )
+    return out
