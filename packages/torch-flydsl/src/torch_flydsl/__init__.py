@@ -8,6 +8,7 @@ Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm
     import torch_flydsl
     torch_flydsl.enable()                  # every op group, on the GPU (ROCm gfx950 by default)
     torch_flydsl.enable(ops=["grouped_mm", "scaled_mm"])
+    torch_flydsl.enable(ops=["sdpa"])      # opt-in: F.scaled_dot_product_attention's kernels
     torch_flydsl.enable(device="cpu")      # the CPU test backend (FlyDSL reference backend)
     with torch_flydsl.disabled():
         ...                                # plain ATen here
@@ -43,8 +44,9 @@ __version__ = "0.1.0"
 
 log = logging.getLogger("torch_flydsl")
 
-#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides), in status() order
-OPS = ("rms_norm", "topk", "grouped_mm", "scaled_mm", "scaled_grouped_mm")
+#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides), in status() order;
+#: ``enable()`` without ``ops`` takes those whose spec is ``default`` (all but ``sdpa``)
+OPS = ("rms_norm", "topk", "grouped_mm", "scaled_mm", "scaled_grouped_mm", "sdpa")
 PRECEDENCES = ("ours", "upstream")
 
 _installed: dict[tuple[str, str], object] = {}  # (device, group) -> dispatch.Installed
@@ -63,12 +65,13 @@ def _precedence_of(value) -> str:
     return p
 
 
-def _groups(ops) -> tuple[str, ...]:
+def _groups(ops, defaults: bool = False) -> tuple[str, ...]:
+    from .ops import NAMES, SPECS
+
     if ops is None:
-        return OPS
+        return tuple(g for g in OPS if SPECS[g].default) if defaults else OPS
     if isinstance(ops, str):
         ops = [ops]
-    from .ops import NAMES
 
     out = []
     for o in ops:
@@ -82,7 +85,8 @@ def _groups(ops) -> tuple[str, ...]:
 
 
 def enable(ops=None, device=None, *, precedence=None) -> None:
-    """Register the overrides of ``ops`` (default all of ``OPS``) for ``device``.
+    """Register the overrides of ``ops`` (default: the default groups of ``OPS``, all but the
+    opt-in ``sdpa``) for ``device``.
 
     ``device``: ``"cuda"`` (ROCm or CUDA builds; the default) or ``"cpu"``
     (the test backend); None reads ``$FLYDSL_TORCH_DEVICE``. ``precedence``
@@ -97,7 +101,7 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
 
     dev = _runtime.normalize_device(device)
     prec = _precedence_of(precedence)
-    groups = _groups(ops)
+    groups = _groups(ops, defaults=True)
     why = _runtime.backend_unusable(dev)
     if why:
         _unusable[dev] = why
@@ -237,6 +241,26 @@ __all__ = [
     "stats",
     "status",
 ]
+
+
+class _FlashImplHandle:
+    """What torch's flash-attention registry keeps while ``"flydsl"`` is the active impl."""
+
+    def remove(self) -> None:
+        disable(ops=["sdpa"], device="cuda")
+
+
+def _activate_flash_impl():
+    enable(ops=["sdpa"], device="cuda")
+    return _FlashImplHandle()
+
+
+# torch's registry of flash-attention providers (torch >= 2.10): "flydsl" is listed there and
+# runs only when the user activates it (activate_flash_attention_impl("flydsl")).
+if hasattr(__import__("torch").nn.attention, "register_flash_attention_impl"):
+    import torch.nn.attention as _attn
+
+    _attn.register_flash_attention_impl("flydsl", register_fn=_activate_flash_impl)
 
 if _settings.get("FLYDSL_TORCH"):  # strict: FLYDSL_TORCH=bogus is a SettingsError here
     enable()

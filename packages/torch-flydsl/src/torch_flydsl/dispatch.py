@@ -179,7 +179,7 @@ def capture(op: str, key: str):
 def group_ops(spec: OpSpec, device: str) -> tuple[tuple[str, str], ...]:
     """``(aten overload, dispatch key)`` pairs a spec overrides on ``device``."""
     key = _runtime.dispatch_key(device)
-    return tuple((o.op, key) for o in spec.eager_overloads)
+    return tuple((o.op, key) for o in spec.eager_overloads if device in o.devices)
 
 
 class Installed:
@@ -208,7 +208,7 @@ def prior_registrations(spec: OpSpec, device: str) -> dict[tuple[str, str], str]
 def install(spec: OpSpec, backend: Backend) -> Installed:
     """Capture the current kernels of ``spec``'s overloads, then register ours over them."""
     key = _runtime.dispatch_key(backend.device)
-    ovs = spec.eager_overloads
+    ovs = tuple(o for o in spec.eager_overloads if backend.device in o.devices)
     origs = {o.op: capture(o.op, key) for o in ovs}  # all captured before any impl
     lib = torch.library.Library("aten", "IMPL")
     try:

@@ -10,7 +10,10 @@ options={"ops": [...]})`` accept) and lists its ATen overloads. Each ``Overload`
 * ``fallback(*args)``: only where the dispatch key may have no ATen kernel to capture
   (CPU ``_fused_rms_norm_backward``); otherwise the captured kernel is the fallback;
 * ``lower(ctx, *args)``: for the torch.compile pass, the ``flydsl::`` op call that replaces
-  the node (``inductor.Call``); ``eager=False`` overloads are compile-only (``aten.mm``).
+  the node (``inductor.Call``); ``eager=False`` overloads are compile-only (``aten.mm``);
+* ``devices``: the backends the eager override registers on (``"cuda"``, ``"cpu"``): an
+  overload ATen only has for one of them (``_scaled_dot_product_flash_attention`` on CUDA,
+  its ``_for_cpu`` twin on CPU) names that one.
 
 ``ctx`` is the eager ``dispatch.Backend`` or the pass's ``inductor.CompileContext``: both
 answer ``arch(t)`` ("" where FlyDSL may not run), ``table`` (the gates), ``target`` and
@@ -40,6 +43,7 @@ class Overload:
     fallback: Callable | None = None
     lower: Callable | None = None
     eager: bool = True
+    devices: tuple[str, ...] = ("cuda", "cpu")
 
     @property
     def name(self) -> str:

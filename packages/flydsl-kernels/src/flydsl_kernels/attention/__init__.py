@@ -15,6 +15,7 @@ from . import configs, mods, plan, reference
 from .api import (
     SUPPORTED_DTYPES,
     BlockSparse,
+    flash_attn_backward,
     flash_attn_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
@@ -32,6 +33,7 @@ __all__ = [
     "MaskMod",
     "ScoreMod",
     "configs",
+    "flash_attn_backward",
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",

@@ -641,3 +641,35 @@ def flash_attn_with_kvcache(
             splits=num_splits or None,
         )  # fmt: skip
     return (o, lse) if return_softmax_lse else o
+
+
+def flash_attn_backward(
+    dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
+    softcap=0.0, *, target=None,
+):  # fmt: skip
+    """The gradients ``(dq, dk, dv)`` of ``flash_attn_func(q, k, v, ...)`` from its ``out``
+    and natural-log ``lse (B, H, Sq)`` (flash-attn's ``_flash_attn_backward``, dense layout):
+    for callers that keep the forward's results themselves (an ATen backward op) instead of
+    using autograd. Same options and support as ``flash_attn_func`` without mods, ALiBi or
+    sinks; any strides."""
+    _check_qkv(q, k, v, "flash_attn_backward", 4)
+    B, Sq, H, _ = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    Dv = v.shape[-1]
+    if tuple(out.shape) != (B, Sq, H, Dv) or dout.shape != out.shape:
+        raise ValueError(
+            f"flash_attn_backward: out and dout must be (batch, seqlen_q, nheads, dv) = "
+            f"({B}, {Sq}, {H}, {Dv}), got {list(out.shape)} and {list(dout.shape)}"
+        )
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, Sq):
+        raise ValueError(f"flash_attn_backward: lse must be fp32 ({B}, {H}, {Sq})")
+    p = _problem(
+        q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=_check_window(window_size),
+        softcap=_check_softcap(softcap), alibi=None, sinks=None, scale=softmax_scale,
+    )  # fmt: skip
+    G = H // Hk
+    dq5, dk, dv, _ = _backward(
+        p, tensor_target(q, target), q.unflatten(2, (Hk, G)), k, v, out.unflatten(2, (Hk, G)),
+        dout.to(q.dtype).unflatten(2, (Hk, G)), lse.contiguous().view(B, Hk, G, Sq),
+    )  # fmt: skip
+    return dq5.reshape(q.shape), dk, dv

@@ -19,6 +19,7 @@ SPEC_MODULES = (
     ("scaled_mm", "SCALED_MM"),
     ("gemm", "SPEC"),
     ("scaled_mm", "SCALED_GROUPED_MM"),
+    ("sdpa", "SPEC"),
 )
 
 

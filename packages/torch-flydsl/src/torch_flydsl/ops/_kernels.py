@@ -16,6 +16,8 @@ WHERE = {
     "grouped_mm": ("flydsl_kernels.gemm", "grouped_mm"),
     "mx_gemm": ("flydsl_kernels.mx", "mx_gemm"),
     "mx_grouped_mm": ("flydsl_kernels.mx", "mx_grouped_mm"),
+    "flash_attn_func": ("flydsl_kernels.attention", "flash_attn_func"),
+    "flash_attn_backward": ("flydsl_kernels.attention", "flash_attn_backward"),
 }
 
 K: dict[str, object] = {}
