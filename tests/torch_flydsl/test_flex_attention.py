@@ -211,3 +211,54 @@ def test_fp32_falls_back_to_torch(cpu_backend):
     out = cpu_backend.flex_attention(q, k, v)
     assert cpu_backend.stats()[STAT]["fallbacks"] == {"dtype": 1}
     torch.testing.assert_close(out, torch_flex(q, k, v))
+
+
+# -- torch.compile -------------------------------------------------------------------------------
+
+
+def _compile_case():
+    slopes = torch.rand(4) * 0.5
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    bm = create_block_mask(causal, None, None, 37, 37, device="cpu", BLOCK_SIZE=16)
+    q, k, v = qkv(1, 4, 2, 37, 37, 32, seed=13, grad=False)
+    return alibi, bm, q, k, v
+
+
+def test_compiling_a_call_has_no_graph_break(cpu_backend):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    alibi, bm, q, k, v = _compile_case()
+
+    def f(q, k, v):
+        return cpu_backend.flex_attention(q, k, v, score_mod=alibi, block_mask=bm,
+                                          enable_gqa=True) * 2  # fmt: skip
+
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("eager")
+    out = torch.compile(f, backend=cnt, fullgraph=True)(q, k, v)
+    assert cnt.frame_count == 1
+    hops = [n for n in cnt.graphs[0].graph.nodes if "FlexAttentionHOP" in str(type(n.target))]
+    assert len(hops) == 1  # torch's HOP: what backend="flydsl" rewrites
+    assert rel_err(out, f(q, k, v)) <= TOL
+
+
+def test_backend_flydsl_rewrites_the_hop_with_captured_buffers(cpu_backend):
+    alibi, bm, q, k, v = _compile_case()
+
+    def f(q, k, v):
+        return torch_flex(q, k, v, score_mod=alibi, block_mask=bm, enable_gqa=True) * 2
+
+    torch._dynamo.reset()
+    cpu_backend.reset_stats()
+    out = torch.compile(f, backend="flydsl", options={"device": "cpu"}, fullgraph=True)(q, k, v)
+    assert cpu_backend.stats()["compile:flex_attention"] == {"calls": 1, "hits": 1,
+                                                             "fallbacks": {}}  # fmt: skip
+    want = cpu_backend.flex_attention(q, k, v, score_mod=alibi, block_mask=bm, enable_gqa=True)
+    assert rel_err(out, want * 2) <= 1e-2
+    assert (
+        rel_err(out, torch_flex(q, k, v, score_mod=alibi, block_mask=bm, enable_gqa=True) * 2)
+        <= TOL
+    )

@@ -172,15 +172,23 @@ _FILL = {
 
 
 def _meta(node):
+    """``node``'s shape and dtype: ``tensor_meta`` (ShapeProp, eager capture) or ``val`` (the
+    FakeTensor of a graph from torch.compile)."""
     tm = node.meta.get("tensor_meta")
     if tm is None:
+        tm = node.meta.get("val")
+    if not isinstance(getattr(tm, "dtype", None), torch.dtype):
         raise Unsupported(f"no type for {node.format_node()}")
+    if not all(isinstance(s, int) for s in tm.shape):
+        raise Unsupported(f"a symbolic shape in the mod ({node.format_node()})")
     return tm
 
 
 class _Translator:
-    def __init__(self, gm, names, slots: Slots):
+    def __init__(self, gm, names, slots: Slots, buffers=()):
         self.gm, self.names, self.slots = gm, names, slots
+        self.buffers = list(buffers)  # (slot, sizes) of placeholders after ``names``
+        self.slot_dtypes: dict[int, torch.dtype] = {}
         self.prog: list[tuple] = []
         self.env: dict = {}
         self.grad_tensors: list[str] = []
@@ -208,10 +216,25 @@ class _Translator:
 
     def run(self):
         args = iter(self.names)
+        bufs = iter(self.buffers)
         out = None
         for n in self.gm.graph.nodes:
             if n.op == "placeholder":
-                self.env[n] = ("arg", next(args))
+                name = next(args, None)
+                if name is not None:
+                    self.env[n] = ("arg", name)
+                    continue
+                b = next(bufs, None)
+                if b is None:
+                    raise Unsupported("more mod inputs than the op passes")
+                slot, sizes = b
+                if not sizes:  # a 0-d buffer: read as element 0 of its (1,) view
+                    self.env[n] = self.emit(
+                        "gather", _dname(_meta(n).dtype), [("t", slot, (1,)), _const(0)]
+                    )
+                else:
+                    self.slot_dtypes[slot] = _meta(n).dtype
+                    self.env[n] = ("t", slot, tuple(sizes), ())
             elif n.op == "get_attr":
                 self.env[n] = self.attr(getattr(self.gm, n.target))
             elif n.op == "call_function":
@@ -257,8 +280,9 @@ class _Translator:
             raise Unsupported("too many indices for a captured tensor")
         if len(idx) < len(sizes):
             return ("t", slot, sizes, idx)
-        t = self.slots.tensors[slot]
-        return self.emit("gather", _dname(t.dtype), [("t", slot, sizes), *idx])
+        t = self.slots.tensors[slot] if slot < len(self.slots.tensors) else None
+        dtype = t.dtype if t is not None else self.slot_dtypes[slot]
+        return self.emit("gather", _dname(dtype), [("t", slot, sizes), *idx])
 
     def call(self, n):
         f, a, kw = n.target, n.args, n.kwargs
@@ -363,10 +387,11 @@ class Program:
     zero: bool = False  # a gradient program that is 0 (the score does not reach the output)
 
 
-def translate(gm, names, slots: Slots) -> tuple[Program, list[str]]:
-    """The program of ``gm`` (placeholders named ``names``) and the captured tensors that
-    require grad (their descriptions)."""
-    t = _Translator(gm, names, slots)
+def translate(gm, names, slots: Slots, buffers=()) -> tuple[Program, list[str]]:
+    """The program of ``gm`` (placeholders named ``names``, then ``buffers``: ``(slot,
+    sizes)`` of the mod tensors passed as inputs) and the captured tensors that require grad
+    (their descriptions)."""
+    t = _Translator(gm, names, slots, buffers)
     prog, _out = t.run()
     last = prog[-1]
     additive = last[0] == "copy" and last[2][0] == ("arg", "grad_out")

@@ -1,4 +1,5 @@
-"""GEMMs under torch.compile: a post-grad Inductor pass that rewrites them into FlyDSL kernels.
+"""GEMMs and flex_attention under torch.compile: a post-grad Inductor pass that rewrites them
+into FlyDSL kernels (flex_attention's HOP nodes: ``torch_flydsl.flex._compile``).
 
 Two ways in::
 
@@ -47,6 +48,12 @@ class FlyDSLPass(CustomGraphPass):
         n = rewrite(graph, self.settings)
         if n:
             log.info("torch_flydsl: rewrote %d GEMM node(s) into FlyDSL kernels", n)
+        from ..flex._compile import rewrite as rewrite_flex
+        from .graph_pass import CompileContext
+
+        n = rewrite_flex(graph, CompileContext(self.settings))
+        if n:
+            log.info("torch_flydsl: rewrote %d flex_attention node(s) into FlyDSL kernels", n)
 
     def uuid(self):
         if self._uuid is None:
