@@ -137,6 +137,22 @@ def test_relative_position_bias_table(cpu_backend):
     check(cpu_backend, *qkv(1, 3, 3, S, S, 32, seed=7), score_mod=rel_bias)
 
 
+def test_one_query_row_gqa_and_mods_sharing_a_captured_tensor(cpu_backend):
+    # a decode-like single query row; the score and mask mods both read ``doc`` (one slot)
+    doc = torch.tensor([0] * 20 + [1] * 25, dtype=torch.int32)
+    bias = torch.randn(2) * 0.5
+
+    def score(s, b, h, q_idx, kv_idx):
+        return s + torch.where(doc[kv_idx] == 1, bias[h // 2], 0.0)
+
+    def mask(b, h, q_idx, kv_idx):
+        return doc[kv_idx] <= doc[q_idx + 44]
+
+    bm = create_block_mask(mask, None, None, 1, 45, device="cpu", BLOCK_SIZE=16)
+    check(cpu_backend, *qkv(2, 4, 2, 1, 45, 32, seed=14), score_mod=score, mask_mod=mask,
+          block_mask=bm, gqa=True)  # fmt: skip
+
+
 def test_block_mask_without_full_blocks_and_torch_floor_semantics(cpu_backend):
     # every block partial (no full lists): the mask mod decides everywhere; its floor division
     # and remainder of negative numbers follow torch (not C's truncation)
