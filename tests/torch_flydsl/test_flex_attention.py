@@ -153,6 +153,22 @@ def test_one_query_row_gqa_and_mods_sharing_a_captured_tensor(cpu_backend):
           block_mask=bm, gqa=True)  # fmt: skip
 
 
+def test_masking_in_the_score_mod_and_a_mix_of_ops(cpu_backend):
+    # -inf from the score mod; sigmoid / clamp / abs / % / // / casts and their gradients
+    # (the joint graph holds in-place ops such as logical_and_)
+    def causal_score(s, b, h, q_idx, kv_idx):
+        return torch.where(q_idx >= kv_idx, s, -float("inf"))
+
+    def mixed(s, b, h, q_idx, kv_idx):
+        x = torch.sigmoid(s) * 4.0 + torch.clamp(s, min=-1.0, max=2.0) - torch.abs(s) / 3
+        x = x + (q_idx % 5).to(torch.float32) * 0.1 - (kv_idx // 7) * 0.05
+        return torch.where((q_idx - kv_idx) % 3 == 0, x, s * 0.5)
+
+    check(cpu_backend, *qkv(1, 2, 2, 29, 29, 32, seed=20), score_mod=causal_score,
+          mask_mod=causal)  # fmt: skip
+    check(cpu_backend, *qkv(1, 2, 2, 29, 31, 32, seed=21), score_mod=mixed)
+
+
 def test_block_mask_without_full_blocks_and_torch_floor_semantics(cpu_backend):
     # every block partial (no full lists): the mask mod decides everywhere; its floor division
     # and remainder of negative numbers follow torch (not C's truncation)

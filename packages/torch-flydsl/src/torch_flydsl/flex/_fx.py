@@ -285,7 +285,18 @@ class _Translator:
         return self.emit("gather", _dname(dtype), [("t", slot, sizes), *idx])
 
     def call(self, n):
-        f, a, kw = n.target, n.args, n.kwargs
+        f = n.target
+        out_of_place = _functional(f)
+        if out_of_place is not None:  # ``x.logical_and_(y)`` (autograd's formulas use some)
+            n.target = out_of_place
+            try:
+                v = self.call(n)
+            finally:
+                n.target = f
+            if isinstance(n.args[0], torch.fx.Node):
+                self.env[n.args[0]] = v  # later reads of the mutated value see the result
+            return v
+        a, kw = n.args, n.kwargs
         if f is operator.getitem:
             raise Unsupported("multi-output ops in the mod")
         if f is aten.index.Tensor:
@@ -378,6 +389,17 @@ class _Translator:
                 return self.emit(op, d, [x, y], cd)
             return self.emit(op, d, [x, y])
         raise Unsupported(f"op {f} is outside the supported set")
+
+
+def _functional(f):
+    """The out-of-place overload of an in-place ATen op (``add_.Tensor`` -> ``add.Tensor``)."""
+    if not isinstance(f, torch._ops.OpOverload):
+        return None
+    name = f._schema.name.split("::")[-1]
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    return getattr(packet, f._overloadname, None) if packet is not None else None
 
 
 @dataclass(frozen=True)

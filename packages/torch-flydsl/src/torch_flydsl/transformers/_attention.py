@@ -58,6 +58,24 @@ def _mask_mod():
 
 
 _MASK = None
+#: recent masks converted: id -> (mask, its version, int8 copy); a forward passes the same
+#: one or two mask objects (full and sliding layers) to every layer
+_CONVERTED: dict = {}
+
+
+def _mask_tensor(mask, B, Sq, Sk):
+    """``mask`` as the ``(B, Sq, Sk)`` int8 tensor the mask mod reads, converted once per mask
+    object (the version counter catches in-place edits)."""
+    hit = _CONVERTED.get(id(mask))
+    if hit is not None and hit[0] is mask and hit[1] == mask._version and hit[2].shape == (
+        B, Sq, Sk,
+    ):  # fmt: skip
+        return hit[2]
+    t = mask[:, 0].expand(B, Sq, Sk).to(torch.int8).contiguous()
+    if len(_CONVERTED) >= 4:
+        _CONVERTED.clear()
+    _CONVERTED[id(mask)] = (mask, mask._version, t)
+    return t
 
 
 def _reason(module, query, key, value, mask, dropout) -> str | None:
@@ -157,9 +175,8 @@ def _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks):
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     kw = {}
     if mask is not None:
-        B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
         kw["mask_mod"] = _mask_mod()
-        kw["mod_tensors"] = (mask[:, 0].expand(B, Sq, Sk).to(torch.int8).contiguous(),)
+        kw["mod_tensors"] = (_mask_tensor(mask, q.shape[0], q.shape[1], k.shape[1]),)
     else:
         kw["causal"] = _causal(module, is_causal, q.shape[1])
     if sinks is not None:
