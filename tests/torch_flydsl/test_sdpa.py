@@ -57,6 +57,20 @@ def test_sdpa_forward_and_backward_match_aten(sdpa_on, shape, causal):
         assert rel_err(a, r) <= 2e-2
 
 
+def test_sdpa_gqa(sdpa_on):
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 21, 32, generator=g).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, 2, 21, 32, generator=g).bfloat16().requires_grad_() for _ in range(2))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    assert sdpa_on.stats()[FWD]["hits"] == 1 and sdpa_on.stats()[BWD]["hits"] == 1
+    ref, rgrads = aten(q, k, v, do, is_causal=True, enable_gqa=True)
+    assert rel_err(out, ref) <= 2e-2
+    for a, r in zip(grads, rgrads):
+        assert a.shape == r.shape and rel_err(a, r) <= 2e-2
+
+
 def test_our_forward_with_atens_backward(sdpa_on):
     q, k, v = qkv(1, 2, 33, 33, 32, seed=1)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # ours: LSE in ATen's layout
