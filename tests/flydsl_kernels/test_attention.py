@@ -15,8 +15,6 @@ where a test needs windows and masks to cut through several tiles at small sizes
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -581,7 +579,30 @@ def test_errors_say_what_is_supported():
 def test_family_lists_report_cases():
     cases = list(FAMILY.cases())
     assert cases and all(c.family == "attention" for c in cases)
-    assert math.isfinite(len(cases))
+    kernels = {c.kernel for c in cases}
+    assert {"attn_fwd_kernel", "attn_combine_kernel", "attn_bwd_dkdv_kernel"} <= kernels
+    fwd = next(c for c in cases if c.kernel == "attn_fwd_kernel" and "decode" not in c.shape)
+    # each target reports its own table's config; the CPU backends report the default table's
+    assert fwd.config_for("gfx942") != fwd.config_for("gfx950")
+    assert fwd.config_for("cpu-interpret") == fwd.config_for("gfx950")
+
+
+def test_table_target_is_separate_from_compile_target():
+    # the table picks the tiles and the CU count the split rule sizes by; the compile target
+    # only decides which compiler options the launch carries
+    p = plan.Problem(1, 1000, 1000, 8, 8, 128, 128)
+    cpu_sm90 = plan.plan_forward(p, INTERP, table="sm90")
+    assert cpu_sm90.config == configs.select("fwd", 128, "sm90")
+    assert cpu_sm90.options == {"num_warps": cpu_sm90.config.num_warps}
+    assert plan.plan_forward(p, REF).config == configs.select("fwd", 128, "gfx950")
+    assert "matrix_instr_nonkdim" in plan.plan_forward(p, "gfx950").options
+    assert "matrix_instr_nonkdim" not in plan.plan_forward(p, "sm90").options
+    dec = plan.Problem(4, 1, 65536, 32, 8, 128, 128, decode=True, seqused=True)  # 32 programs
+    assert plan.plan_forward(dec, REF, table="sm90").splits == plan.plan_forward(dec, "sm90").splits
+    assert plan.plan_forward(dec, "sm90").splits != plan.plan_forward(dec, "gfx950").splits
+    bp = plan.plan_backward(p, INTERP, table="gfx942")
+    assert bp.dkdv == configs.select("bwd_dkdv", 128, "gfx942")
+    assert bp.dq.options(INTERP) == {"num_warps": bp.dq.num_warps}
 
 
 # -- block sparsity ----------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._target import tensor_target
+from .._target import table_target, tensor_target
 from . import configs, plan
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
@@ -234,10 +234,10 @@ def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, v
 # -- forward and backward drivers (tensors in the kernels' 5-D / 4-D views) --------------------------
 
 
-def _forward(p, tgt, q5, k4, v4, o5, lse4, *, sinks3=None, alibi3=None, cu_q=None, cu_k=None,
-             seqused=None, block_table=None, batch_idx=None, mt=(), config=None, splits=None,
-             persistent=None, sparse=None):  # fmt: skip
-    fp = plan.plan_forward(p, tgt, config=config, splits=splits, persistent=persistent)
+def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=None, cu_q=None,
+             cu_k=None, seqused=None, block_table=None, batch_idx=None, mt=(), config=None,
+             splits=None, persistent=None, sparse=None):  # fmt: skip
+    fp = plan.plan_forward(p, tgt, table=table, config=config, splits=splits, persistent=persistent)
     o_part = lse_part = None
     if fp.splits > 1:
         s, bq, rows = fp.splits, q5.shape[0], q5.shape[1]
@@ -255,9 +255,9 @@ def _forward(p, tgt, q5, k4, v4, o5, lse4, *, sinks3=None, alibi3=None, cu_q=Non
     return fp
 
 
-def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, alibi3=None, cu_q=None, cu_k=None, mt=(),
-              dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
-    bp = plan.plan_backward(p, tgt, dkdv_config=dkdv_config, dq_config=dq_config)
+def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_q=None,
+              cu_k=None, mt=(), dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
+    bp = plan.plan_backward(p, tgt, table=table, dkdv_config=dkdv_config, dq_config=dq_config)
     dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
     dk = torch.empty(k4.shape, dtype=k4.dtype, device=k4.device)
     dv = torch.empty(v4.shape, dtype=v4.dtype, device=v4.device)
@@ -420,8 +420,8 @@ def flash_attn_func(
         "views": views,
         "out_view": lambda do: do.unflatten(2, (Hk, G)),
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
-        "kw": {**fkw, "splits": num_splits},
-        "bkw": bkw,
+        "kw": {**fkw, "splits": num_splits, "table": table_target(q, target)},
+        "bkw": {**bkw, "table": table_target(q, target)},
     }
     _sinks(sinks, H, Hk, q.device)  # validate before any launch
     _alibi(alibi_slopes, B, H, Hk, q.device)
@@ -502,8 +502,14 @@ def flash_attn_varlen_func(
         "views": views,
         "out_view": lambda do: do.unflatten(1, (Hk, G))[None],
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
-        "kw": {**fkw, **cu, "splits": num_splits, "block_table": block_table},
-        "bkw": {**bkw, **cu},
+        "kw": {
+            **fkw,
+            **cu,
+            "splits": num_splits,
+            "block_table": block_table,
+            "table": table_target(q, target),
+        },
+        "bkw": {**bkw, **cu, "table": table_target(q, target)},
     }
     _sinks(sinks, H, Hk, q.device)
     _alibi(alibi_slopes, B, H, Hk, q.device)
@@ -638,6 +644,6 @@ def flash_attn_with_kvcache(
             lse.view(B, Hk, G, Sq), sinks3=_sinks(sinks, H, Hk, q.device),
             alibi3=_alibi(alibi_slopes, B, H, Hk, q.device), seqused=seqlens,
             block_table=block_table, batch_idx=bidx, mt=mt, config=config,
-            splits=num_splits or None,
+            splits=num_splits or None, table=table_target(q, target),
         )  # fmt: skip
     return (o, lse) if return_softmax_lse else o
