@@ -118,9 +118,11 @@ def test_gpt_oss_sliding_window_backward_without_spills():
 def test_other_targets_compile_without_spills(target, kind, dcls):
     # a sample per target (every entry of every table: python -m flydsl_kernels.attention.configs
     # --check-tables, about 40 compiles)
-    ck, fig, _ = _compile(kind, dcls, target=target)
-    r = ck.executable.report
-    assert not (r.scratch_bytes or 0), (target, kind, r.scratch_bytes)
-    assert not (r.vgpr_spill_count or 0) and not (r.sgpr_spill_count or 0)
-    assert not (getattr(r, "spill_store_bytes", 0) or 0)
-    assert fig["mfma"]
+    # the forward also without the causal mask (its loop differs: gfx942's 128x64 spilled there)
+    for causal in (True, False) if kind == "fwd" else (True,):
+        ck, fig, _ = _compile(kind, dcls, target=target, causal=causal)
+        r = ck.executable.report
+        assert not (r.scratch_bytes or 0), (target, kind, causal, r.scratch_bytes)
+        assert not (r.vgpr_spill_count or 0) and not (r.sgpr_spill_count or 0), (target, causal)
+        assert not (getattr(r, "spill_store_bytes", 0) or 0)
+        assert fig["mfma"]
