@@ -9,15 +9,15 @@ B4 S4096 H32/8 bf16 causal; decode B64 ctx8192 paged), per KV tile (per query st
 kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
 =================  ========================  ====  ==========  ========
 fwd d64            256x64, 8                 164   214         13.38
-fwd d128           256x64, 8                 254   280         8.75
-fwd d256           128x32, 8 (16x16x32)      206   219         13.69
-bwd dK/dV d128     32 q x 128 k, 8 (16x16)   222   216         13.5
-bwd dQ d128        128 q x 32 k, 4           240   181         7.54
+fwd d128           256x64, 8                 254   281         8.78
+fwd d256           128x32, 8 (16x16x32)      206   220         13.75
+bwd dK/dV d128     32 q x 128 k, 8 (16x16)   208   180         11.25
+bwd dQ d128        128 q x 32 k, 4           238   182         7.58
 =================  ========================  ====  ==========  ========
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves). Ours at the
-anchors' tile: 9.59 (lazy rescale) / 9.69; at 256x64 with 8 waves: 8.75.
+anchors' tile: 9.62 (lazy rescale) / 9.72; at 256x64 with 8 waves: 8.78.
 """
 
 from __future__ import annotations
