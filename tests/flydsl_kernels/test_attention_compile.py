@@ -126,3 +126,19 @@ def test_other_targets_compile_without_spills(target, kind, dcls):
         assert not (r.vgpr_spill_count or 0) and not (r.sgpr_spill_count or 0), (target, causal)
         assert not (getattr(r, "spill_store_bytes", 0) or 0)
         assert fig["mfma"]
+
+
+@pytest.mark.parametrize("target", ["gfx950", "sm90"])
+def test_split_kv_combine_at_16_splits_and_dv_256_without_spills(target):
+    # the combine loops over the splits at run time: unrolled, 16 splits' loads were all issued
+    # up front (560 B of scratch on gfx950 at this problem)
+    from flydsl_kernels.attention import cases, plan
+
+    p = plan.Problem(1, 1, 131072, 64, 8, 256, 256, causal=True, seqused=True, page_size=64,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, target)
+    assert fp.splits == configs.MAX_SPLITS
+    r = cases.forward_launches(fp)[1].compile(target).executable.report
+    assert not (r.scratch_bytes or 0)
+    assert not (r.vgpr_spill_count or 0) and not (r.sgpr_spill_count or 0)
+    assert not (getattr(r, "spill_store_bytes", 0) or 0)
