@@ -392,6 +392,30 @@ def test_kvcache_gqa_packed_decode_split(target):
     close(out, ro, OUT_TOL[BF16])
 
 
+def test_kvcache_plans_with_another_targets_table_on_the_cpu(monkeypatch):
+    # table= picks whose tiles and CU count plan the launch (split counts by table:
+    # test_table_target_is_separate_from_compile_target); the kernels still run on the CPU
+    g = gen(42)
+    B, H, D, S = 2, 8, 64, 200
+    q = rand(B, 1, H, D, g=g)
+    kc, vc = rand(B, S, 1, D, g=g), rand(B, S, 1, D, g=g)
+    lens = torch.tensor([200, 77], dtype=torch.int32)
+    ro, _ = reference.attention(q, kc, vc, seqused_k=lens, causal=True)
+    seen, real = [], plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]
+    )
+    out = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, causal=True, target=REF, table="h200"
+    )
+    close(out, ro, OUT_TOL[BF16])
+    # the alias names sm90's table: its decode tile, not gfx950's, compiled for the CPU backend
+    assert seen[0].config == configs.select("decode", D, "sm90") != configs.select("decode", D)
+    assert seen[0].options == {"num_warps": 4}
+    with pytest.raises(Exception, match="unknown target 'gfx9999'"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, target=REF, table="gfx9999")
+
+
 def test_kvcache_batch_idx_and_int_seqlens():
     g = gen(29)
     q = rand(2, 3, 2, 32, g=g)

@@ -9,7 +9,10 @@
 Beyond flash-attn: ``sinks`` (gpt-oss: one learned logit per query head in the softmax
 denominator, differentiable), ``lse_log2`` (the LSE in base 2), ``score_mod`` / ``mask_mod``
 with ``mod_tensors`` (FlyDSL mods, see ``mods.py``), ``target`` (a FlyDSL target; None: the
-device's, ``cpu-reference`` for CPU tensors) and ``config`` / ``num_splits`` overrides.
+device's, ``cpu-reference`` for CPU tensors), ``table`` (the target whose config table, CU
+count and split rule plan the launch; None: the device's, gfx950's on the CPU backends, so
+``target="cpu-interpret", table="sm90"`` runs sm90's plan on the interpreter) and ``config`` /
+``num_splits`` overrides.
 
 Supported: bf16 / fp16 q, k, v of one dtype, fp32 accumulation; head dims up to 256 (any, 192
 for q/k with 128 for v included); ``nheads % nheads_k == 0`` (MHA, GQA, MQA); any strides.
@@ -29,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._target import table_target, tensor_target
+from .._target import table_target, target_name, tensor_target
 from . import configs, plan
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
@@ -351,6 +354,12 @@ def _config_kw(config):
     }
 
 
+def _table(q, target, table) -> str:
+    """The target whose tables plan a launch on ``q``: ``table`` where given, else the
+    device's (``_target.table_target``)."""
+    return target_name(table) if table is not None else table_target(q, target)
+
+
 # -- the public functions ---------------------------------------------------------------------------
 
 
@@ -374,6 +383,7 @@ def flash_attn_func(
     mod_tensors=(),
     block_sparse=None,
     target=None,
+    table=None,
     config=None,
     num_splits=None,
 ):
@@ -414,14 +424,15 @@ def flash_attn_func(
         return (q.unflatten(2, (Hk, G)), k, v, o, o.unflatten(2, (Hk, G)), lse,
                 lse.view(B, Hk, G, Sq))  # fmt: skip
 
+    tbl = _table(q, target, table)
     opts = {
         "problem": p,
         "target": tensor_target(q, target),
         "views": views,
         "out_view": lambda do: do.unflatten(2, (Hk, G)),
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
-        "kw": {**fkw, "splits": num_splits, "table": table_target(q, target)},
-        "bkw": {**bkw, "table": table_target(q, target)},
+        "kw": {**fkw, "splits": num_splits, "table": tbl},
+        "bkw": {**bkw, "table": tbl},
     }
     _sinks(sinks, H, Hk, q.device)  # validate before any launch
     _alibi(alibi_slopes, B, H, Hk, q.device)
@@ -453,6 +464,7 @@ def flash_attn_varlen_func(
     mask_mod=None,
     mod_tensors=(),
     target=None,
+    table=None,
     config=None,
     num_splits=None,
 ):
@@ -496,6 +508,7 @@ def flash_attn_varlen_func(
                 lse.view(1, Hk, G, total_q))  # fmt: skip
 
     cu = {"cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k}
+    tbl = _table(q, target, table)
     opts = {
         "problem": p,
         "target": tensor_target(q, target),
@@ -507,9 +520,9 @@ def flash_attn_varlen_func(
             **cu,
             "splits": num_splits,
             "block_table": block_table,
-            "table": table_target(q, target),
+            "table": tbl,
         },
-        "bkw": {**bkw, **cu, "table": table_target(q, target)},
+        "bkw": {**bkw, **cu, "table": tbl},
     }
     _sinks(sinks, H, Hk, q.device)
     _alibi(alibi_slopes, B, H, Hk, q.device)
@@ -569,6 +582,7 @@ def flash_attn_with_kvcache(
     mask_mod=None,
     mod_tensors=(),
     target=None,
+    table=None,
     config=None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` (inference: not differentiable).
@@ -622,7 +636,7 @@ def flash_attn_with_kvcache(
     cap = _check_softcap(softcap)
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
     G, Dv = H // Hk, v_cache.shape[-1]
-    tgt = tensor_target(q, target)
+    tgt, tbl = tensor_target(q, target), _table(q, target, table)
     decode = configs.packs_heads(Sq, G)
     p = _problem(
         q, k_cache, v_cache, batch=B, sq=Sq, sk=sk_max, causal=causal, window=window,
@@ -644,6 +658,6 @@ def flash_attn_with_kvcache(
             lse.view(B, Hk, G, Sq), sinks3=_sinks(sinks, H, Hk, q.device),
             alibi3=_alibi(alibi_slopes, B, H, Hk, q.device), seqused=seqlens,
             block_table=block_table, batch_idx=bidx, mt=mt, config=config,
-            splits=num_splits or None, table=table_target(q, target),
+            splits=num_splits or None, table=tbl,
         )  # fmt: skip
     return (o, lse) if return_softmax_lse else o

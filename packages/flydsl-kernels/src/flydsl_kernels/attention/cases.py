@@ -27,13 +27,10 @@ def _dev(device):
     return check_device(device)
 
 
-def _check_configs(device, target, d, *kinds):
-    """On a CPU device the configs of ``target``'s table (so its tiles are checked without its
-    GPU; ``flash_attn_*``'s ``config``), on a GPU None (the API picks the device's table)."""
-    if not _cpu(device):
-        return None
-    cfgs = {k: configs.select(k, d, target) for k in kinds}
-    return cfgs[kinds[0]] if len(kinds) == 1 else cfgs
+def _check_table(device, target):
+    """The table a check plans with: ``target``'s on a CPU device (so its tiles, split counts
+    and grids are checked without its GPU), None on a GPU (the API picks the device's)."""
+    return target if _cpu(device) else None
 
 
 def _err(out, ref, dtype=torch.bfloat16) -> float:
@@ -161,10 +158,9 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
         if grad:
             for t in (q, k, v):
                 t.requires_grad_()
-        cfg = _check_configs(device, target, dmax, "fwd", "bwd_dkdv", "bwd_dq")
         out = flash_attn_func(
-            q, k, v, sinks=sinks, softcap=p.softcap, target=check_target(device), config=cfg,
-            **kw,
+            q, k, v, sinks=sinks, softcap=p.softcap, target=check_target(device),
+            table=_check_table(device, target), **kw,
         )  # fmt: skip
         ref, _ = reference.attention(
             *(t.detach().double().requires_grad_(grad) for t in (q, k, v)), sinks=sinks,
@@ -272,7 +268,7 @@ def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
             block_table=table,
             causal=True,
             target=check_target(device),
-            config=_check_configs(device, target, d, "decode"),
+            table=_check_table(device, target),
         )
         kd = kc[table.long()].flatten(1, 2)
         vd = vc[table.long()].flatten(1, 2)
@@ -322,7 +318,7 @@ def _combine_case():
             cache_seqlens=torch.tensor([500, 333], dtype=torch.int32, device=q.device),
             num_splits=4,
             target=check_target(device),
-            config=_check_configs(device, target, 128, "decode"),
+            table=_check_table(device, target),
         )
         ref, _ = reference.attention(q, k, v, seqused_k=torch.tensor([500, 333]))
         return _err(out, ref)
