@@ -15,8 +15,6 @@ where a test needs windows and masks to cut through several tiles at small sizes
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -394,6 +392,30 @@ def test_kvcache_gqa_packed_decode_split(target):
     close(out, ro, OUT_TOL[BF16])
 
 
+def test_kvcache_plans_with_another_targets_table_on_the_cpu(monkeypatch):
+    # table= picks whose tiles and CU count plan the launch (split counts by table:
+    # test_table_target_is_separate_from_compile_target); the kernels still run on the CPU
+    g = gen(42)
+    B, H, D, S = 2, 8, 64, 200
+    q = rand(B, 1, H, D, g=g)
+    kc, vc = rand(B, S, 1, D, g=g), rand(B, S, 1, D, g=g)
+    lens = torch.tensor([200, 77], dtype=torch.int32)
+    ro, _ = reference.attention(q, kc, vc, seqused_k=lens, causal=True)
+    seen, real = [], plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]
+    )
+    out = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, causal=True, target=REF, table="h200"
+    )
+    close(out, ro, OUT_TOL[BF16])
+    # the alias names sm90's table: its decode tile, not gfx950's, compiled for the CPU backend
+    assert seen[0].config == configs.select("decode", D, "sm90") != configs.select("decode", D)
+    assert seen[0].options == {"num_warps": 4}
+    with pytest.raises(Exception, match="unknown target 'gfx9999'"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, target=REF, table="gfx9999")
+
+
 def test_kvcache_batch_idx_and_int_seqlens():
     g = gen(29)
     q = rand(2, 3, 2, 32, g=g)
@@ -581,7 +603,30 @@ def test_errors_say_what_is_supported():
 def test_family_lists_report_cases():
     cases = list(FAMILY.cases())
     assert cases and all(c.family == "attention" for c in cases)
-    assert math.isfinite(len(cases))
+    kernels = {c.kernel for c in cases}
+    assert {"attn_fwd_kernel", "attn_combine_kernel", "attn_bwd_dkdv_kernel"} <= kernels
+    fwd = next(c for c in cases if c.kernel == "attn_fwd_kernel" and "decode" not in c.shape)
+    # each target reports its own table's config; the CPU backends report the default table's
+    assert fwd.config_for("gfx942") != fwd.config_for("gfx950")
+    assert fwd.config_for("cpu-interpret") == fwd.config_for("gfx950")
+
+
+def test_table_target_is_separate_from_compile_target():
+    # the table picks the tiles and the CU count the split rule sizes by; the compile target
+    # only decides which compiler options the launch carries
+    p = plan.Problem(1, 1000, 1000, 8, 8, 128, 128)
+    cpu_sm90 = plan.plan_forward(p, INTERP, table="sm90")
+    assert cpu_sm90.config == configs.select("fwd", 128, "sm90")
+    assert cpu_sm90.options == {"num_warps": cpu_sm90.config.num_warps}
+    assert plan.plan_forward(p, REF).config == configs.select("fwd", 128, "gfx950")
+    assert "matrix_instr_nonkdim" in plan.plan_forward(p, "gfx950").options
+    assert "matrix_instr_nonkdim" not in plan.plan_forward(p, "sm90").options
+    dec = plan.Problem(4, 1, 65536, 32, 8, 128, 128, decode=True, seqused=True)  # 32 programs
+    assert plan.plan_forward(dec, REF, table="sm90").splits == plan.plan_forward(dec, "sm90").splits
+    assert plan.plan_forward(dec, "sm90").splits != plan.plan_forward(dec, "gfx950").splits
+    bp = plan.plan_backward(p, INTERP, table="gfx942")
+    assert bp.dkdv == configs.select("bwd_dkdv", 128, "gfx942")
+    assert bp.dq.options(INTERP) == {"num_warps": bp.dq.num_warps}
 
 
 # -- block sparsity ----------------------------------------------------------------------------------------------

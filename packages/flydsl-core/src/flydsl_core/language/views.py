@@ -515,16 +515,13 @@ class IndexView(View):
         if len(indices) != tensor.ndim:
             raise TypeCheckError(
                 f"gather needs one index per dimension of {tensor.name} ({tensor.ndim}), got "
-                f"{len(indices)}",
-                loc=user_location(),
+                f"{len(indices)}"
             )
         idx = []
         for i in indices:
             t = as_tile(i)
             if not (t.dtype.is_int or t.dtype.is_bool):
-                raise TypeCheckError(
-                    f"gather indices must be integers, got {t.type}", loc=user_location()
-                )
+                raise TypeCheckError(f"gather indices must be integers, got {t.type}")
             idx.append(t)
         from .tile import broadcast_shapes
 
@@ -536,10 +533,10 @@ class IndexView(View):
         return self._shape
 
     def __getitem__(self, idx):
-        raise TypeCheckError("a gathered view cannot be sliced", loc=user_location())
+        raise TypeCheckError("a gathered view cannot be sliced")
 
     def tile(self, tiler, coord):
-        raise TypeCheckError("a gathered view cannot be tiled", loc=user_location())
+        raise TypeCheckError("a gathered view cannot be tiled")
 
     def offsets(self, *, bounds_check: bool = True):
         t = self.tensor

@@ -9,7 +9,10 @@
 Beyond flash-attn: ``sinks`` (gpt-oss: one learned logit per query head in the softmax
 denominator, differentiable), ``lse_log2`` (the LSE in base 2), ``score_mod`` / ``mask_mod``
 with ``mod_tensors`` (FlyDSL mods, see ``mods.py``), ``target`` (a FlyDSL target; None: the
-device's, ``cpu-reference`` for CPU tensors) and ``config`` / ``num_splits`` overrides.
+device's, ``cpu-reference`` for CPU tensors), ``table`` (the target whose config table, CU
+count and split rule plan the launch; None: the device's, gfx950's on the CPU backends, so
+``target="cpu-interpret", table="sm90"`` runs sm90's plan on the interpreter) and ``config`` /
+``num_splits`` overrides.
 
 Supported: bf16 / fp16 q, k, v of one dtype, fp32 accumulation; head dims up to 256 (any, 192
 for q/k with 128 for v included); ``nheads % nheads_k == 0`` (MHA, GQA, MQA); any strides.
@@ -29,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._target import tensor_target
+from .._target import table_target, target_name, tensor_target
 from . import configs, plan
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
@@ -234,10 +237,10 @@ def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, v
 # -- forward and backward drivers (tensors in the kernels' 5-D / 4-D views) --------------------------
 
 
-def _forward(p, tgt, q5, k4, v4, o5, lse4, *, sinks3=None, alibi3=None, cu_q=None, cu_k=None,
-             seqused=None, block_table=None, batch_idx=None, mt=(), config=None, splits=None,
-             persistent=None, sparse=None):  # fmt: skip
-    fp = plan.plan_forward(p, tgt, config=config, splits=splits, persistent=persistent)
+def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=None, cu_q=None,
+             cu_k=None, seqused=None, block_table=None, batch_idx=None, mt=(), config=None,
+             splits=None, persistent=None, sparse=None):  # fmt: skip
+    fp = plan.plan_forward(p, tgt, table=table, config=config, splits=splits, persistent=persistent)
     o_part = lse_part = None
     if fp.splits > 1:
         s, bq, rows = fp.splits, q5.shape[0], q5.shape[1]
@@ -255,9 +258,9 @@ def _forward(p, tgt, q5, k4, v4, o5, lse4, *, sinks3=None, alibi3=None, cu_q=Non
     return fp
 
 
-def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, alibi3=None, cu_q=None, cu_k=None, mt=(),
-              dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
-    bp = plan.plan_backward(p, tgt, dkdv_config=dkdv_config, dq_config=dq_config)
+def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_q=None,
+              cu_k=None, mt=(), dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
+    bp = plan.plan_backward(p, tgt, table=table, dkdv_config=dkdv_config, dq_config=dq_config)
     dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
     dk = torch.empty(k4.shape, dtype=k4.dtype, device=k4.device)
     dv = torch.empty(v4.shape, dtype=v4.dtype, device=v4.device)
@@ -351,6 +354,12 @@ def _config_kw(config):
     }
 
 
+def _table(q, target, table) -> str:
+    """The target whose tables plan a launch on ``q``: ``table`` where given, else the
+    device's (``_target.table_target``)."""
+    return target_name(table) if table is not None else table_target(q, target)
+
+
 # -- the public functions ---------------------------------------------------------------------------
 
 
@@ -374,6 +383,7 @@ def flash_attn_func(
     mod_tensors=(),
     block_sparse=None,
     target=None,
+    table=None,
     config=None,
     num_splits=None,
 ):
@@ -414,14 +424,15 @@ def flash_attn_func(
         return (q.unflatten(2, (Hk, G)), k, v, o, o.unflatten(2, (Hk, G)), lse,
                 lse.view(B, Hk, G, Sq))  # fmt: skip
 
+    tbl = _table(q, target, table)
     opts = {
         "problem": p,
         "target": tensor_target(q, target),
         "views": views,
         "out_view": lambda do: do.unflatten(2, (Hk, G)),
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
-        "kw": {**fkw, "splits": num_splits},
-        "bkw": bkw,
+        "kw": {**fkw, "splits": num_splits, "table": tbl},
+        "bkw": {**bkw, "table": tbl},
     }
     _sinks(sinks, H, Hk, q.device)  # validate before any launch
     _alibi(alibi_slopes, B, H, Hk, q.device)
@@ -453,6 +464,7 @@ def flash_attn_varlen_func(
     mask_mod=None,
     mod_tensors=(),
     target=None,
+    table=None,
     config=None,
     num_splits=None,
 ):
@@ -496,14 +508,21 @@ def flash_attn_varlen_func(
                 lse.view(1, Hk, G, total_q))  # fmt: skip
 
     cu = {"cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k}
+    tbl = _table(q, target, table)
     opts = {
         "problem": p,
         "target": tensor_target(q, target),
         "views": views,
         "out_view": lambda do: do.unflatten(1, (Hk, G))[None],
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
-        "kw": {**fkw, **cu, "splits": num_splits, "block_table": block_table},
-        "bkw": {**bkw, **cu},
+        "kw": {
+            **fkw,
+            **cu,
+            "splits": num_splits,
+            "block_table": block_table,
+            "table": tbl,
+        },
+        "bkw": {**bkw, **cu, "table": tbl},
     }
     _sinks(sinks, H, Hk, q.device)
     _alibi(alibi_slopes, B, H, Hk, q.device)
@@ -563,6 +582,7 @@ def flash_attn_with_kvcache(
     mask_mod=None,
     mod_tensors=(),
     target=None,
+    table=None,
     config=None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` (inference: not differentiable).
@@ -616,7 +636,7 @@ def flash_attn_with_kvcache(
     cap = _check_softcap(softcap)
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
     G, Dv = H // Hk, v_cache.shape[-1]
-    tgt = tensor_target(q, target)
+    tgt, tbl = tensor_target(q, target), _table(q, target, table)
     decode = configs.packs_heads(Sq, G)
     p = _problem(
         q, k_cache, v_cache, batch=B, sq=Sq, sk=sk_max, causal=causal, window=window,
@@ -638,7 +658,7 @@ def flash_attn_with_kvcache(
             lse.view(B, Hk, G, Sq), sinks3=_sinks(sinks, H, Hk, q.device),
             alibi3=_alibi(alibi_slopes, B, H, Hk, q.device), seqused=seqlens,
             block_table=block_table, batch_idx=bidx, mt=mt, config=config,
-            splits=num_splits or None,
+            splits=num_splits or None, table=tbl,
         )  # fmt: skip
     return (o, lse) if return_softmax_lse else o
 

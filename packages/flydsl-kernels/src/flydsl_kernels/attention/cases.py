@@ -11,30 +11,31 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .._target import check_device, check_target
 from . import configs, plan, reference
 from .api import flash_attn_func, flash_attn_with_kvcache
 
 #: (rtol = atol) of outputs against the float64 reference, by input dtype
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
-_CPU = ("cpu", "cpu-reference", "cpu-interpret")
-
 
 def _cpu(device):
-    return device in _CPU
-
-
-def _check_target(device):
-    return ("cpu-reference" if device == "cpu" else device) if _cpu(device) else None
+    return check_target(device) is not None
 
 
 def _dev(device):
-    return "cpu" if _cpu(device) else device
+    return check_device(device)
+
+
+def _check_table(device, target):
+    """The table a check plans with: ``target``'s on a CPU device (so its tiles, split counts
+    and grids are checked without its GPU), None on a GPU (the API picks the device's)."""
+    return target if _cpu(device) else None
 
 
 def _err(out, ref, dtype=torch.bfloat16) -> float:
     tol = TOLERANCE[dtype]
-    o, r = out.double(), ref.double().to(out.device)
+    o, r = out.detach().double(), ref.detach().double().to(out.device)
     return float(((o - r).abs() / (tol + tol * r.abs())).max()) if o.numel() else 0.0
 
 
@@ -126,7 +127,12 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
         "bwd_dq": "bwd_dq",
         "bwd_preprocess": "bwd_dkdv",
     }[kind]
-    cfg = configs.select(cfg_kind, max(p.head_dim, p.head_dim_v), "gfx950")
+    dmax = max(p.head_dim, p.head_dim_v)
+
+    def config(target):
+        if kind == "bwd_preprocess":
+            return {"BM": plan.ROWS_BM}
+        return configs.select(cfg_kind, dmax, target).as_dict()
 
     def launch(target):
         if kind == "fwd":
@@ -136,7 +142,7 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
     def compile_(target):
         return launch(target).compile(target)
 
-    def check(device):
+    def check(device, target=None):
         # CPU: one KV head with its group (capped at 8) and 77 tokens; GPU: every head, 1k tokens
         if _cpu(device):
             b, sq, h, hk = 1, 77, min(p.group, 8), 1
@@ -153,8 +159,9 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
             for t in (q, k, v):
                 t.requires_grad_()
         out = flash_attn_func(
-            q, k, v, sinks=sinks, softcap=p.softcap, target=_check_target(device), **kw
-        )
+            q, k, v, sinks=sinks, softcap=p.softcap, target=check_target(device),
+            table=_check_table(device, target), **kw,
+        )  # fmt: skip
         ref, _ = reference.attention(
             *(t.detach().double().requires_grad_(grad) for t in (q, k, v)), sinks=sinks,
             softcap=p.softcap, **kw,
@@ -216,7 +223,7 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
         family="attention",
         kernel=kern,
         shape=shape,
-        config=cfg.as_dict() if kind != "bwd_preprocess" else {"BM": plan.ROWS_BM},
+        config=config,
         compile=compile_,
         check=check,
         run=run if timed else None,
@@ -232,7 +239,10 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
 
 def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
     p = plan.Problem(b, 1, ctx, h, hk, d, d, causal=True, seqused=True, page_size=page, decode=True)
-    cfg = configs.select("decode", d, "gfx950")
+
+    def config(target):
+        fp = plan.plan_forward(p, target)
+        return {**fp.config.as_dict(), "GP": fp.C.GP, "BM": fp.C.BM, "splits": fp.splits}
 
     def compile_(target):
         return _fwd_launch(p, target)[1][0].compile(target)
@@ -247,7 +257,7 @@ def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
         lens = torch.randint(max(cc // 2, 1), cc + 1, (bb,), generator=g).to(torch.int32).to(device)
         return q, kc, vc, table, lens
 
-    def check(device):
+    def check(device, target=None):
         bb, cc = (2, 300) if _cpu(device) else (min(b, 8), min(ctx, 8192))
         q, kc, vc, table, lens = inputs(_dev(device), bb, cc, 1)
         out = flash_attn_with_kvcache(
@@ -257,7 +267,8 @@ def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
             cache_seqlens=lens,
             block_table=table,
             causal=True,
-            target=_check_target(device),
+            target=check_target(device),
+            table=_check_table(device, target),
         )
         kd = kc[table.long()].flatten(1, 2)
         vd = vc[table.long()].flatten(1, 2)
@@ -276,12 +287,11 @@ def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
         vd = vc[table.long()].flatten(1, 2)
         return lambda: _sdpa(q, kd, vd, False)
 
-    fp = plan.plan_forward(p, "gfx950")
     return registry.ReportCase(
         family="attention",
         kernel="attn_fwd_kernel",
         shape=f"decode B{b} ctx{ctx} H{h}/{hk} D{d} page{page}",
-        config={**cfg.as_dict(), "GP": fp.C.GP, "BM": fp.C.BM, "splits": fp.splits},
+        config=config,
         compile=compile_,
         check=check,
         run=run,
@@ -299,7 +309,7 @@ def _combine_case():
     def compile_(target):
         return _fwd_launch(p, target)[1][1].compile(target)
 
-    def check(device):
+    def check(device, target=None):
         q, k, v = _inputs(2, 3, 500, 8, 1, 128, 128, _dev(device), 3)
         out = flash_attn_with_kvcache(
             q,
@@ -307,17 +317,17 @@ def _combine_case():
             v,
             cache_seqlens=torch.tensor([500, 333], dtype=torch.int32, device=q.device),
             num_splits=4,
-            target=_check_target(device),
+            target=check_target(device),
+            table=_check_table(device, target),
         )
         ref, _ = reference.attention(q, k, v, seqused_k=torch.tensor([500, 333]))
         return _err(out, ref)
 
-    fp = plan.plan_forward(p, "gfx950")
     return registry.ReportCase(
         family="attention",
         kernel="attn_combine_kernel",
-        shape=f"split-KV combine, {fp.splits} splits, H64 D128",
-        config={"BM": plan.ROWS_BM, "splits": fp.splits},
+        shape="split-KV combine, H64 D128 ctx131072",
+        config=lambda target: {"BM": plan.ROWS_BM, "splits": plan.plan_forward(p, target).splits},
         compile=compile_,
         check=check,
         notes="the fixed-order merge of split-KV partials (deterministic)",

@@ -34,10 +34,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-#: the targets with tables (CPU targets use gfx950's tiles: only their speed differs there)
-TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
-#: compute units per target (split and persistent rules)
-NUM_CUS = {"gfx950": 256, "gfx942": 304, "gfx1250": 256, "sm90": 132}
+from .._target import TUNED_TARGETS, compiler_options
+from .._target import num_cus as _num_cus
+from .._target import table_for as _table_for
 
 MAX_SPLITS = 16
 MIN_BLOCKS_PER_SPLIT = 4
@@ -62,15 +61,16 @@ class Config:
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
-        t = str(target) if target is not None else ""
-        if t.startswith("cpu"):
-            return {"num_warps": self.num_warps}
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if t.startswith("gfx") and not t.startswith("gfx12"):
-            opts["matrix_instr_nonkdim"] = self.nonkdim
-            if self.waves_per_eu:
-                opts["waves_per_eu"] = self.waves_per_eu
-        return opts
+        """Launch options for ``target``'s compiler (``_target.compiler_options``: the MFMA
+        options on AMD targets only, ``num_warps`` alone on the CPU backends)."""
+        opts = {
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "matrix_instr_nonkdim": self.nonkdim,
+        }
+        if self.waves_per_eu:
+            opts["waves_per_eu"] = self.waves_per_eu
+        return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
         d = {"BM": self.BM, "BN": self.BN, "num_warps": self.num_warps}
@@ -142,10 +142,12 @@ _SM90.update({
 })  # fmt: skip
 
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
-#: scratch or spills there, smaller ones where those spill (untuned beyond that)
+#: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
+#: d128: 128x64 with 4 warps spilled 2 SGPRs without the causal mask and needed AGPRs (one wave
+#: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
 _GFX942 = dict(_GFX950)
 _GFX942.update({
-    ("fwd", "d128"): _c(128, 64, 4, 1, 32, False),
+    ("fwd", "d128"): _c(128, 32, 4, 1, 32, False),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
@@ -159,6 +161,7 @@ _GFX1250.update({
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 })  # fmt: skip
 
+#: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
     "gfx950": _GFX950,
     "gfx942": _GFX942,
@@ -168,17 +171,19 @@ TABLES: dict[str, dict[tuple[str, str], Config]] = {
 
 
 def table_for(target) -> dict:
-    t = str(target) if target is not None else "gfx950"
-    return TABLES.get(t, TABLES["gfx950"])
+    """``target``'s table (a name, an alias or a ``Target``); None, the CPU backends and
+    untuned targets read gfx950's (``_target.table_for``)."""
+    return _table_for(TABLES, target)
 
 
 def select(kind: str, head_dim: int, target=None) -> Config:
-    """The shipped config of ``kind`` for a head dim on ``target`` (CPU targets: gfx950's)."""
+    """The shipped config of ``kind`` for a head dim in ``target``'s table."""
     return table_for(target)[(kind, dclass(head_dim))]
 
 
 def num_cus(target) -> int:
-    return NUM_CUS.get(str(target), NUM_CUS["gfx950"])
+    """CUs / SMs the split and persistent rules size grids by (``_target.num_cus``)."""
+    return _num_cus(target)
 
 
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger
@@ -362,7 +367,7 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
     return ok + [r for r in rows if r[2] is not None]
 
 
-def check_tables(targets=TARGETS) -> list[str]:
+def check_tables(targets=TUNED_TARGETS) -> list[str]:
     """Compile every shipped entry of every target's table at its model problem; the problems
     found (compile failures, scratch, spills, LDS over the target's limit)."""
     from flydsl_core.autotune.prune import Candidate, judge

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._target import table_target
 from . import configs
 from .kernels import (
     Bwd,
@@ -150,11 +151,21 @@ class FwdPlan:
         return out
 
 
-def plan_forward(p: Problem, target=None, *, config=None, splits=None, persistent=None) -> FwdPlan:
-    """The forward schedule of ``p`` on ``target`` (see ``configs``' module doc)."""
+def _table(target, table):
+    """The target whose table configures a launch compiled for ``target``: ``table`` where the
+    caller resolved it from the tensors (``_target.table_target``), else ``target``'s own (the
+    default table for None and the CPU backends)."""
+    return table if table is not None else table_target(None, target)
+
+
+def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=None,
+                 persistent=None) -> FwdPlan:  # fmt: skip
+    """The forward schedule of ``p`` compiled for ``target`` with ``table``'s configs and CU
+    count (default: ``target``'s; see ``configs``' module doc)."""
+    table = _table(target, table)
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
-    cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), target)
+    cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), table)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     if p.page_size and p.page_size < cfg.BN:
@@ -178,7 +189,7 @@ def plan_forward(p: Problem, target=None, *, config=None, splits=None, persisten
     NG = _cdiv(G, GP)
     mblocks = _cdiv(p.seqlen_q, BMS)
     programs = p.batch * p.heads_k * NG * mblocks
-    cus = configs.num_cus(target)
+    cus = configs.num_cus(table)
     kv_blocks = _cdiv(p.seqlen_k, cfg.BN)
     s = splits if splits is not None else configs.splits_for(programs, kv_blocks, cus)
     s = max(1, min(int(s), max(kv_blocks, 1)))
@@ -280,10 +291,13 @@ class BwdPlan:
         return [pre, dkdv, dql]
 
 
-def plan_backward(p: Problem, target=None, *, dkdv_config=None, dq_config=None) -> BwdPlan:
+def plan_backward(p: Problem, target=None, *, table=None, dkdv_config=None,
+                  dq_config=None) -> BwdPlan:  # fmt: skip
+    """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
+    table = _table(target, table)
     d = max(p.head_dim, p.head_dim_v)
-    c1 = dkdv_config or configs.select("bwd_dkdv", d, target)
-    c2 = dq_config or configs.select("bwd_dq", d, target)
+    c1 = dkdv_config or configs.select("bwd_dkdv", d, table)
+    c2 = dq_config or configs.select("bwd_dq", d, table)
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
