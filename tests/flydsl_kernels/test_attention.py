@@ -720,3 +720,18 @@ def test_decode_group_that_is_not_a_power_of_two_and_varlen_paths():
         q, kc, vc, cu_q, cu_k, 20, 64, causal=True, block_table=table, target=REF, config=C16
     )
     close(out, ro, OUT_TOL[BF16])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_backward_from_kept_out_and_lse_equals_autograd(causal):
+    # the functional backward (ATen-op style callers) runs the same kernels as autograd's
+    from flydsl_kernels.attention import flash_attn_backward
+
+    q, k, v = qkv(2, 19, 19, 4, 2, 32, seed=71, grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, target=REF)
+    do = torch.randn(out.shape, generator=gen(72)).to(out.dtype)
+    want = torch.autograd.grad(out, (q, k, v), do)
+    got = flash_attn_backward(do, q.detach(), k.detach(), v.detach(), out.detach(), lse,
+                              causal=causal, target=REF)  # fmt: skip
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -665,7 +665,7 @@ def flash_attn_with_kvcache(
 
 def flash_attn_backward(
     dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
-    softcap=0.0, *, target=None,
+    softcap=0.0, *, target=None, table=None,
 ):  # fmt: skip
     """The gradients ``(dq, dk, dv)`` of ``flash_attn_func(q, k, v, ...)`` from its ``out``
     and natural-log ``lse (B, H, Sq)`` (flash-attn's ``_flash_attn_backward``, dense layout):
@@ -691,5 +691,6 @@ def flash_attn_backward(
     dq5, dk, dv, _ = _backward(
         p, tensor_target(q, target), q.unflatten(2, (Hk, G)), k, v, out.unflatten(2, (Hk, G)),
         dout.to(q.dtype).unflatten(2, (Hk, G)), lse.contiguous().view(B, Hk, G, Sq),
+        table=_table(q, target, table),
     )  # fmt: skip
     return dq5.reshape(q.shape), dk, dv
