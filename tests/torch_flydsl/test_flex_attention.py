@@ -91,13 +91,13 @@ def test_sliding_window_and_gqa(cpu_backend):
     check(cpu_backend, q, k, v, mask_mod=window, block_mask=bm, gqa=True)
 
 
-def test_alibi_from_a_captured_slope_tensor(cpu_backend):
+def test_alibi_from_a_captured_slope_tensor_with_gqa(cpu_backend):
     slopes = torch.rand(4) * 0.5
 
     def alibi(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx - kv_idx).abs()
 
-    check(cpu_backend, *qkv(2, 4, 4, 37, 29, 32, seed=3), score_mod=alibi)
+    check(cpu_backend, *qkv(2, 4, 2, 37, 29, 32, seed=3), score_mod=alibi, gqa=True)
 
 
 def test_tanh_softcap_has_its_gradient(cpu_backend):

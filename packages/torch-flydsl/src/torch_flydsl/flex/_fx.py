@@ -406,7 +406,6 @@ def _functional(f):
 class Program:
     prog: tuple
     additive: bool = False  # a gradient program that is grad_out itself
-    zero: bool = False  # a gradient program that is 0 (the score does not reach the output)
 
 
 def translate(gm, names, slots: Slots, buffers=()) -> tuple[Program, list[str]]:
