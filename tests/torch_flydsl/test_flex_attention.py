@@ -277,7 +277,17 @@ def test_compiling_a_call_has_no_graph_break(cpu_backend):
     assert rel_err(out, f(q, k, v)) <= TOL
 
 
-def test_backend_flydsl_rewrites_the_hop_with_captured_buffers(cpu_backend):
+@pytest.fixture
+def no_fx_cache():
+    """Inductor compiles (and runs our pass) every time: a cached graph would skip the pass
+    and its counters."""
+    from torch._inductor import config
+
+    with config.patch(fx_graph_cache=False):
+        yield
+
+
+def test_backend_flydsl_rewrites_the_hop_with_captured_buffers(cpu_backend, no_fx_cache):
     alibi, bm, q, k, v = _compile_case()
 
     def f(q, k, v):
@@ -294,3 +304,37 @@ def test_backend_flydsl_rewrites_the_hop_with_captured_buffers(cpu_backend):
         rel_err(out, torch_flex(q, k, v, score_mod=alibi, block_mask=bm, enable_gqa=True) * 2)
         <= TOL
     )
+
+
+def test_backend_flydsl_rewrites_forward_and_backward_for_training(
+    cpu_backend, monkeypatch, no_fx_cache
+):
+    # torch refuses flex_attention backward on CPU in its Python front (its kernels are GPU
+    # ones); with that check lifted the compiled graph has both HOPs, which we rewrite, and
+    # the gradients match our eager autograd (itself checked against the reference above; the
+    # compiled mod graph may round differently: same tolerance)
+    import torch.nn.attention.flex_attention as fa
+
+    monkeypatch.setattr(fa, "_validate_device", lambda *a: None)
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / 4.0) * 4.0
+
+    bm = create_block_mask(causal, None, None, 37, 37, device="cpu", BLOCK_SIZE=16)
+    q, k, v = qkv(1, 4, 2, 37, 37, 32, seed=15)
+
+    def f(q, k, v):
+        return fa.flex_attention(q, k, v, score_mod=softcap, block_mask=bm, enable_gqa=True)
+
+    torch._dynamo.reset()
+    cpu_backend.reset_stats()
+    out = torch.compile(f, backend="flydsl", options={"device": "cpu"})(q, k, v)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    assert cpu_backend.stats()["compile:flex_attention"] == {"calls": 2, "hits": 2,
+                                                             "fallbacks": {}}  # fmt: skip
+    want = cpu_backend.flex_attention(q, k, v, score_mod=softcap, block_mask=bm, enable_gqa=True)
+    wgrads = torch.autograd.grad(want, (q, k, v), do)
+    assert rel_err(out, want) <= TOL
+    for a, b in zip(grads, wgrads):
+        assert rel_err(a, b) <= TOL

@@ -665,13 +665,15 @@ def flash_attn_with_kvcache(
 
 def flash_attn_backward(
     dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
-    softcap=0.0, *, target=None, table=None,
+    softcap=0.0, *, score_mod=None, mask_mod=None, mod_tensors=(), block_sparse=None,
+    target=None, table=None,
 ):  # fmt: skip
     """The gradients ``(dq, dk, dv)`` of ``flash_attn_func(q, k, v, ...)`` from its ``out``
     and natural-log ``lse (B, H, Sq)`` (flash-attn's ``_flash_attn_backward``, dense layout):
     for callers that keep the forward's results themselves (an ATen backward op) instead of
-    using autograd. Same options and support as ``flash_attn_func`` without mods, ALiBi or
-    sinks; any strides."""
+    using autograd. Same options and support as ``flash_attn_func`` (mods and block sparsity
+    included; a score mod needs its gradient) without ALiBi or sinks; any strides. Rows with
+    no visible key have ``lse = +inf`` (the forward's convention)."""
     _check_qkv(q, k, v, "flash_attn_backward", 4)
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
@@ -683,14 +685,21 @@ def flash_attn_backward(
         )
     if lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, Sq):
         raise ValueError(f"flash_attn_backward: lse must be fp32 ({B}, {H}, {Sq})")
+    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    if sm is not None and not sm.differentiable:
+        raise NotImplementedError(
+            "the score_mod has no gradient: give ScoreMod(fn, grad=...) or additive=True"
+        )
+    bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
     p = _problem(
         q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=_check_window(window_size),
         softcap=_check_softcap(softcap), alibi=None, sinks=None, scale=softmax_scale,
+        score_mod=sm, mask_mod=mm, sparse=bsp,
     )  # fmt: skip
     G = H // Hk
     dq5, dk, dv, _ = _backward(
         p, tensor_target(q, target), q.unflatten(2, (Hk, G)), k, v, out.unflatten(2, (Hk, G)),
         dout.to(q.dtype).unflatten(2, (Hk, G)), lse.contiguous().view(B, Hk, G, Sq),
-        table=_table(q, target, table),
+        table=_table(q, target, table), mt=mt, sparse=bsp,
     )  # fmt: skip
     return dq5.reshape(q.shape), dk, dv

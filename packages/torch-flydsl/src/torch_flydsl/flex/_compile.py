@@ -1,18 +1,19 @@
-"""flex_attention under ``torch.compile(backend="flydsl")``: the HOP node -> ``flydsl::flex_attention``.
+"""flex_attention under ``torch.compile(backend="flydsl")``: the HOP nodes -> ``flydsl::`` ops.
 
 A compiled graph holds ``torch.ops.higher_order.flex_attention(q, k, v, score_graph,
-block_mask_tuple, scale, kernel_options, score_buffers, mask_buffers)``, its score and mask
-mods already FX graphs whose extra placeholders are the captured tensors (buffers).
-``rewrite`` (run by the post-grad pass, ``inductor.FlyDSLPass``) translates both graphs with
-``_fx.translate``, the buffers becoming mod tensor slots, and replaces the node with
-``flydsl::flex_attention``, a custom op Inductor calls as an extern kernel: the FlyDSL
-forward with the mods inlined, the LSE in base 2 as the HOP returns it (``-inf`` for rows
-with no visible key, as torch's).
+block_mask_tuple, scale, kernel_options, score_buffers, mask_buffers)`` and, in a training
+graph's backward, ``flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph,
+joint_graph, block_mask_tuple, ...)``; the mods are FX graphs whose extra placeholders are the
+captured tensors (buffers). ``rewrite`` (run by the post-grad pass, ``inductor.FlyDSLPass``)
+translates the score, mask and joint graphs with ``_fx.translate``, the buffers becoming mod
+tensor slots, and replaces the nodes with ``flydsl::flex_attention`` /
+``flydsl::flex_attention_backward``, custom ops Inductor calls as extern kernels. The LSE
+between them is the HOP's: base 2, ``-inf`` for rows with no visible key, so either half
+also pairs with torch's other half.
 
-Forward only: the node's backward (``flex_attention_backward`` HOP, in the backward graph)
-stays torch's; it reads only q, k, v, the output and the LSE, which ours give in its
-conventions. A node whose ``max_scores`` output is read, or that the translation does not
-take, stays torch's; the reason is counted under ``compile:flex_attention``.
+Stay torch's, with the reason counted under ``compile:flex_attention``: nodes whose
+``max_scores`` is read, a backward with a gradient w.r.t. the LSE or one that gives captured
+tensors gradients, and anything the translation does not take.
 """
 
 from __future__ import annotations
@@ -91,6 +92,60 @@ def _(q, k, v, *rest):
     return out, q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
+@torch.library.custom_op("flydsl::flex_attention_backward", mutates_args=())
+def flex_attention_backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    kv_num_blocks: torch.Tensor | None,
+    kv_indices: torch.Tensor | None,
+    full_kv_num_blocks: torch.Tensor | None,
+    full_kv_indices: torch.Tensor | None,
+    q_num_blocks: torch.Tensor | None,
+    q_indices: torch.Tensor | None,
+    full_q_num_blocks: torch.Tensor | None,
+    full_q_indices: torch.Tensor | None,
+    buffers: list[torch.Tensor],
+    scale: float,
+    programs: str,
+    block_size: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flex_attention's backward on FlyDSL from the forward's ``out`` and base-2 ``lse``:
+    ``(dq, dk, dv)`` in the inputs' ``(B, H, S, D)`` shapes."""
+    from flydsl_kernels.attention import BlockSparse, flash_attn_backward
+
+    from ._eager import _kernel_tensor, _mask_mod, _score_mod, _target
+
+    score_prog, joint, mask_prog = _programs(programs)
+    sm = None
+    if score_prog is not None:
+        sm = _score_mod(score_prog, _fx.Program(joint[0], additive=joint[1]))
+    mm = _mask_mod(mask_prog) if mask_prog is not None else None
+    mt = tuple(_kernel_tensor(b.reshape(1) if b.dim() == 0 else b, q.device) for b in buffers)
+    bs = None
+    if kv_num_blocks is not None:
+        bs = BlockSparse(
+            kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks,
+            q_indices, full_q_num_blocks, full_q_indices, tuple(block_size),
+        )  # fmt: skip
+    # base-2 LSE with -inf for empty rows -> the kernels' natural LSE with +inf there
+    lse_n = torch.where(lse == -math.inf, math.inf, lse.float() * math.log(2.0))
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    dq, dk, dv = flash_attn_backward(
+        t(grad_out), t(q), t(k), t(v), t(out), lse_n, softmax_scale=scale, score_mod=sm,
+        mask_mod=mm, mod_tensors=mt, block_sparse=bs, target=_target(q),
+    )  # fmt: skip
+    return t(dq).contiguous(), t(dk).contiguous(), t(dv).contiguous()
+
+
+@flex_attention_backward_op.register_fake
+def _(q, k, v, *rest):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _val(n):
     return n.meta.get("val") if isinstance(n, fx.Node) else n
 
@@ -127,6 +182,11 @@ def _plan(graph, node, ctx):
         return "params"
     if any(u.args[1] == 2 and u.users for u in node.users):
         return "params: max_scores is read"
+    return _mods(graph, Sq, Sk, score_g, bm, sbufs, mbufs, q, k, v, scale)
+
+
+def _mods(graph, Sq, Sk, score_g, bm, sbufs, mbufs, q, k, v, scale, joint_g=None):
+    """The translated mods and kernel inputs of a flex_attention (backward) node, or a reason."""
     bm = tuple(bm)
     sq_bm, sk_bm = bm[0], bm[1]
     lists = list(bm[2 : 2 + _LISTS])
@@ -148,6 +208,13 @@ def _plan(graph, node, ctx):
             return "mod: a mod that is not a graph"
         sp, _ = _fx.translate(sgm, _fx.SCORE_ARGS, slots, bufs[: len(sbufs)])
         score_prog = None if _is_identity(sp.prog) else sp.prog
+        joint = None
+        if joint_g is not None and score_prog is not None:
+            jgm = _sub(graph, joint_g)
+            if jgm is None:
+                return "mod: a joint graph that is not a graph"
+            jp, _ = _fx.translate(jgm, _fx.JOINT_ARGS, slots, bufs[: len(sbufs)], first=True)
+            joint = (jp.prog, jp.additive)
         mask_prog = None
         if not empty:
             mp, _ = _fx.translate(mgm, _fx.MASK_ARGS, slots, bufs[len(sbufs) :])
@@ -156,9 +223,9 @@ def _plan(graph, node, ctx):
         return f"mod: {e}"
     if empty:
         lists = [None] * _LISTS
-    inputs = [q, k, v, *lists, sbufs + mbufs]
     block = [int(bq), int(bkv)] if not empty else [128, 128]
-    return inputs, repr((score_prog, mask_prog)), float(scale), block
+    progs = (score_prog, mask_prog) if joint_g is None else (score_prog, joint, mask_prog)
+    return lists, sbufs + mbufs, repr(progs), float(scale), block
 
 
 def _is_identity(prog) -> bool:
@@ -190,25 +257,68 @@ def splice_tuple(graph: fx.Graph, anchor: fx.Node, fn, inputs) -> None:
             u.replace_all_uses_with(out[u.args[1]])
 
 
+def _plan_bwd(graph, node, ctx):
+    """The backward node's ``(lists, buffers, programs, scale, block)``, or a reason."""
+    (q, k, v, out, _lse, grad_out, grad_lse, fw_g, joint_g, bm, scale, _opts, sbufs,
+     mbufs) = [*node.args, (), ()][:14]  # fmt: skip
+    qv, kv, vv = _val(q), _val(k), _val(v)
+    if not all(isinstance(t, torch.Tensor) for t in (qv, kv, vv, _val(out), _val(grad_out))):
+        return "params"
+    if grad_lse is not None:
+        return "params: a gradient w.r.t. the LSE"
+    if not ctx.arch(qv):
+        return "arch"
+    if qv.dtype not in _DTYPES or not (qv.dtype == kv.dtype == vv.dtype):
+        return "dtype"
+    if not all(isinstance(s, int) for s in (*qv.shape, *kv.shape, *vv.shape)):
+        return "dynamic"
+    B, H, Sq, D = qv.shape
+    Bk, Hk, Sk, _ = kv.shape
+    if Bk != B or not 0 < D <= 256 or not 0 < vv.shape[-1] <= 256 or H % Hk:
+        return "params"
+    for u in node.users:
+        if u.target is not operator.getitem:
+            return "params"
+        if (u.args[1] == 3 and any(w.users for w in u.users)) or (u.args[1] == 3 and any(
+                w.target is not operator.getitem for w in u.users)):  # fmt: skip
+            return "grad: a captured tensor requires grad"
+    return _mods(graph, Sq, Sk, fw_g, bm, sbufs, mbufs, q, k, v, scale, joint_g=joint_g)
+
+
 def rewrite(graph: fx.Graph, ctx) -> int:
-    """Replace the eligible flex_attention HOP nodes of ``graph``; returns how many."""
-    hop = torch.ops.higher_order.flex_attention
+    """Replace the eligible flex_attention HOP nodes (forward and backward) of ``graph``;
+    returns how many."""
+    fwd = torch.ops.higher_order.flex_attention
+    bwd = torch.ops.higher_order.flex_attention_backward
     n = 0
     st = _stat(STAT)
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not hop:
+        if node.op != "call_function" or node.target not in (fwd, bwd):
             continue
-        plan = _plan(graph, node, ctx)
+        is_bwd = node.target is bwd
+        plan = (_plan_bwd if is_bwd else _plan)(graph, node, ctx)
+        what = "flex_attention_backward" if is_bwd else "flex_attention"
         if isinstance(plan, str):
             st.fallback(plan)
-            log.info("torch_flydsl: flex_attention node stays torch's (%s)", plan)
+            log.info("torch_flydsl: %s node stays torch's (%s)", what, plan)
             continue
-        inputs, programs, scale, block = plan
+        lists, bufs, programs, scale, block = plan
+        if is_bwd:
+            inputs = [*node.args[:4], node.args[4], node.args[5], *lists, bufs]
 
-        def build(q, k, v, *rest, programs=programs, scale=scale, block=block):
-            *lists, bufs = rest
-            return torch.ops.flydsl.flex_attention(q, k, v, *lists, list(bufs), scale, programs,
-                                                   block)  # fmt: skip
+            def build(q, k, v, o, lse, do, *rest, programs=programs, scale=scale, block=block):
+                *lists, bufs = rest
+                return torch.ops.flydsl.flex_attention_backward(
+                    q, k, v, o, lse, do, *lists, list(bufs), scale, programs, block
+                )
+        else:
+            inputs = [*node.args[:3], *lists, bufs]
+
+            def build(q, k, v, *rest, programs=programs, scale=scale, block=block):
+                *lists, bufs = rest
+                return torch.ops.flydsl.flex_attention(
+                    q, k, v, *lists, list(bufs), scale, programs, block
+                )
 
         splice_tuple(graph, node, build, inputs)
         st.hits += 1

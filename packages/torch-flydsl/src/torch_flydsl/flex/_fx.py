@@ -185,8 +185,8 @@ def _meta(node):
 
 
 class _Translator:
-    def __init__(self, gm, names, slots: Slots, buffers=()):
-        self.gm, self.names, self.slots = gm, names, slots
+    def __init__(self, gm, names, slots: Slots, buffers=(), first=False):
+        self.gm, self.names, self.slots, self.first = gm, names, slots, first
         self.buffers = list(buffers)  # (slot, sizes) of placeholders after ``names``
         self.slot_dtypes: dict[int, torch.dtype] = {}
         self.prog: list[tuple] = []
@@ -242,8 +242,10 @@ class _Translator:
             elif n.op == "output":
                 out = n.args[0]
                 if isinstance(out, (tuple, list)):
-                    if len(out) != 1:
-                        raise Unsupported("the mod returns several values")
+                    # a joint graph returns the gradients of every input: the score's, then
+                    # None for the indices and the buffers (captured tensors without grad)
+                    if len(out) != 1 and not (self.first and all(x is None for x in out[1:])):
+                        raise Unsupported("the mod returns several values (buffer gradients)")
                     out = out[0]
             else:
                 raise Unsupported(f"graph node {n.op}")
@@ -326,7 +328,11 @@ class _Translator:
                 one = f in (aten.ones_like.default, aten.ones.default, aten.new_ones.default)
                 return self.emit("copy", d, [_const(1 if one else 0)])
             return self.emit("copy", d, [self.operand(a[i])])
-        if f is aten._to_copy.default or f is aten.to.dtype:
+        if f in (
+            aten._to_copy.default,
+            aten.to.dtype,
+            torch.ops.prims.convert_element_type.default,
+        ):
             return self.emit("copy", d, [self.operand(a[0])])
         if f in _UNARY:
             return self.emit(_UNARY[f], d, [self.operand(a[0])])
@@ -408,11 +414,12 @@ class Program:
     additive: bool = False  # a gradient program that is grad_out itself
 
 
-def translate(gm, names, slots: Slots, buffers=()) -> tuple[Program, list[str]]:
+def translate(gm, names, slots: Slots, buffers=(), first=False) -> tuple[Program, list[str]]:
     """The program of ``gm`` (placeholders named ``names``, then ``buffers``: ``(slot,
     sizes)`` of the mod tensors passed as inputs) and the captured tensors that require grad
-    (their descriptions)."""
-    t = _Translator(gm, names, slots, buffers)
+    (their descriptions). ``first``: the graph returns a list whose first item is the value
+    (a joint graph's gradients)."""
+    t = _Translator(gm, names, slots, buffers, first)
     prog, _out = t.run()
     last = prog[-1]
     additive = last[0] == "copy" and last[2][0] == ("arg", "grad_out")

@@ -28,6 +28,9 @@ import logging
 
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
 
+# registers flydsl::flex_attention(_backward): a graph served from Inductor's FX graph cache
+# calls them without running the pass that would import them
+from ..flex import _compile as _flex_compile
 from .settings import Settings
 
 log = logging.getLogger("torch_flydsl")
@@ -48,10 +51,9 @@ class FlyDSLPass(CustomGraphPass):
         n = rewrite(graph, self.settings)
         if n:
             log.info("torch_flydsl: rewrote %d GEMM node(s) into FlyDSL kernels", n)
-        from ..flex._compile import rewrite as rewrite_flex
         from .graph_pass import CompileContext
 
-        n = rewrite_flex(graph, CompileContext(self.settings))
+        n = _flex_compile.rewrite(graph, CompileContext(self.settings))
         if n:
             log.info("torch_flydsl: rewrote %d flex_attention node(s) into FlyDSL kernels", n)
 
