@@ -206,18 +206,20 @@ def _mods(graph, Sq, Sk, score_g, bm, sbufs, mbufs, q, k, v, scale, joint_g=None
         sgm, mgm = _sub(graph, score_g), _sub(graph, mask_g)
         if sgm is None or (not empty and mgm is None):
             return "mod: a mod that is not a graph"
-        sp, _ = _fx.translate(sgm, _fx.SCORE_ARGS, slots, bufs[: len(sbufs)])
+        sp, _ = _fx.translate(sgm, _fx.SCORE_ARGS, slots, bufs[: len(sbufs)], upcast=True)
         score_prog = None if _is_identity(sp.prog) else sp.prog
         joint = None
         if joint_g is not None and score_prog is not None:
             jgm = _sub(graph, joint_g)
             if jgm is None:
                 return "mod: a joint graph that is not a graph"
-            jp, _ = _fx.translate(jgm, _fx.JOINT_ARGS, slots, bufs[: len(sbufs)], first=True)
+            jp, _ = _fx.translate(
+                jgm, _fx.JOINT_ARGS, slots, bufs[: len(sbufs)], first=True, upcast=True
+            )
             joint = (jp.prog, jp.additive)
         mask_prog = None
         if not empty:
-            mp, _ = _fx.translate(mgm, _fx.MASK_ARGS, slots, bufs[len(sbufs) :])
+            mp, _ = _fx.translate(mgm, _fx.MASK_ARGS, slots, bufs[len(sbufs) :], upcast=True)
             mask_prog = None if _noop_mask(mp.prog) else mp.prog
     except _fx.Unsupported as e:
         return f"mod: {e}"

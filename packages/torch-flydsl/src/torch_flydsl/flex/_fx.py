@@ -185,8 +185,9 @@ def _meta(node):
 
 
 class _Translator:
-    def __init__(self, gm, names, slots: Slots, buffers=(), first=False):
+    def __init__(self, gm, names, slots: Slots, buffers=(), first=False, upcast=False):
         self.gm, self.names, self.slots, self.first = gm, names, slots, first
+        self.upcast = upcast
         self.buffers = list(buffers)  # (slot, sizes) of placeholders after ``names``
         self.slot_dtypes: dict[int, torch.dtype] = {}
         self.prog: list[tuple] = []
@@ -194,6 +195,9 @@ class _Translator:
         self.grad_tensors: list[str] = []
 
     def emit(self, op, dtype, operands, compute=None):
+        if self.upcast:  # 16-bit floats computed in fp32 (torch's kernels do: fp32 scores)
+            dtype = "fp32" if dtype in ("bf16", "fp16") else dtype
+            compute = "fp32" if compute in ("bf16", "fp16") else compute
         self.prog.append((op, dtype, tuple(operands), compute or dtype))
         return ("v", len(self.prog) - 1)
 
@@ -414,12 +418,16 @@ class Program:
     additive: bool = False  # a gradient program that is grad_out itself
 
 
-def translate(gm, names, slots: Slots, buffers=(), first=False) -> tuple[Program, list[str]]:
+def translate(
+    gm, names, slots: Slots, buffers=(), first=False, upcast=False
+) -> tuple[Program, list[str]]:
     """The program of ``gm`` (placeholders named ``names``, then ``buffers``: ``(slot,
     sizes)`` of the mod tensors passed as inputs) and the captured tensors that require grad
     (their descriptions). ``first``: the graph returns a list whose first item is the value
-    (a joint graph's gradients)."""
-    t = _Translator(gm, names, slots, buffers, first)
+    (a joint graph's gradients). ``upcast``: bf16 / fp16 values are computed in fp32 (a
+    compiled graph's mods see the score in the inputs' dtype; torch's kernels and ours hold it
+    in fp32)."""
+    t = _Translator(gm, names, slots, buffers, first, upcast)
     prog, _out = t.run()
     last = prog[-1]
     additive = last[0] == "copy" and last[2][0] == ("arg", "grad_out")
