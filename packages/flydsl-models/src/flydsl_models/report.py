@@ -20,9 +20,10 @@ def _fmt(x, nd=3):
     if isinstance(x, float):
         if x == 0:
             return "0"
-        if abs(x) >= 1000 or abs(x) < 10**-(nd):
-            return f"{x:.{nd}g}"
-        return f"{x:.{nd}f}".rstrip("0").rstrip(".")
+        # nd significant digits; whole numbers past them (tokens/s) print in full, not as 1e+04
+        if abs(x) >= 10**nd:
+            return f"{x:.0f}"
+        return f"{x:.{nd}g}"
     return str(x)
 
 

@@ -272,7 +272,11 @@ def _sort_common(cx: Lowering, op: Op, k: int | None, descending: bool):
     if k is None:
         cx.emit(f"{packed} = tl.sort({packed}, dim={last})", loc)
     else:
-        cx.emit(f"{packed} = tl.topk({packed}, {k}, dim={last}, descending=False)", loc)
+        # sort_impl, not tl.topk(descending=False): the keyword is Triton 3.9's, while
+        # sort_impl(k=, descending=) is what tl.topk calls in 3.6 through 3.9 alike
+        cx.emit(
+            f"{packed} = tl.standard.sort_impl({packed}, k={k}, dim={last}, descending=False)", loc
+        )
     idx = cx.tmp("idx")
     cx.emit(f"{idx} = ({packed} & 0xFFFFFFFF).to(tl.int32)", loc)
     vals = f"tl.gather({x}, {idx}, {last})"
