@@ -211,6 +211,30 @@ def test_fallback_reasons_are_counted(tmp_path):
     assert n == 0 and aten.mm.default in targets(gm)
 
 
+def test_autotune_verdict_decides_and_is_counted(monkeypatch):
+    """``mode="max-autotune"``: a shape whose timing (GPU only; stood in for here) says ATen
+    wins stays ATen's, counted as fallback ``autotune``; one FlyDSL wins is rewritten. The
+    timer is asked only with autotune on, once per GEMM node, with its static operands."""
+    from torch_flydsl.inductor import autotune
+
+    asked = []
+
+    def verdict(ov, vals, settings):
+        asked.append((ov.op, tuple(tuple(v.shape) for v in vals[:2])))
+        return vals[1].shape[1] == 6  # FlyDSL wins at N = 6 only
+
+    monkeypatch.setattr(autotune, "flydsl_wins", verdict)
+    tuned = Settings.from_options({"device": "cpu"}, mode="max-autotune")
+    gm, n = _compiled(torch.mm, [_rand(4, 8), _rand(8, 6)], settings=tuned)
+    assert n == 1 and flydsl.gemm.default in targets(gm)
+    gm, n = _compiled(torch.mm, [_rand(4, 8), _rand(8, 10)], settings=tuned)
+    assert n == 0 and aten.mm.default in targets(gm)
+    assert _s("compile:mm")["fallbacks"] == {"autotune": 1} and _s("compile:mm")["hits"] == 1
+    assert asked == [("mm", ((4, 8), (8, 6))), ("mm", ((4, 8), (8, 10)))]
+    _compiled(torch.mm, [_rand(4, 8), _rand(8, 10)])  # autotune off: not asked
+    assert len(asked) == 2
+
+
 # -- grouped and MX --------------------------------------------------------------------------------
 
 
