@@ -214,4 +214,6 @@ def test_top1_counts_ties_at_the_dtype_resolution():
         low = int(v.argmin())
         got[0, p, low] = v.max() + 1
     c = measure.compare((ref, toks, steps), (got, toks, steps), bf16)
-    assert c["top1_ties"] == 1 and c["top1_agreement"] == pytest.approx(197 / 200) and not c["top1_ok"]
+    assert (
+        c["top1_ties"] == 1 and c["top1_agreement"] == pytest.approx(197 / 200) and not c["top1_ok"]
+    )
