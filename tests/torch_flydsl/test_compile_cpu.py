@@ -189,3 +189,34 @@ def test_install_with_backend_inductor():
     _close(out, torch.relu(a @ b))
     st = torch_flydsl.stats()
     assert st["flydsl::gemm"]["hits"] == 1 and st["compile:epilogue"]["hits"] == 1
+
+
+def test_marked_dynamic_batch_dim_serves_every_m():
+    """``torch._dynamo.mark_dynamic`` on the rows (no ``dynamic=True``): one graph for
+    M = 7, 64, 300 and 1 (size-oblivious backed sizes, as above: M = 1 would otherwise
+    specialize), each result as eager's, and Dynamo compiles one graph once. ~25 s."""
+    import torch._dynamo
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch_flydsl.reset_stats()
+    lin = nn.Linear(40, 24).to(BF16)
+
+    def f(x):
+        return F.relu(lin(x))
+
+    fn = torch.compile(f, backend="flydsl", options={"device": "cpu", "ops": ["gemm"]})
+    ms = (7, 64, 300, 1)
+    with _no_compile_caches(), torch.no_grad(), fx_config.patch(backed_size_oblivious=True):
+        for m in ms:
+            x = torch.randn(m, 40).to(BF16)
+            torch._dynamo.mark_dynamic(x, 0)
+            _close(fn(x), f(x))
+    graphs = dict(counters["stats"])
+    torch._dynamo.reset()
+    assert graphs["unique_graphs"] == 1, graphs
+    assert graphs.get("calls_captured", 0) > 0
+    st = torch_flydsl.stats()
+    assert st["flydsl::gemm"]["hits"] == len(ms) and st["compile:epilogue"]["hits"] == 1

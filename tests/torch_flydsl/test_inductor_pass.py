@@ -17,6 +17,7 @@ numerics, on CPU tensors for ``cpu-interpret`` and run through Triton's interpre
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import pytest
@@ -210,6 +211,30 @@ def test_fallback_reasons_are_counted(tmp_path):
     assert n == 0 and aten.mm.default in targets(gm)
 
 
+def test_autotune_verdict_decides_and_is_counted(monkeypatch):
+    """``mode="max-autotune"``: a shape whose timing (GPU only; stood in for here) says ATen
+    wins stays ATen's, counted as fallback ``autotune``; one FlyDSL wins is rewritten. The
+    timer is asked only with autotune on, once per GEMM node, with its static operands."""
+    from torch_flydsl.inductor import autotune
+
+    asked = []
+
+    def verdict(ov, vals, settings):
+        asked.append((ov.op, tuple(tuple(v.shape) for v in vals[:2])))
+        return vals[1].shape[1] == 6  # FlyDSL wins at N = 6 only
+
+    monkeypatch.setattr(autotune, "flydsl_wins", verdict)
+    tuned = Settings.from_options({"device": "cpu"}, mode="max-autotune")
+    gm, n = _compiled(torch.mm, [_rand(4, 8), _rand(8, 6)], settings=tuned)
+    assert n == 1 and flydsl.gemm.default in targets(gm)
+    gm, n = _compiled(torch.mm, [_rand(4, 8), _rand(8, 10)], settings=tuned)
+    assert n == 0 and aten.mm.default in targets(gm)
+    assert _s("compile:mm")["fallbacks"] == {"autotune": 1} and _s("compile:mm")["hits"] == 1
+    assert asked == [("mm", ((4, 8), (8, 6))), ("mm", ((4, 8), (8, 10)))]
+    _compiled(torch.mm, [_rand(4, 8), _rand(8, 10)])  # autotune off: not asked
+    assert len(asked) == 2
+
+
 # -- grouped and MX --------------------------------------------------------------------------------
 
 
@@ -223,6 +248,27 @@ def test_grouped_mm_rewritten():
     gm, n = _compiled(f, args, dynamic={0: (0,)})
     assert n == 1 and flydsl.grouped_mm.default in targets(gm)
     _close(gm(*args), f(*args))
+
+
+@pytest.mark.parametrize("form", ["3d-3d", "2d-2d", "3d-2d"])
+def test_grouped_mm_other_forms_rewritten(form):
+    """The other three forms of ``torch._grouped_mm`` (2-D x 3-D above), against ATen."""
+    offs = torch.tensor([5, 5, 16], dtype=torch.int32)  # an empty group in the middle
+    if form == "3d-3d":
+        args = [_rand(3, 9, 40), _rand(3, 24, 40).transpose(1, 2)]
+    elif form == "2d-2d":  # ragged K (a weight gradient): (G, M, N)
+        args = [_rand(16, 24).t(), _rand(16, 40), offs]
+    else:  # ragged N
+        args = [_rand(3, 7, 40), _rand(16, 40).t(), offs]
+
+    def f(*a):
+        return torch._grouped_mm(*a)
+
+    gm, n = _compiled(f, args)
+    assert n == 1 and flydsl.grouped_mm.default in targets(gm)
+    assert aten._grouped_mm.default not in targets(gm)
+    _close(gm(*args), f(*args))
+    assert _s("flydsl::grouped_mm")["hits"] == 1
 
 
 def _mx_operands(m, n, k, fa, fb):
@@ -250,6 +296,86 @@ def test_mx_scaled_mm_v2_rewritten():
     gm, n = _compiled(f, [aq, wq, sa, sw])
     assert n == 1 and flydsl.mx_mm.default in targets(gm)
     _close(gm(aq, wq, sa, sw), _mx_ref(aq, sa, wq, sw, e4m3, e4m3))
+
+
+def test_mx_scaled_mm_v1_rewritten():
+    """``torch._scaled_mm`` (v1) takes the build's scale layout: SWIZZLE_32_4_4 on this (non-
+    ROCm) build, unswizzled in the graph in front of the MX GEMM."""
+    from flydsl_kernels.mx.baseline import cublas_blocked_scales
+    from torch_flydsl.ops import scaled_mm as smm
+
+    e4m3 = torch.float8_e4m3fn
+    aq, sa, wq, sw = _mx_operands(128, 48, 128, e4m3, e4m3)  # the v1 meta check's padded sizes
+    if not smm.v1_swizzled():
+        pytest.skip("ROCm build: v1 scales are row-major (the v2 test covers that layout)")
+    bsa, bsw = cublas_blocked_scales(sa), cublas_blocked_scales(sw)
+
+    def f(a, w, sa, sw):
+        return torch._scaled_mm(a, w.t(), sa, sw, out_dtype=BF16)
+
+    gm, n = _compiled(f, [aq, wq, bsa, bsw])
+    assert n == 1 and flydsl.mx_mm.default in targets(gm)
+    _close(gm(aq, wq, bsa, bsw), _mx_ref(aq, sa, wq, sw, e4m3, e4m3))
+
+
+def test_mx_scaled_grouped_mm_v2_rewritten():
+    """MX ``F.scaled_grouped_mm`` (``_scaled_grouped_mm_v2``): 2-D x 3-D (MoE; the tokens and
+    their scales' rows separate symbols, as two ``mark_dynamic`` inputs get: related by a
+    guard, never specialized) and 3-D x 3-D rewritten; ragged K (2-D x 2-D) needs a host
+    check of ``offs`` and stays ATen's (counted)."""
+    from flydsl_kernels.mx import to_mx
+
+    e4m3, fp32 = torch.float8_e4m3fn, torch.float32
+    blk, none = F.ScalingType.BlockWise1x32, F.SwizzleType.NO_SWIZZLE
+    offs = torch.tensor([5, 5, 14], dtype=torch.int32)
+    aq, sa = to_mx(torch.randn(14, 64), e4m3)
+    wq, sw = to_mx(torch.randn(3, 24, 64), e4m3)  # (G, N, K); its transpose is (G, K, N)
+
+    def f(a, w, sa, sw, offs):
+        return F.scaled_grouped_mm(
+            a, w.transpose(1, 2), sa, blk, sw, blk, none, none, offs=offs, output_dtype=fp32
+        )
+
+    args = [aq, wq, sa, sw, offs]
+    gm, n = _compiled(f, args, dynamic={0: (0,), 2: (0,)})
+    assert n == 1 and flydsl.mx_grouped_mm.default in targets(gm)
+    ph = [p.meta["val"] for p in gm.graph.nodes if p.op == "placeholder"]
+    rows, scale_rows = ph[0].shape[0], ph[2].shape[0]
+    assert rows.node.maybe_as_int() is None and scale_rows.node.maybe_as_int() is None
+    guards = [g.expr for g in ph[0].fake_mode.shape_env.guards]
+    assert any(len(g.free_symbols) == 2 for g in guards)  # the two related...
+    assert all(len(g.free_symbols) != 1 for g in guards)  # ...neither fixed to a value
+    for cuts in ([0, 5, 5, 14], [0, 1, 9, 9]):  # the traced token count, then another
+        xq, xs = (aq, sa) if cuts[-1] == 14 else to_mx(torch.randn(cuts[-1], 64), e4m3)
+        o = torch.tensor(cuts[1:], dtype=torch.int32)
+        segs = enumerate(itertools.pairwise(cuts))
+        ref = torch.cat([_mx_ref(xq[s:e], xs[s:e], wq[g], sw[g], e4m3, e4m3) for g, (s, e) in segs])
+        _close(gm(xq, wq, xs, sw, o), ref.float())
+
+    a3, s3 = to_mx(torch.randn(3, 7, 64), e4m3)
+
+    def f3(a, w, sa, sw):
+        return F.scaled_grouped_mm(
+            a, w.transpose(1, 2), sa, blk, sw, blk, none, none, output_dtype=fp32
+        )
+
+    gm, n = _compiled(f3, [a3, wq, s3, sw])
+    assert n == 1 and flydsl.mx_grouped_mm.default in targets(gm)
+    ref3 = torch.stack([_mx_ref(a3[g], s3[g], wq[g], sw[g], e4m3, e4m3) for g in range(3)])
+    _close(gm(a3, wq, s3, sw), ref3.float())
+    assert _s("flydsl::mx_grouped_mm")["hits"] == 3
+
+    ka, ksa = to_mx(torch.randn(16, 96), e4m3)  # ragged K: (M, K) x (N, K) per K segment
+    kb, ksb = to_mx(torch.randn(24, 96), e4m3)
+    koffs = torch.tensor([32, 32, 96], dtype=torch.int32)
+
+    def fk(a, b, sa, sb, offs):
+        return F.scaled_grouped_mm(
+            a, b.t(), sa, blk, sb, blk, none, none, offs=offs, output_dtype=fp32
+        )
+
+    gm, n = _compiled(fk, [ka, kb, ksa, ksb, koffs])
+    assert n == 0 and _s("compile:_scaled_grouped_mm_v2")["fallbacks"] == {"params": 1}
 
 
 # -- the GPU path: traced Triton kernels ------------------------------------------------------------

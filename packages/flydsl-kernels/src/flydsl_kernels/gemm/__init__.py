@@ -121,12 +121,18 @@ def _swiglu_case(m, n, k, model):
         wu = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
         return a, wg.t(), wu.t()
 
-    def check(device):
+    def check(device, target=None):
+        # on the CPU the tile of ``target``'s table (as the dense cases do); on a GPU the API
+        # picks the device's own, as a user's call does
+        config = None
         if _cpu(device):
             a, wg, wu = inputs("cpu", min(m, 19), 45, 136, seed=1)
+            config = configs.select_swiglu(m, n, k, target=target)
         else:
             a, wg, wu = inputs(device, m, n, k, seed=1)
-        out = swiglu(a, wg, wu, out_dtype=torch.float32, target=_check_target(device))
+        out = swiglu(
+            a, wg, wu, out_dtype=torch.float32, target=_check_target(device), config=config
+        )
         return _err(out, reference.swiglu(a, wg, wu, out_dtype=torch.float32))
 
     def run(device):

@@ -39,12 +39,22 @@ def hint(v) -> int:
 
 
 def eq(x, y) -> bool:
-    """``x == y`` for every value of the sizes involved."""
+    """``x == y`` for every value of the sizes involved; or, for two symbolic sizes that
+    Dynamo gave separate symbols (``mark_dynamic`` / automatic dynamic inputs: an MX
+    scale's rows and its operand's, two batch dims) and that are equal now, from now on,
+    with a guard relating them (a call where they differ recompiles; ATen would reject
+    it). A size is never guarded equal to a constant here: rows stay free."""
     if type(x) is int and type(y) is int:
         return x == y
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    return statically_known_true(x == y)
+    if statically_known_true(x == y):
+        return True
+    if type(x) is int or type(y) is int or not (x.node.has_hint() and y.node.has_hint()):
+        return False
+    if int(x.node.hint) != int(y.node.hint):
+        return False
+    return bool(x == y)  # the guard: Eq(x, y), which also unifies the two symbols
 
 
 def known_zero(v) -> bool:
