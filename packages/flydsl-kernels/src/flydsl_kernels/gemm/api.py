@@ -18,14 +18,11 @@ the split-K rule (``configs.split_k``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .._offs import check_offs
-from .._target import table_target
-from .._target import tensor_target as _target
-from . import configs
+from .._target import table_target, tensor_target
+from ..launch import run_all
 from .kernels import (
     ACTIVATIONS,
     BIAS_COL,
@@ -35,21 +32,13 @@ from .kernels import (
     RAGGED_M,
     RAGGED_N,
     RAGGED_NONE,
-    gemm_kernel,
-    grouped_gemm_kernel,
-    splitk_reduce_kernel,
 )
+
+# the launch geometry lives in plan.py; these names stay importable from here
+from .plan import REDUCE_BM, REDUCE_BN, persistent_grid, plan_gemm, plan_grouped, target_xcds  # noqa: F401
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: the split-K reduce kernel's tile (an elementwise pass over fp32 partials)
-REDUCE_BM, REDUCE_BN = 32, 64
-
-
-def _options(cfg: configs.Config, target, table: str) -> dict:
-    """The config's options for the launch target (the table's target where the launch
-    resolves the device's own): the MFMA options reach AMD compilers only."""
-    return cfg.options(target if target is not None else table)
 
 
 def _check_operands(a, b, what="gemm"):
@@ -155,57 +144,21 @@ def gemm(
                 f"got {list(residual.shape)}"
             )
         r3 = residual.reshape(batch, M, N) if batched else residual[None]
-    tgt = _target(a, target)
-    table = table_target(a, target)
-    cfg = config or configs.select(M, N, K, batch, table)
-    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
-    s = max(1, min(int(s), math.ceil(K / cfg.BK))) if K else 1
-    epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
-    common = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
-        EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
-        target=tgt, options=_options(cfg, tgt, table),
+    tgt = tensor_target(a, target)
+    gp = plan_gemm(
+        M, N, K, batch, alpha=alpha, bias_mode=bmode, act=ACTIVATIONS[act], config=config,
+        split_k=split_k, target=tgt, table=table_target(a, target),
     )  # fmt: skip
-    tiles = math.ceil(M / cfg.BM) * math.ceil(N / cfg.BN)
-    if s == 1:
-        gemm_kernel[(tiles, batch, 1)](
-            a3, b3, out, c3, bias_t, r3, M, N, K, float(alpha), float(beta), **common, **epi
-        )
-        return result
-    part = torch.empty((batch * s, M, N), dtype=torch.float32, device=a.device)
-    gemm_kernel[(tiles, batch, s)](
-        a3, b3, part, None, None, None, M, N, K, 1.0, 0.0,
-        **common, HAS_ALPHA=False, BIAS=BIAS_NONE, ACT=0,
-    )  # fmt: skip
-    rt = math.ceil(M / REDUCE_BM) * math.ceil(N / REDUCE_BN)
-    splitk_reduce_kernel[(rt, batch)](
-        part, out, c3, bias_t, r3, M, N, float(alpha), float(beta),
-        BM=REDUCE_BM, BN=REDUCE_BN, SPLIT_K=s, target=tgt, **epi,
-    )  # fmt: skip
+    ws = {name: torch.empty(shape, dtype=dt, device=a.device)
+          for name, (shape, dt) in gp.workspaces().items()}  # fmt: skip
+    launches = gp.launches(
+        a=a3, b=b3, out=out, c=c3, bias=bias_t, residual=r3, alpha=alpha, beta=beta, **ws
+    )
+    run_all(launches, tgt)
     return result
 
 
-def target_xcds(target) -> int:
-    """XCDs to remap the pid across: the launch target's XCD count (1 on the CPU backends)."""
-    return configs.xcds(target)
-
-
 # -- grouped ---------------------------------------------------------------------------------------
-
-
-def persistent_grid(ragged, G, M, N, BM, BN, target) -> tuple[int, int]:
-    """``(programs, GB)`` of a persistent grouped launch (``kernels.group_schedule``).
-
-    Programs: at most the tile count (an upper bound without reading
-    ``offs``: every group may have a partial tail tile along the ragged
-    dimension), at most a few per CU. ``GB``: the power of two >= ``G`` (>= 16)
-    the kernel loads ``offs`` with.
-    """
-    tn = math.ceil(N / BN) + (G if ragged == RAGGED_N else 0)
-    tm = math.ceil(M / BM) + (G if ragged == RAGGED_M else 0)
-    tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
-    programs = max(1, min(tiles, configs.grouped_programs(target)))
-    return programs, max(16, 1 << (G - 1).bit_length())
 
 
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None):
@@ -254,9 +207,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
             offs, groups=groups, extent=extent, dim=dim, device=mat_a.device, what="grouped_mm"
         )
         G = offs.shape[0]
-    M = mat_a.shape[-2]
-    K = mat_a.shape[-1]
-    N = mat_b.shape[-1]
+    M, N = mat_a.shape[-2], mat_b.shape[-1]
     odt = _out_dtype(out_dtype, mat_a)
     shape = {RAGGED_M: (M, N), RAGGED_NONE: (G, M, N), RAGGED_K: (G, M, N), RAGGED_N: (M, N)}
     out = torch.empty(shape[ragged], dtype=odt, device=mat_a.device)
@@ -272,14 +223,10 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     a3 = mat_a if da == 3 else mat_a[None]
     b3 = mat_b if db == 3 else mat_b[None]
     o3 = out if out.dim() == 3 else out[None]
-    tgt = _target(mat_a, target)
-    table = table_target(mat_a, target)
-    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K, table)
-    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt if tgt else table)
-    grouped_gemm_kernel[(programs,)](
-        a3, b3, o3, offs, bias, G, M, N, K,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt), GROUP_M=cfg.GROUP_M,
-        target=tgt, options=_options(cfg, tgt, table),
+    tgt = tensor_target(mat_a, target)
+    launch = plan_grouped(
+        a3, b3, o3, offs, bias, ragged, config=config, target=tgt,
+        table=table_target(mat_a, target),
     )  # fmt: skip
+    launch.run(tgt)
     return out

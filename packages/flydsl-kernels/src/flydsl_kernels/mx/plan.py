@@ -9,8 +9,8 @@ sizes are read from the operands' shapes, so each kernel's call is written once,
 
 from __future__ import annotations
 
-from ..gemm.api import persistent_grid, target_xcds
 from ..gemm.kernels import RAGGED_M
+from ..gemm.plan import persistent_grid, target_xcds
 from ..launch import Launch
 from . import configs
 from .formats import BLOCK, dequant_constexprs, elem_format, quant_constexprs
