@@ -187,6 +187,50 @@ def test_gpu_host_checks_reject_cpu_tensors_and_pick_the_2gb_fallback():
     assert runs[-1] == "fallback"
 
 
+# -- handing kernels to another framework ------------------------------------------------------------
+
+
+def test_launch_sink_takes_launches_over(rec):
+    from flydsl_core.runtime.kernel import launch_sink
+
+    k = _kernel()
+    x = torch.zeros(8)
+    seen, inner = [], []
+    with launch_sink(lambda *a: seen.append(a)):
+        k[(2,)](x, x, 8, 2.0, BLOCK=4, target="recorder")
+        with launch_sink(lambda *a: inner.append(a)):
+            k[(3,)](x, x, 8, 2.0, BLOCK=4, target="recorder")
+        k[(4,)](x, x, 8, 2.0, BLOCK=4, target="recorder")  # the outer sink is back
+    assert [s[1] for s in seen] == [(2,), (4,)] and [s[1] for s in inner] == [(3,)]
+    kernel, _grid, args, kwargs = seen[0]
+    assert kernel is k and args[0] is x and kwargs == {"BLOCK": 4, "target": "recorder"}
+    assert rec.compiles == 0 and rec.launches == []  # nothing compiled or run
+    k[(1,)](x, x, 8, 2.0, BLOCK=4, target="recorder")
+    assert rec.compiles == 1 and len(rec.launches) == 1  # no sink: the usual path
+
+
+def test_triton_function_generates_without_compiling():
+    from triton.runtime.jit import JITFunction
+
+    from flydsl_core import TensorSpec
+    from flydsl_core.runtime import store
+
+    k = _kernel()
+    compiled = []
+    store.on_compile.append(lambda name, target: compiled.append(name))
+    try:
+        spec = TensorSpec("fp32", (None,))
+        jit, gen = k.triton_function(spec, spec, 3, 2.0, BLOCK=64, target="gfx950")
+        again, _ = k.triton_function(spec, spec, 3, 2.0, BLOCK=64, target="gfx950")
+    finally:
+        store.on_compile.pop()
+    assert isinstance(jit, JITFunction) and again is jit and not compiled
+    assert [p.name for p in jit.params] == [p.name for p in gen.params]
+    assert {p.kind for p in gen.params} <= {"tensor", "shape", "stride", "scalar"}
+    with pytest.raises(ArgumentError, match="does not generate Triton"):
+        k.triton_function(spec, spec, 3, 2.0, BLOCK=64, target="cpu-reference")
+
+
 # -- the in-process cache covers what the disk key covers (issue 14) -------------------------
 
 _SCALE = 2.0

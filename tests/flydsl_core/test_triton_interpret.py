@@ -19,6 +19,7 @@ from tests.flydsl_core.conftest import INTERPRET, REF, gen, same
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+import flydsl_core as fly
 from flydsl_core.backends import get_backend
 from flydsl_core.examples import cumsum, matmul, softmax, vector_add
 
@@ -94,6 +95,29 @@ def test_the_interpreter_does_not_leak_into_the_process():
     assert (tl.sum, tl.reduce, tl.core.reduce, tl.range, tl.tensor.__add__) == before
     assert isinstance(tl.sum, JITFunction) and isinstance(tl.standard.sort_impl, JITFunction)
     assert tl.core.is_builtin(tl.reduce)
+
+
+@fly.kernel
+def _wrap_add(x, out, B: fly.constexpr):
+    v = x.tile((B,), 0).load()
+    out.tile((B,), 0).store(v * 3 + 2147483000)
+
+
+def test_int32_arithmetic_wraps_without_the_overflow_sanitizer():
+    # FlyDSL integers wrap (C semantics); the interpreter's int64 overflow check is switched
+    # off inside interpret_scope (it only cost time) and restored after it
+    from triton.runtime import interpreter
+
+    from flydsl_core.backends.triton.launcher import interpret_scope
+
+    with interpret_scope():
+        assert interpreter.interpreter_builder.options.sanitize_overflow is False
+    assert interpreter.interpreter_builder.options.sanitize_overflow is True
+    x = torch.tensor([1000, 2**30, -5, 7], dtype=torch.int32)
+    out = torch.empty_like(x)
+    _wrap_add[(1,)](x, out, B=4, target=T)
+    want = ((x.long() * 3 + 2147483000 + 2**31) % 2**32 - 2**31).int()
+    assert torch.equal(out, want)
 
 
 def test_stages_of_an_interpreted_kernel():

@@ -257,3 +257,59 @@ def test_grouped_xcd_remapped_persistent_schedule_covers_every_tile(monkeypatch,
     a, b = rand(int(offs[-1]), 72, g=g), rand(len(RAGGED), 48, 72, g=g).transpose(1, 2)
     tiny = Config(16, 16, 32, 3, 4, 1, 16, 1)  # many tiles per program, GROUP_M = 3
     close(api.grouped_mm(a, b, offs, config=tiny), reference.grouped_mm(a, b, offs))
+
+
+# -- fused SwiGLU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mnk", [(1, 45, 70), (19, 40, 136), (33, 64, 64)])
+def test_swiglu_matches_two_gemms(target, mnk):
+    """``silu(a @ wg) * (a @ wu)`` in one kernel: gate NT (``W.t()``), up NN, awkward sizes."""
+    m, n, k = mnk
+    g = gen(21 + m)
+    a, wg, wu = rand(m, k, g=g), rand(n, k, g=g).t(), rand(k, n, g=g)
+    for odt in (FP32, BF16):
+        out = api.swiglu(a, wg, wu, out_dtype=odt, target=target, config=SMALL)
+        close(out, reference.swiglu(a, wg, wu, out_dtype=odt))
+
+
+def test_swiglu_batched_shipped_empty_and_out():
+    g = gen(22)
+    a, wg, wu = rand(2, 9, 64, g=g, dtype=FP16), rand(48, 64, g=g, dtype=FP16).t(), None
+    wu = rand(48, 64, g=g, dtype=FP16).t()
+    close(api.swiglu(a, wg, wu), reference.swiglu(a, wg, wu))  # shipped decode tile, batched
+    out = torch.full((2, 9, 48), float("nan"), dtype=FP32)
+    assert api.swiglu(a, wg, wu, out_dtype=FP32, out=out) is out
+    close(out, reference.swiglu(a, wg, wu, out_dtype=FP32))
+    assert api.swiglu(a[:, :0], wg, wu).shape == (2, 0, 48)
+    k0 = api.swiglu(rand(3, 0, g=g), rand(0, 5, g=g), rand(0, 5, g=g))
+    assert torch.equal(k0, torch.zeros(3, 5, dtype=BF16))
+    with pytest.raises(ValueError, match="one shape"):
+        api.swiglu(a, wg, wu[:, :40])
+
+
+def test_swiglu_tile_rule():
+    """The dense class tile, BN halved while two accumulators pass 128 fp32 per lane, then BK
+    halved while the pipeline passes 80 KiB of LDS per 4 waves."""
+    for m in (1, 16, 64, 128, 200, 4096):
+        cfg, dense = configs.select_swiglu(m, 14336, 4096), configs.select(m, 14336, 4096)
+        assert (cfg.BM, cfg.num_warps) == (dense.BM, dense.num_warps)
+        assert 2 * cfg.BM * cfg.BN // (64 * cfg.num_warps) <= configs.SWIGLU_MAX_ACC_PER_LANE
+        assert configs.swiglu_lds(cfg) <= configs.SWIGLU_LDS_PER_4_WAVES * cfg.num_warps // 4
+    assert configs.select_swiglu(4096, 14336, 4096).BN == 128  # large: 256x256 -> 256x128
+
+
+def test_gemm_and_grouped_write_into_out():
+    g = gen(23)
+    a, b = rand(21, 40, g=g), rand(40, 30, g=g)
+    out = torch.empty(30, 21, dtype=FP32).t()  # a strided destination
+    assert api.gemm(a, b, out_dtype=FP32, config=SMALL, out=out) is out
+    close(out, reference.gemm(a, b, out_dtype=FP32))
+    with pytest.raises(ValueError, match="shape"):
+        api.gemm(a, b, out_dtype=FP32, out=torch.empty(21, 31))
+    offs = offsets([4, 0, 9])
+    x, w = rand(13, 32, g=g), rand(3, 32, 24, g=g)
+    dst = torch.empty(13, 24, dtype=BF16)
+    assert api.grouped_mm(x, w, offs, config=SMALL, out=dst) is dst
+    close(dst, reference.grouped_mm(x, w, offs))

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import torch_flydsl
-from torch_flydsl import gates, overrides
+from torch_flydsl import dispatch, gates
+from torch_flydsl.ops import _kernels
+from torch_flydsl.ops import topk as topk_spec
 
 pytestmark = pytest.mark.cpu
 
@@ -32,10 +34,10 @@ def _kernel_of(op, key="CPU"):
 
 
 def test_enable_registers_and_disable_restores_aten(cpu_backend):
-    assert "overrides.py" in _kernel_of("topk")
-    assert "overrides.py" in _kernel_of("topk.values")
-    assert "overrides.py" in _kernel_of("_fused_rms_norm")
-    assert "overrides.py" in _kernel_of("_fused_rms_norm_backward")
+    assert "dispatch.py" in _kernel_of("topk")
+    assert "dispatch.py" in _kernel_of("topk.values")
+    assert "dispatch.py" in _kernel_of("_fused_rms_norm")
+    assert "dispatch.py" in _kernel_of("_fused_rms_norm_backward")
     torch_flydsl.disable()
     assert "RegisterCPU" in _kernel_of("topk")
     assert "CompositeImplicitAutograd" in _kernel_of("_fused_rms_norm")
@@ -46,14 +48,16 @@ def test_per_op_switch(cpu_backend):
     torch_flydsl.disable()
     torch_flydsl.enable(ops=["topk"], device="cpu")
     assert torch_flydsl.enabled("topk") and not torch_flydsl.enabled("rms_norm")
-    assert "overrides.py" in _kernel_of("topk")
+    assert "dispatch.py" in _kernel_of("topk")
     assert "CompositeImplicitAutograd" in _kernel_of("_fused_rms_norm")
     torch_flydsl.enable(ops="rms_norm", device="cpu")
     assert torch_flydsl.enabled("rms_norm")
     torch_flydsl.disable(ops=["topk"])
     assert not torch_flydsl.enabled("topk") and torch_flydsl.enabled("rms_norm")
-    with pytest.raises(ValueError, match="unknown op"):
-        torch_flydsl.enable(ops=["gemm"], device="cpu")
+    with pytest.raises(ValueError, match="is unknown"):
+        torch_flydsl.enable(ops=["nope"], device="cpu")
+    with pytest.raises(ValueError, match="no eager override"):
+        torch_flydsl.enable(ops=["gemm"], device="cpu")  # torch.compile only
 
 
 def test_disabled_context_manager(cpu_backend):
@@ -71,7 +75,7 @@ def test_status_content(cpu_backend):
     st = torch_flydsl.status()
     assert st["usable"] and st["why_not"] is None
     assert st["device"] == "cpu" and st["arch"] == "cpu" and st["dispatch_key"] == "CPU"
-    assert st["enabled"] == ["rms_norm", "topk"]
+    assert st["enabled"] == list(torch_flydsl.OPS)
     assert st["ops"]["topk"]["state"] == "enabled"
     assert "aten::topk.values@CPU" in st["ops"]["topk"]["overrides"]
     assert "RegisterCPU" in st["ops"]["topk"]["fallback_to"]["aten::topk@CPU"]
@@ -112,7 +116,7 @@ def test_env_enables_at_import():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     enabled, st = json.loads(out.stdout.strip().splitlines()[-1])
-    assert enabled == ["rms_norm", "topk"]
+    assert enabled == list(torch_flydsl.OPS)
     assert st["hits"] == 1
 
 
@@ -244,7 +248,7 @@ def test_kernel_exception_falls_back_to_aten(cpu_backend, monkeypatch, caplog):
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setitem(overrides._K, "topk", boom)
+    monkeypatch.setitem(_kernels.K, "topk", boom)
     x = torch.randn(3, 16)
     with caplog.at_level("WARNING", logger="torch_flydsl"):
         v, i = torch.topk(x, 4)
@@ -291,6 +295,15 @@ def test_shipped_gfx950_table():
         if r.arch == "gfx950" and r.op != "rms_norm_backward":
             assert "gfx950.md" in r.source
     assert "assumption" in t.rules("gfx950", "rms_norm_backward", f32)[0].source
+    # the GEMM rules (upstream regions, labelled assumptions for our kernels)
+    bf16 = torch.bfloat16
+    assert t.allows("gfx950", "gemm", bf16, 16, 4096, 4096)
+    assert not t.allows("gfx950", "gemm", bf16, 4096, 4096, 4096)  # large square: ATen
+    assert t.allows("gfx950", "grouped_mm", bf16, 64, 768, 2048)
+    assert t.allows("gfx950", "mx_gemm", torch.float4_e2m1fn_x2, 4096, 4096, 4096)
+    assert not t.allows("gfx942", "mx_gemm", torch.float8_e4m3fn, 32, 4096, 4096)
+    assert t.allows("cpu", "mx_grouped_mm", torch.float8_e5m2, 1, 1, 32)
+    assert not t.allows("cpu", "gemm", torch.float64, 1, 1, 1)
 
 
 def test_table_roundtrip(tmp_path):
@@ -327,15 +340,15 @@ def test_bad_local_table_is_ignored(cpu_backend, monkeypatch, tmp_path, caplog):
 
 def test_arch_gate_on_gpu_backend(monkeypatch):
     """The CUDA backend's arch check: allowed list from FLYDSL_TORCH_ARCHS, cached per index."""
-    monkeypatch.setattr(overrides._runtime, "resolve_arch", lambda idx: "gfx942")
+    monkeypatch.setattr(dispatch._runtime, "resolve_arch", lambda idx: "gfx942")
     monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx950,sm90")
-    b = overrides.Backend("cuda", gates.GateTable())
+    b = dispatch.Backend("cuda", gates.GateTable())
     x = torch.empty(0)
     assert b.arch(x) == ""
     monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx942")
-    b = overrides.Backend("cuda", gates.GateTable())
+    b = dispatch.Backend("cuda", gates.GateTable())
     assert b.arch(x) == "gfx942"
-    assert overrides.topk_reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
+    assert topk_spec.reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
 
 
 # -- rms_norm -------------------------------------------------------------------------------------
@@ -494,8 +507,8 @@ def test_deterministic_mode_uses_deterministic_variants(cpu_backend, determinist
         seen.append(("topk", k["deterministic"]))
         return topk(*a, **k)
 
-    monkeypatch.setitem(overrides._K, "rms_norm_backward", spy_bwd)
-    monkeypatch.setitem(overrides._K, "topk", spy_topk)
+    monkeypatch.setitem(_kernels.K, "rms_norm_backward", spy_bwd)
+    monkeypatch.setitem(_kernels.K, "topk", spy_topk)
     x0, w0, g = torch.randn(16, 32), torch.randn(32), torch.randn(16, 32)
     dws = []
     for _ in range(2):
@@ -584,3 +597,20 @@ def test_compile_fullgraph_no_graph_breaks(cpu_backend, backend):
     torch.testing.assert_close(w.grad, rw.grad, rtol=1e-4, atol=1e-4)
     assert _s("topk")["hits"] >= 1  # the compiled graph's aten.topk ran ours
     torch._dynamo.reset()
+
+
+def test_calibration_plan_covers_every_gate_op():
+    """``torch_flydsl calibrate`` takes its buckets from the specs: every gate op has some, in
+    the dtypes the op runs, and each bucket makes a valid gate rule."""
+    from torch_flydsl.calibrate import plan
+
+    cases = plan(["rms_norm", "topk", "gemm", "grouped_mm", "scaled_mm"], quick=True)
+    ops = {c[0].op for c in cases}
+    assert ops == {"rms_norm", "rms_norm_backward", "topk", "gemm", "grouped_mm", "mx_gemm"}
+    for cal, dt, m, n, k in cases:
+        extra = cal.rule_extra(k) if cal.rule_extra else ({"k": list(k)} if k else {})
+        rule = {"arch": "gfx950", "op": cal.op, "dtype": gates.DTYPE_NAMES[dt], "m": list(m)}
+        gates.Rule.from_json({**rule, "n": list(n), **extra, "source": "test"})
+    assert {gates.DTYPE_NAMES[c[1]] for c in cases if c[0].op == "gemm"} == {"bfloat16", "float16"}
+    narrowed = plan(["gemm"], dtypes=["bfloat16"], quick=True)
+    assert narrowed and all(c[1] == torch.bfloat16 for c in narrowed)

@@ -93,6 +93,8 @@ _VARS = (
         "the generated per-kernel function (debugging)", False),
     Var("FLYDSL_ACCEPT", "flag", "1: the golden-file tests rewrite their golden files", False,
         package="tests"),
+    Var("FLYDSL_TEST_AOTI", "flag", "1: also run the AOTInductor package test on the CPU "
+        "(opt-in: minutes)", False, package="tests"),
     # -- torch-flydsl ----------------------------------------------------------------------
     Var("FLYDSL_TORCH", "flag", "1: `import torch_flydsl` enables the overrides", False,
         package="torch-flydsl"),

@@ -16,7 +16,7 @@ import importlib
 __version__ = "0.1.0"
 
 #: kernel families shipped so far, by name (subpackages of this package)
-FAMILIES: tuple[str, ...] = ("rmsnorm", "topk", "gemm", "mx")
+FAMILIES: tuple[str, ...] = ("rmsnorm", "topk", "gemm", "mx", "attention")
 
 
 def families():

@@ -91,4 +91,8 @@ def prepare(name: str, model, *, patch_state: dict, mx_experts="auto") -> Arm:
         return Arm("eager", forward=model, patch=p)
     import torch
 
-    return Arm("compile", forward=torch.compile(model, backend=BACKEND), patch=p)
+    # on the CPU the backend rewrites CPU nodes only when asked (its CPU test backend, the one
+    # the eager arm's routes run on); on a GPU its default (the device's own arch) holds
+    cpu = next(model.parameters()).device.type == "cpu"
+    options = {"device": "cpu"} if cpu else None
+    return Arm("compile", forward=torch.compile(model, backend=BACKEND, options=options), patch=p)

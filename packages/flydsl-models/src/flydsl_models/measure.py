@@ -12,7 +12,13 @@ rounding now and then), which grows through the layers. fp32: 1e-4; fp16:
 The MX experts route also quantizes activations to mxfp8 e4m3 (4 mantissa
 bits: up to 2^-4 = 6% per element, averaging out in the sums), so an arm
 that runs it is held to ``MX_TOLERANCE`` = 0.1. Top-1 agreement must be at
-least ``TOP1_MIN`` = 99% of the prompt's positions.
+least ``TOP1_MIN`` = 99% of the prompt's positions. A position where the
+arm's top-1 token is within one unit in the last place (of the model dtype,
+at the off arm's top logit) of off's top-1 counts as agreeing, and is
+reported as a tie (``top1_ties``): off's logits are rounded to that dtype,
+so two tokens that close are tied at the logits' own resolution, and any
+change of summation order (Inductor's fused kernels keep fp32 where eager
+rounds) picks either; with random weights such ties are common.
 """
 
 from __future__ import annotations
@@ -141,7 +147,14 @@ def compare(ref, got, dtype: torch.dtype, *, mx: bool = False) -> dict:
     diff = (gl - rl).abs()
     scale = float(rl.abs().max()) or 1.0
     max_abs = float(diff.max())
-    top1 = float((gl.argmax(-1) == rl.argmax(-1)).float().mean())
+    same_top = gl.argmax(-1) == rl.argmax(-1)
+    rf = rl.float()
+    top = rf.max(-1).values
+    chosen = rf.gather(-1, gl.argmax(-1, keepdim=True)).squeeze(-1)
+    exp = torch.floor(torch.log2(top.abs().clamp_min(torch.finfo(dtype).tiny)))
+    ulp = torch.finfo(dtype).eps * torch.pow(2.0, exp)
+    ties = ~same_top & (top - chosen <= ulp)
+    top1 = float((same_top | ties).float().mean())
     out = {
         "logits_max_abs_error": max_abs,
         "logits_max_rel_error": max_abs / scale,
@@ -152,6 +165,7 @@ def compare(ref, got, dtype: torch.dtype, *, mx: bool = False) -> dict:
         "top1_agreement": top1,
         "top1_min": TOP1_MIN,
         "top1_ok": top1 >= TOP1_MIN,
+        "top1_ties": int(ties.sum()),
         "decode_tokens": int(gt.shape[1]),
     }
     same = (gt == rt).all(0)

@@ -14,6 +14,11 @@ from .coverage import FAMILIES
 FORMAT = "flydsl_models.results/1"
 
 
+def _ties(c) -> str:
+    n = c.get("top1_ties", 0)  # older results.json files have none
+    return f"; {n} within 1 ulp counted" if n else ""
+
+
 def _fmt(x, nd=3):
     if x is None:
         return "-"
@@ -108,7 +113,8 @@ def markdown(results) -> str:
         lines.append(
             f"| {name} | {_fmt(c['logits_max_abs_error'])} | {_fmt(c['logits_max_rel_error'])} | "
             f"{_fmt(c['tolerance_rel'])} ({c['tolerance_basis']}) | {c['top1_agreement'] * 100:.2f}% "
-            f"(min {c['top1_min'] * 100:.0f}%) | {dec} | {'pass' if c['ok'] else '**FAIL**'} |"
+            f"(min {c['top1_min'] * 100:.0f}%{_ties(c)}) | {dec} | "
+            f"{'pass' if c['ok'] else '**FAIL**'} |"
         )
     lines += ["", f"## Speed ({unit} figures)", ""]
     lines.append(

@@ -1,22 +1,27 @@
 """PyTorch integration of FlyDSL kernels.
 
-Eager overrides of the ops users already call: ``F.rms_norm`` /
-``torch.rms_norm`` (``aten::_fused_rms_norm`` and its backward) and
-``torch.topk`` / ``Tensor.topk`` (``aten::topk``, ``aten::topk.values``)::
+Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm``
+(``aten::_fused_rms_norm`` and its backward), ``torch.topk`` (``aten::topk``,
+``aten::topk.values``), ``torch._grouped_mm`` and MX ``torch._scaled_mm`` /
+``F.scaled_mm`` / ``F.scaled_grouped_mm``::
 
     import torch_flydsl
     torch_flydsl.enable()                  # every op group, on the GPU (ROCm gfx950 by default)
-    torch_flydsl.enable(ops=["topk"])      # one group
+    torch_flydsl.enable(ops=["grouped_mm", "scaled_mm"])
     torch_flydsl.enable(device="cpu")      # the CPU test backend (FlyDSL reference backend)
     with torch_flydsl.disabled():
         ...                                # plain ATen here
     torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
     torch_flydsl.disable()
 
-``FLYDSL_TORCH=1`` enables at import (``FLYDSL_TORCH_DEVICE=cpu`` picks the
-CPU backend). Importing this package compiles nothing and touches no GPU:
-kernels are imported and compiled on the first eligible call. The design
-(precedence, predicate order, gate table) is in docs/architecture.md.
+GEMMs under torch.compile: ``torch.compile(model, backend="flydsl")`` (an entry point: no
+import needed) or ``torch_flydsl.inductor.install()`` with ``backend="inductor"``
+(``torch_flydsl.inductor``).
+
+``FLYDSL_TORCH=1`` enables at import (``FLYDSL_TORCH_DEVICE=cpu`` picks the CPU backend).
+Importing this package compiles nothing and touches no GPU: kernels are imported and
+compiled on the first eligible call. Each op is one spec (``torch_flydsl.ops``,
+``spec.py``); docs/architecture.md describes the precedence, predicates and gate table.
 """
 
 from __future__ import annotations
@@ -34,14 +39,14 @@ __version__ = "0.1.0"
 
 log = logging.getLogger("torch_flydsl")
 
-#: op groups ``enable(ops=...)`` accepts
-OPS = ("rms_norm", "topk")
+#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides), in status() order
+OPS = ("rms_norm", "topk", "grouped_mm", "scaled_mm", "scaled_grouped_mm")
 PRECEDENCES = ("ours", "upstream")
 
-_installed: dict[tuple[str, str], object] = {}  # (device, group) -> overrides.Installed
+_installed: dict[tuple[str, str], object] = {}  # (device, group) -> dispatch.Installed
 _deferred: dict[tuple[str, str], str] = {}  # (device, group) -> why we did not register
 _unusable: dict[str, str] = {}  # device -> why nothing registered there
-_backends: dict[str, object] = {}  # device -> overrides.Backend
+_backends: dict[str, object] = {}  # device -> dispatch.Backend
 _precedence: dict[str, str] = {}  # device -> the precedence used by its last enable()
 
 
@@ -59,11 +64,14 @@ def _groups(ops) -> tuple[str, ...]:
         return OPS
     if isinstance(ops, str):
         ops = [ops]
+    from .ops import NAMES
+
     out = []
     for o in ops:
-        g = {"topk": "topk", "rms_norm": "rms_norm", "rmsnorm": "rms_norm"}.get(str(o))
-        if g is None:
-            raise ValueError(f"unknown op {o!r}: torch_flydsl overrides {', '.join(OPS)}")
+        g = NAMES.get(str(o))
+        if g not in OPS:
+            what = "has no eager override (torch.compile only)" if g else "is unknown"
+            raise ValueError(f"op {o!r} {what}: torch_flydsl overrides {', '.join(OPS)}")
         if g not in out:
             out.append(g)
     return tuple(out)
@@ -80,7 +88,8 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
     over it and fall back to it. Where the runtime is unusable nothing is
     registered and ``status()`` says why; enable() does not raise for that.
     """
-    from . import _runtime, gates, overrides
+    from . import _runtime, dispatch, gates
+    from .ops import SPECS
 
     dev = _runtime.normalize_device(device)
     prec = _precedence_of(precedence)
@@ -93,20 +102,20 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
     _unusable.pop(dev, None)
     _precedence[dev] = prec
     if dev not in _backends or not any(d == dev for d, _ in _installed):
-        _backends[dev] = overrides.Backend(dev, gates.load())
+        _backends[dev] = dispatch.Backend(dev, gates.load())
     backend = _backends[dev]
     for g in groups:
         if (dev, g) in _installed:
             continue
         _deferred.pop((dev, g), None)
         if prec == "upstream":
-            prior = overrides.prior_registrations(g, dev)
+            prior = dispatch.prior_registrations(SPECS[g], dev)
             if prior:
                 where = ", ".join(f"aten::{op}@{key}" for op, key in prior)
                 _deferred[(dev, g)] = f"precedence=upstream: prior registration at {where}"
                 log.info("torch_flydsl: %s left to the prior registration (%s)", g, where)
                 continue
-        _installed[(dev, g)] = overrides.install(g, backend)
+        _installed[(dev, g)] = dispatch.install(SPECS[g], backend)
         log.debug("torch_flydsl: %s enabled on %s", g, dev)
 
 
@@ -148,7 +157,12 @@ def disabled():
 
 
 def stats() -> dict[str, dict]:
-    """``{aten op: {"calls", "hits", "fallbacks": {reason: count}}}`` since the last reset."""
+    """``{op: {"calls", "hits", "fallbacks": {reason: count}}}`` since the last reset.
+
+    Keys: the overridden ATen overloads (eager), the ``flydsl::`` ops (launches of the ops the
+    torch.compile pass rewrites into, counted where the op body runs: eager and CPU graphs)
+    and ``compile:<aten op>`` (nodes the pass saw: hits are rewrites, fallbacks the reasons a
+    node stayed ATen)."""
     return _stats_module.snapshot()
 
 
@@ -162,7 +176,8 @@ def status(device=None) -> dict:
     ``device`` as ``enable()``'s (None: the enabled device, if any); resolving the arch of a GPU reads its
     properties (status() is the one place besides eligible calls that does).
     """
-    from . import _runtime, gates, overrides
+    from . import _runtime, dispatch, gates
+    from .ops import SPECS
 
     if device is None and _installed:  # the device something is enabled on
         device = next(iter(_installed))[0]
@@ -174,7 +189,7 @@ def status(device=None) -> dict:
     ops = {}
     for g in OPS:
         inst = _installed.get((dev, g))
-        pairs = overrides.group_ops(g, dev)
+        pairs = dispatch.group_ops(SPECS[g], dev)
         entry = {"overrides": [f"aten::{op}@{key}" for op, key in pairs]}
         if inst is not None:
             entry["state"] = "enabled"

@@ -1,17 +1,20 @@
 """``torch_flydsl calibrate``: time FlyDSL against ATen per shape bucket on this GPU, write the gates.
 
-    torch_flydsl calibrate [--ops rms_norm,topk] [--dtypes float32,bfloat16,float16]
+    torch_flydsl calibrate [--ops rms_norm,topk,gemm,grouped_mm,scaled_mm] [--dtypes ...]
                            [--out PATH] [--reps 20] [--min-speedup 1.05] [--quick]
 
-For every (op, dtype) and shape bucket it times one representative shape
-(the bucket's lower corner) with both implementations, interleaved in one
-process, and keeps the median of ``--reps`` CUDA-event timings each. A
-bucket where FlyDSL is at least ``--min-speedup`` times faster becomes a
-rule of the local gate table (gates.py); an (arch, op, dtype) where it never
-wins is written as closed. The table goes to ``--out``, else
-``$FLYDSL_TORCH_GATES``, else the FlyDSL cache dir; the overrides prefer it
-to the shipped table from the next ``enable()`` on. Needs a GPU: without
-one it says so and exits with status 2.
+The buckets and the code timed come from the op specs (``spec.Calibration`` of
+``torch_flydsl.ops``): RMSNorm and its backward, TopK, the dense GEMM (M classes at
+Llama-3.1-8B widths), the grouped GEMM (rows per expert, Qwen3-30B-A3B's experts) and the MX
+GEMM (mxfp8 / mxfp4 M buckets, against ``torch._scaled_mm`` where the device has MX MMA).
+For every (op, dtype) and bucket it times one representative shape with both
+implementations, interleaved in one process, and keeps the median of ``--reps`` CUDA-event
+timings each. A bucket where FlyDSL is at least ``--min-speedup`` times faster becomes a
+rule of the local gate table (gates.py); an (arch, op, dtype) where it never wins is
+written as closed. ``--dtypes`` narrows each op's own dtypes. The table goes to ``--out``,
+else ``$FLYDSL_TORCH_GATES``, else the FlyDSL cache dir; the overrides and the torch.compile
+pass prefer it to the shipped table. Needs a GPU: without one it says so and exits with
+status 2.
 """
 
 from __future__ import annotations
@@ -24,17 +27,6 @@ import sys
 import torch
 
 from . import gates
-
-#: row-length buckets (closed ranges) and row-count buckets for RMSNorm
-RMS_N = [(1 << j, (1 << (j + 1)) - 1) for j in range(7, 17)] + [(131072, 262144)]
-RMS_M = [(1, 255), (256, 1023), (1024, 4095), (4096, 16383), (16384, 65536)]
-#: TopK: k buckets, power-of-two N buckets, row-count buckets
-TOPK_K = [(1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 255), (256, 1024)]
-TOPK_N = [(1 << j, (1 << (j + 1)) - 1) for j in range(10, 18)]
-TOPK_M = [(1, 63), (64, 255), (256, 1023), (1024, 8192)]
-QUICK = {"rms_m": RMS_M[::2], "topk_m": TOPK_M[1::2], "topk_k": TOPK_K[::2]}
-#: the largest input calibrate allocates (bytes), so buckets stay within memory
-MAX_BYTES = 1 << 31
 
 NO_GPU = (
     "torch_flydsl calibrate times kernels on a GPU and found none "
@@ -67,48 +59,19 @@ def _pair(ours, aten, reps: int) -> tuple[float, float]:
     return statistics.median(to), statistics.median(ta)
 
 
-def _cases(ops, dtypes, quick):
-    rms_m = QUICK["rms_m"] if quick else RMS_M
-    t_m = QUICK["topk_m"] if quick else TOPK_M
-    t_k = QUICK["topk_k"] if quick else TOPK_K
-    for dt in dtypes:
-        size = torch.empty((), dtype=dt).element_size()
-        if "rms_norm" in ops:
-            for n in RMS_N:
-                for m in rms_m:
-                    if m[0] * n[0] * size <= MAX_BYTES:
-                        yield ("rms_norm", dt, m, n, None)
-                        yield ("rms_norm_backward", dt, m, n, None)
-        if "topk" in ops:
-            for n in TOPK_N:
-                for k in t_k:
-                    if k[0] > n[0]:
-                        continue
-                    for m in t_m:
-                        if m[0] * n[0] * size <= MAX_BYTES:
-                            yield ("topk", dt, m, n, k)
+def plan(ops, dtypes=None, quick=False) -> list[tuple]:
+    """``[(Calibration, torch dtype, m, n, k)]``: every bucket of the specs named by ``ops``
+    (spec names or aliases), in their own dtypes (narrowed to ``dtypes`` names if given)."""
+    from .ops import spec
 
-
-def _fns(op, dt, m, n, k, dev):
-    from flydsl_kernels.rmsnorm import rms_norm, rms_norm_backward
-    from flydsl_kernels.topk import topk
-
-    x = torch.randn(m, n, device=dev).to(dt)
-    if op == "topk":
-        return (lambda: topk(x, k)), (lambda: torch.ops.aten.topk.default(x, k))
-    w = torch.randn(n, device=dev).to(dt)
-    if op == "rms_norm":
-        return (
-            lambda: rms_norm(x, (n,), w, 1e-6),
-            lambda: torch.ops.aten._fused_rms_norm.default(x, [n], w, 1e-6),
-        )
-    g = torch.randn_like(x)
-    _, rstd = torch.ops.aten._fused_rms_norm.default(x, [n], w, 1e-6)
-    det = torch.are_deterministic_algorithms_enabled()
-    return (
-        lambda: rms_norm_backward(g, x, rstd, w, det),
-        lambda: torch.ops.aten._fused_rms_norm_backward.default(g, x, [n], rstd, w, [True, True]),
-    )
+    out = []
+    for name in ops:
+        for cal in spec(name).calibration:
+            names = [d for d in cal.dtypes if dtypes is None or d in dtypes]
+            dts = [gates._DTYPES[d] for d in names]
+            for dt, m, n, k in cal.cases(dts, quick):
+                out.append((cal, dt, m, n, k))
+    return out
 
 
 def calibrate(args) -> int:
@@ -128,8 +91,8 @@ def calibrate(args) -> int:
     arch = _runtime.resolve_arch(dev.index) or "unknown"
     name = torch.cuda.get_device_name(dev)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    dtypes = [gates._DTYPES[d.strip()] for d in args.dtypes.split(",") if d.strip()]
-    cases = list(_cases(ops, dtypes, args.quick))
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
+    cases = plan(ops, dtypes, args.quick)
     day = datetime.date.today().isoformat()
     rules, tried, errors = [], set(), 0
     console = Console(stderr=True)
@@ -145,14 +108,15 @@ def calibrate(args) -> int:
         ) as bar,
     ):
         task = bar.add_task("buckets", total=len(cases))
-        for op, dt, m, n, k in cases:
+        for cal, dt, m, n, k in cases:
+            op = cal.op
             dname = gates.DTYPE_NAMES[dt]
             bar.update(
                 task, description=f"{op} {dname} m={m[0]} n={n[0]}" + (f" k={k[0]}" if k else "")
             )
             tried.add((arch, op, dname))
             try:
-                ours, aten = _fns(op, dt, m[0], n[0], k[0] if k else None, dev)
+                ours, aten = cal.make(dt, m, n, k, dev)
                 to, ta = _pair(ours, aten, args.reps)
             except Exception as e:  # a kernel that fails here stays on ATen
                 errors += 1
@@ -161,9 +125,10 @@ def calibrate(args) -> int:
                 continue
             speedup = ta / to if to > 0 else 0.0
             if speedup >= args.min_speedup:
-                extra = {"k": k, "largest": True, "sorted": True} if op == "topk" else {}
-                if op == "topk" and k[0] == k[1]:
-                    extra["k_in"] = [k[0]]
+                if cal.rule_extra is not None:
+                    extra = cal.rule_extra(k)
+                else:
+                    extra = {"k": list(k)} if k else {}
                 rules.append(
                     gates.Rule.from_json(
                         {
@@ -214,8 +179,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="torch_flydsl", description="torch-flydsl tools")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("calibrate", help="time FlyDSL vs ATen on this GPU and write the gate table")
-    c.add_argument("--ops", default="rms_norm,topk")
-    c.add_argument("--dtypes", default="float32,bfloat16,float16")
+    c.add_argument("--ops", default="rms_norm,topk,gemm,grouped_mm,scaled_mm")
+    c.add_argument(
+        "--dtypes", default=None, help="narrow each op's own dtypes (e.g. bfloat16,float16)"
+    )
     c.add_argument("--out", default=None, help="table path (default: FLYDSL_TORCH_GATES or cache)")
     c.add_argument("--reps", type=int, default=20)
     c.add_argument("--min-speedup", type=float, default=1.05)

@@ -1,9 +1,11 @@
 """The gate table: where FlyDSL beats ATen, by (arch, op, dtype) and shape bucket.
 
 A table is a list of rules. Each rule names an ``arch`` (``gfx950``, ``sm90``,
-``cpu``), an ``op`` (``rms_norm``, ``rms_norm_backward``, ``topk``), a
-``dtype`` (``float32``, ``bfloat16``, ``float16``) and one shape bucket: a box
-of closed ranges over ``m`` (rows), ``n`` (row length) and, for topk, ``k``,
+``cpu``), an ``op`` (``OPS``: ``rms_norm``, ``rms_norm_backward``, ``topk``, ``gemm``,
+``grouped_mm``, ``mx_gemm``, ``mx_grouped_mm``), a ``dtype`` (``float32``, ``bfloat16``,
+``float16``; the MX ops' A element dtype) and one shape bucket: a box of closed ranges over
+``m`` (rows; rows per group for the grouped GEMMs), ``n`` (row length / columns) and, for
+topk and the GEMMs, ``k``,
 with optional constraints (``k_in``: a set of k, ``n_pow2``, ``largest``,
 ``sorted``). A call is inside the gate when any rule of its (arch, op, dtype)
 holds. Every rule carries ``source``: where its numbers come from.
@@ -40,8 +42,28 @@ from pathlib import Path
 import torch
 
 FORMAT = "torch_flydsl.gates/1"
-OPS = ("rms_norm", "rms_norm_backward", "topk")
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: gate ops: the eager norms and TopK, and the GEMMs (``m`` rows, or rows per group for the
+#: grouped ones, ``n`` columns, ``k`` the contraction; MX keys are the A element dtype)
+OPS = (
+    "rms_norm",
+    "rms_norm_backward",
+    "topk",
+    "gemm",
+    "grouped_mm",
+    "mx_gemm",
+    "mx_grouped_mm",
+)
+GEMM_OPS = ("gemm", "grouped_mm")
+MX_OPS = ("mx_gemm", "mx_grouped_mm")
+DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+    torch.float4_e2m1fn_x2: "float4_e2m1fn_x2",
+}
+MX_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 _DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 _UPSTREAM = "/work/shared/reference/gfx950.md"
@@ -62,6 +84,24 @@ SRC_TOPK_RADIX = (
     f"({_UPSTREAM})"
 )
 SRC_CPU = "CPU test backend: open gate so that the dispatch path runs (no performance claim)"
+SRC_GEMM = (
+    f"upstream torch 2.15 FlyDSL dense BF16 GEMM, MI355X ({_UPSTREAM}: 1.10x geomean over the "
+    "faster of ATen and Triton, 15 NT shapes, largest square shapes lose): assumption that "
+    "ours wins up to M = 2048 as theirs does; replace with `torch_flydsl calibrate`"
+)
+SRC_GROUPED = (
+    f"upstream torch 2.15 FlyDSL grouped GEMM, MI355X ({_UPSTREAM}: 1.95x vs ATen over 24 "
+    "uniform / projection / ragged cases): assumption that ours wins likewise; calibrate"
+)
+SRC_MX = (
+    f"upstream torch 2.15 FlyDSL MXFP8 / MXFP4 GEMM, MI355X ({_UPSTREAM}: 1.58x / 1.68x "
+    "geomean vs hipBLASLt, every one of 17 NT shapes won): assumption that ours wins "
+    "likewise; calibrate"
+)
+SRC_MX_GROUPED = (
+    f"assumption: the upstream MX GEMM region ({_UPSTREAM}) reused for the grouped MX GEMM "
+    "(upstream published no grouped MX figure); replace with `torch_flydsl calibrate`"
+)
 #: gfx950 compute units: the upstream TopK regions need a full wave of rows
 GFX950_CUS = 256
 
@@ -145,6 +185,15 @@ def _shipped() -> list[Rule]:
                 Rule("gfx950", op, dt, m=(2048, None), n=(16384, 114688), source=src),
             ]
         for op in OPS:
+            if op not in MX_OPS:
+                rules.append(Rule("cpu", op, dt, source=SRC_CPU))
+    for dt in ("bfloat16", "float16"):
+        rules.append(Rule("gfx950", "gemm", dt, m=(1, 2048), source=SRC_GEMM))
+        rules.append(Rule("gfx950", "grouped_mm", dt, source=SRC_GROUPED))
+    for dt in MX_DTYPES:
+        rules.append(Rule("gfx950", "mx_gemm", dt, source=SRC_MX))
+        rules.append(Rule("gfx950", "mx_grouped_mm", dt, source=SRC_MX_GROUPED))
+        for op in MX_OPS:
             rules.append(Rule("cpu", op, dt, source=SRC_CPU))
     fp32 = dict(arch="gfx950", op="topk", dtype="float32", m=(GFX950_CUS, None))
     fp32.update(largest=True, sorted=True)
@@ -235,8 +284,27 @@ class GateTable:
         return out
 
 
-def load() -> GateTable:
-    """Shipped rules, overridden by the local calibrated table where one exists."""
+def open_table() -> GateTable:
+    """Every (arch, op, dtype) open, for every arch the overrides may run on: benchmarks and
+    the GPU tests use it to run FlyDSL wherever it applies (``gates="open"``)."""
+    from . import _runtime
+
+    archs = sorted(_runtime.allowed_archs() | {"cpu"})
+    src = "open table (gates='open'): every shape, no performance claim"
+    rules = [Rule(a, op, dt, source=src) for a in archs for op in OPS for dt in _DTYPES]
+    return GateTable(shipped=(), local=rules, local_source="open")
+
+
+def load(source: str | None = None) -> GateTable:
+    """The gate table: ``source`` None / ``"local"`` is the shipped rules overridden by the
+    local calibrated table where one exists; ``"shipped"`` the shipped rules only; ``"open"``
+    ``open_table()``; anything else a table file's path."""
+    if source == "shipped":
+        return GateTable()
+    if source == "open":
+        return open_table()
+    if source not in (None, "local"):
+        return GateTable(local=read_table(Path(source)), local_source=str(source))
     path = local_path()
     if path.is_file():
         try:

@@ -1,9 +1,12 @@
 """Per-op counters: calls, FlyDSL hits, fallbacks by reason.
 
-Keys are the overridden ATen overloads (``_fused_rms_norm``,
-``_fused_rms_norm_backward``, ``topk``, ``topk.values``).
-Plain int increments on a slotted object: no allocation on the hot path
-beyond the first time a reason appears.
+Keys are the overridden ATen overloads (``_fused_rms_norm``, ``topk.values``,
+``_grouped_mm``, ``_scaled_mm_v2``, ...) and, for the torch.compile path, the ``flydsl::``
+ops (their launches) and ``compile:<aten op>`` (nodes the pass saw: ``hits`` are rewrites,
+``fallbacks`` the reasons a node stayed ATen).
+Plain int increments on a slotted object: no allocation on the hot path beyond the first
+time a reason appears; ``calls`` is derived (``hits`` plus every fallback), so a call costs
+one increment.
 """
 
 from __future__ import annotations
@@ -22,18 +25,22 @@ REASONS = (
     "layout",  # non-contiguous inputs
     "span",  # beyond the 32-bit buffer-descriptor span
     "gate",  # outside the gate table: ATen is faster there
+    "dynamic",  # torch.compile: a size FlyDSL needs fixed (N, K, groups) is symbolic
     "error",  # the kernel raised: logged at warning, ATen's result returned
 )
 
 
 class OpStats:
-    __slots__ = ("calls", "fallbacks", "hits", "name")
+    __slots__ = ("fallbacks", "hits", "name")
 
     def __init__(self, name: str):
         self.name = name
-        self.calls = 0
         self.hits = 0
         self.fallbacks: dict[str, int] = {}
+
+    @property
+    def calls(self) -> int:
+        return self.hits + sum(self.fallbacks.values())
 
     def fallback(self, reason: str) -> None:
         f = self.fallbacks
@@ -45,8 +52,8 @@ class OpStats:
         return {"calls": self.calls, "hits": self.hits, "fallbacks": dict(self.fallbacks)}
 
     def reset(self) -> None:
-        self.calls = self.hits = 0
-        self.fallbacks = {}
+        self.hits = 0
+        self.fallbacks.clear()  # in place: generated dispatch wrappers hold this dict
 
 
 _STATS: dict[str, OpStats] = {}

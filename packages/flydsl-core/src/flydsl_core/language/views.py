@@ -502,6 +502,67 @@ def _swizzle_facts(layout, shape):
     return static_facts(vals)
 
 
+class IndexView(View):
+    """Elementwise (NumPy "advanced") indexing: element ``e`` of the tile is
+    ``tensor[idx_0[e], ..., idx_{n-1}[e]]``, one integer index tile (or scalar) per tensor
+    dimension, all broadcast to one shape. Indices outside ``[0, size)`` are masked.
+
+    Unlike ``x[i, j]`` with two index tiles (the outer product), this pairs the indices up:
+    what a score mod needs to read ``bias[h, q_idx - kv_idx]`` at every score element.
+    """
+
+    def __init__(self, tensor: TensorRef, indices):
+        if len(indices) != tensor.ndim:
+            raise TypeCheckError(
+                f"gather needs one index per dimension of {tensor.name} ({tensor.ndim}), got "
+                f"{len(indices)}"
+            )
+        idx = []
+        for i in indices:
+            t = as_tile(i)
+            if not (t.dtype.is_int or t.dtype.is_bool):
+                raise TypeCheckError(f"gather indices must be integers, got {t.type}")
+            idx.append(t)
+        from .tile import broadcast_shapes
+
+        self.indices = idx
+        self._shape = broadcast_shapes(*(t.shape for t in idx))
+        super().__init__(tensor, (), ())
+
+    def _static_shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def __getitem__(self, idx):
+        raise TypeCheckError("a gathered view cannot be sliced")
+
+    def tile(self, tiler, coord):
+        raise TypeCheckError("a gathered view cannot be tiled")
+
+    def offsets(self, *, bounds_check: bool = True):
+        t = self.tensor
+        shape = self._shape
+        total, mask = None, None
+        for d, i in enumerate(self.indices):
+            i = cast(i, t.index_dtype)
+            term = _mul(i, t.stride[d])
+            total = term if total is None else total + term
+            if bounds_check:
+                ok = (i >= 0) & (i < t.shape[d])
+                mask = ok if mask is None else mask & ok
+        offs = broadcast_to(as_tile(total, t.index_dtype), shape)
+        if mask is not None:
+            mask = broadcast_to(mask, shape)
+        return offs, mask
+
+
+def _gather(self: TensorRef, *indices) -> IndexView:
+    """``x.gather(i, j, ...)``: see ``IndexView``."""
+    return IndexView(self, indices)
+
+
+TensorRef.gather = _gather
+
+
 def _layout_view(self: TensorRef, layout, offset=0) -> LayoutView:
     """``x.view(layout, offset)``: see ``LayoutView``."""
     return LayoutView(self, layout, offset)

@@ -327,6 +327,37 @@ class Kernel:
             self._cache[ckey] = ck
             return ck
 
+    def triton_function(self, *args, target=None, **kwargs):
+        """``(jit_function, GeneratedKernel)``: the ``@triton.jit`` function this kernel generates
+        for these arguments (tensors, ``TensorSpec``s or numbers, as ``compile``) and ``target``,
+        without compiling it. Another compiler can then take the function over (torch's
+        ``wrap_triton`` puts it in an Inductor graph); ``GeneratedKernel.params`` says which
+        run-time argument, size or stride each Triton parameter is read from."""
+        from ..backends import get_backend
+        from ..targets import resolve_target
+
+        spec = self.specialize(self.bind(args, kwargs))
+        tgt = resolve_target(target)
+        if not self._guard():
+            self._refresh()
+        ckey = ("triton_function", spec.key, tgt.name)
+        hit = self._cache.get(ckey)
+        if hit is not None:
+            return hit
+        backend = get_backend(tgt)
+        if not hasattr(backend, "generate"):
+            raise ArgumentError(
+                f"{self.name}: target {tgt.name} does not generate Triton; use a GPU target or "
+                "cpu-interpret"
+            )
+        from ..backends.triton.compiler import import_source, write_source
+
+        with self._lock:
+            gen = backend.generate(self.lower(spec))
+            out = (getattr(import_source(write_source(gen)), gen.name), gen)
+            self._cache[ckey] = out
+        return out
+
     def __getitem__(self, grid):
         return _Launcher(self, grid)
 
@@ -335,6 +366,9 @@ class Kernel:
         return self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
+        sink = getattr(_SINK, "fn", None)
+        if sink is not None:  # a tracing framework takes the launch over (launch_sink)
+            return sink(self, grid, args, kwargs)
         if not self._guard():
             self._refresh()
         # Fast path: a call shaped like an earlier one maps straight to its compiled kernel
@@ -385,6 +419,28 @@ class Kernel:
                     f"{self.name}: run-time argument {n} must be passed explicitly, not defaulted"
                 )
         return ck, _getter(tuple(where))
+
+
+_SINK = threading.local()
+
+
+class launch_sink:
+    """``with launch_sink(fn):`` launches on this thread call ``fn(kernel, grid, args, kwargs)``
+    instead of compiling and running (``kwargs`` still holds the launch options). For callers
+    that trace a FlyDSL API into another framework's graph (torch_flydsl under torch.compile);
+    nested sinks restore the outer one on exit."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._prev = None
+
+    def __enter__(self):
+        self._prev = getattr(_SINK, "fn", None)
+        _SINK.fn = self.fn
+        return self
+
+    def __exit__(self, *exc):
+        _SINK.fn = self._prev
 
 
 class _Launcher:

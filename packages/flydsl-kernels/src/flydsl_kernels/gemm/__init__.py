@@ -6,11 +6,13 @@ epilogues) and grouped GEMM (``torch._grouped_mm``).
     y = gemm(x, w.t(), bias=b, activation="silu")           # F.linear + SiLU, NT layout
     y = gemm(a, b, alpha=0.5, beta=1.0, c=c)                 # addmm
     y = grouped_mm(tokens, experts_w, offs)                  # MoE forward, ragged M
+    h = swiglu(x, w_gate.t(), w_up.t())                       # silu(x @ Wg^T) * (x @ Wu^T)
 
 Kernels (kernels.py): one dense kernel for every layout (unit strides are
 compile-time facts), with grouped pid ordering, an XCD remap and split-K
 (fp32 partials + a fixed-order reduce); one persistent grouped kernel for
-all four ``_grouped_mm`` forms. configs.py holds the config space, the
+all four ``_grouped_mm`` forms; one fused SwiGLU kernel (two GEMMs sharing
+the A operand, ``silu(gate) * up`` in registers). configs.py holds the config space, the
 static model that chose the shipped gfx950 defaults (untimed: no gfx950
 here) and the selection rule.
 
@@ -22,7 +24,7 @@ selection rules), ``api``, ``reference`` and the report cases (``cases``).
 from __future__ import annotations
 
 from . import configs, plan, reference
-from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm
+from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm, swiglu
 from .cases import FAMILY, TOLERANCE
 from .kernels import KERNELS
 
@@ -37,4 +39,5 @@ __all__ = [
     "grouped_mm",
     "plan",
     "reference",
+    "swiglu",
 ]

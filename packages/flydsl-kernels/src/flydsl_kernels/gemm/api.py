@@ -1,4 +1,5 @@
-"""The GEMM function API over torch tensors: dense ``gemm`` (batched, split-K) and ``grouped_mm``.
+"""The GEMM function API over torch tensors: dense ``gemm`` (batched, split-K), the fused
+``swiglu`` and ``grouped_mm``; each launches its plan (``plan.py``).
 
 Layouts: any strides. A transposed operand is a strided view (``w.t()``);
 the launcher specializes unit strides to compile-time constants, so each
@@ -35,7 +36,15 @@ from .kernels import (
 )
 
 # the launch geometry lives in plan.py; these names stay importable from here
-from .plan import REDUCE_BM, REDUCE_BN, persistent_grid, plan_gemm, plan_grouped, target_xcds  # noqa: F401
+from .plan import (  # noqa: F401
+    REDUCE_BM,
+    REDUCE_BN,
+    persistent_grid,
+    plan_gemm,
+    plan_grouped,
+    plan_swiglu,
+    target_xcds,
+)
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -58,6 +67,17 @@ def _out_dtype(out_dtype, a):
     if out_dtype not in SUPPORTED_OUT_DTYPES:
         raise TypeError(f"FlyDSL GEMM outputs bf16, fp16 or fp32, not {out_dtype}")
     return out_dtype
+
+
+def _check_out(out, shape, dtype, device):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"FlyDSL GEMM out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+        raise ValueError(
+            f"FlyDSL GEMM out must be a {dtype} tensor of shape {list(shape)} on {device}, "
+            f"got {out.dtype} {list(out.shape)} on {out.device}"
+        )
+    return out
 
 
 def _as3(t: torch.Tensor, batch: int, rows: int, cols: int, what: str) -> torch.Tensor:
@@ -87,6 +107,7 @@ def gemm(
     target=None,
     config=None,
     split_k=None,
+    out=None,
 ):
     """``act(alpha * (a @ b) + beta * c + bias) + residual``, fp32 accumulation.
 
@@ -95,7 +116,12 @@ def gemm(
     * ``bias``: ``(N,)`` (per column, ``F.linear``'s) or ``(M, 1)`` (per row);
     * ``c``: broadcastable to the output ``(M, N)`` / ``(B, M, N)`` (``addmm``);
     * ``activation``: None, ``"relu"``, ``"gelu"`` / ``"gelu_erf"``, ``"gelu_tanh"``, ``"silu"``;
-    * ``residual``: added after the activation, the output's shape.
+    * ``residual``: added after the activation, the output's shape;
+    * ``out``: where to write the result (the result's shape and ``out_dtype``; any strides).
+
+    Host code is integer arithmetic on the shapes (no float ``ceil``, no ``min`` of sizes), so
+    the function also runs on tensors with symbolic sizes when a tracer takes the launches over
+    (``flydsl_core.runtime.kernel.launch_sink``), given ``config`` and ``split_k``.
     """
     _check_operands(a, b)
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
@@ -117,8 +143,12 @@ def gemm(
             f"{sorted(k for k in ACTIVATIONS if k)} or None"
         )
     odt = _out_dtype(out_dtype, a)
-    out = torch.empty((batch, M, N), dtype=odt, device=a.device)
-    result = out if batched else out[0]
+    if out is None:
+        out = torch.empty((batch, M, N), dtype=odt, device=a.device)
+        result = out if batched else out[0]
+    else:
+        result = _check_out(out, (batch, M, N) if batched else (M, N), odt, a.device)
+        out = out if batched else out[None]
     if out.numel() == 0:
         return result
     a3, b3 = _as3(a, batch, M, K, "a"), _as3(b, batch, K, N, "b")
@@ -158,10 +188,51 @@ def gemm(
     return result
 
 
+def swiglu(a, w_gate, w_up, *, out_dtype=None, target=None, config=None, out=None):
+    """``silu(a @ w_gate) * (a @ w_up)`` in one kernel that reads ``a`` once (``swiglu_kernel``).
+
+    ``a``: ``(M, K)`` or ``(B, M, K)``; ``w_gate`` / ``w_up``: ``(K, N)`` or ``(B, K, N)``, any
+    strides (``F.linear`` weights are ``W.t()``, the NT layout). fp32 accumulation, one
+    rounding to ``out_dtype`` (default the input dtype). ``out``: where to write the result.
+    """
+    _check_operands(a, w_gate, "swiglu")
+    _check_operands(a, w_up, "swiglu")
+    if a.dim() not in (2, 3) or w_gate.dim() not in (2, 3) or w_up.dim() not in (2, 3):
+        raise ValueError("FlyDSL swiglu takes 2-D or 3-D operands")
+    if tuple(w_gate.shape) != tuple(w_up.shape):
+        raise ValueError(
+            f"swiglu: w_gate {list(w_gate.shape)} and w_up {list(w_up.shape)} must have one shape"
+        )
+    if a.shape[-1] != w_gate.shape[-2]:
+        raise ValueError(f"swiglu: a {list(a.shape)} @ w {list(w_gate.shape)}: K differs")
+    batched = a.dim() == 3 or w_gate.dim() == 3
+    batch = max(a.shape[0] if a.dim() == 3 else 1, w_gate.shape[0] if w_gate.dim() == 3 else 1)
+    M, K, N = a.shape[-2], a.shape[-1], w_gate.shape[-1]
+    odt = _out_dtype(out_dtype, a)
+    if out is None:
+        out = torch.empty((batch, M, N), dtype=odt, device=a.device)
+        result = out if batched else out[0]
+    else:
+        result = _check_out(out, (batch, M, N) if batched else (M, N), odt, a.device)
+        out = out if batched else out[None]
+    if out.numel() == 0:
+        return result
+    if K == 0:
+        return result.zero_()  # silu(0) * 0
+    a3 = _as3(a, batch, M, K, "a")
+    g3, u3 = _as3(w_gate, batch, K, N, "w_gate"), _as3(w_up, batch, K, N, "w_up")
+    tgt = tensor_target(a, target)
+    launch = plan_swiglu(a3, g3, u3, out, config=config, target=tgt, table=table_target(a, target))
+    launch.run(tgt)
+    return result
+
+
 # -- grouped ---------------------------------------------------------------------------------------
 
 
-def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None):
+def grouped_mm(
+    mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=None, config=None, out=None
+):
     """``torch._grouped_mm(mat_a, mat_b, offs, bias, out_dtype)`` in one persistent launch.
 
     Forms (``offs``: int32 cumulative group end offsets, ``G`` of them):
@@ -180,6 +251,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     (a list or another dtype a ``TypeError``) where ``offs`` is on the CPU; a GPU ``offs`` is
     not read on the host, and the kernel clamps it, so nothing outside the operands is touched.
     ``bias``: ``(G, N)``, one row per group, for the 2-D x 3-D and 3-D x 3-D forms.
+    ``out``: where to write the result (its shape and dtype; any strides).
     """
     _check_operands(mat_a, mat_b, "grouped_mm")
     da, db = mat_a.dim(), mat_b.dim()
@@ -210,7 +282,10 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, target=Non
     M, N = mat_a.shape[-2], mat_b.shape[-1]
     odt = _out_dtype(out_dtype, mat_a)
     shape = {RAGGED_M: (M, N), RAGGED_NONE: (G, M, N), RAGGED_K: (G, M, N), RAGGED_N: (M, N)}
-    out = torch.empty(shape[ragged], dtype=odt, device=mat_a.device)
+    if out is None:
+        out = torch.empty(shape[ragged], dtype=odt, device=mat_a.device)
+    else:
+        _check_out(out, shape[ragged], odt, mat_a.device)
     if bias is not None and (ragged not in (RAGGED_M, RAGGED_NONE) or tuple(bias.shape) != (G, N)):
         raise ValueError(
             "grouped_mm bias is (G, N), for the 2-D x 3-D and 3-D x 3-D forms; got "

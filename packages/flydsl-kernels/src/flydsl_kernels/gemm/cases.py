@@ -1,9 +1,9 @@
-"""Report cases of the GEMM family (``FAMILY``): the dense GEMM's shape classes and the grouped
-GEMM at model shapes.
+"""Report cases of the GEMM family (``FAMILY``): the dense GEMM's shape classes, the fused
+SwiGLU and the grouped GEMM at model shapes.
 
 Each case compiles its kernel through the plan (``configs.compile_config`` builds
-``plan.plan_gemm``'s launch, the grouped case ``plan.plan_grouped``'s, on ``TensorSpec``
-operands), so the report shows what the API launches with the target's shipped config;
+``plan.plan_gemm``'s launch, the SwiGLU case ``plan.plan_swiglu``'s, the grouped case
+``plan.plan_grouped``'s, on ``TensorSpec`` operands), so the report shows what the API launches with the target's shipped config;
 ``check`` runs the function API on fresh random inputs against ``reference.py``.
 """
 
@@ -14,9 +14,9 @@ import torch
 from .. import registry
 from .._target import check_target as _check_target
 from . import configs, reference
-from .api import gemm, grouped_mm
+from .api import gemm, grouped_mm, swiglu
 from .kernels import KERNELS, RAGGED_M
-from .plan import plan_grouped
+from .plan import plan_grouped, plan_swiglu
 
 #: (rtol, atol) of the function API against the fp32 references, by output dtype
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (1e-2, 1e-2), torch.float16: (2e-3, 2e-3)}
@@ -91,6 +91,58 @@ def _dense_case(cls, m, n, k, model):
     )
 
 
+def _swiglu_case(m, n, k, model):
+    cfg = configs.select_swiglu(m, n, k)
+
+    def compile_(target):
+        from flydsl_core import TensorSpec
+
+        a, b = configs.operand_specs(m, n, k, "bf16")
+        o = TensorSpec("bf16", (1, m, n))
+        return plan_swiglu(a, b, b, o, config=cfg, target=target).compile(target)
+
+    def inputs(device, mm, nn, kk, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(mm, kk, generator=g).to(torch.bfloat16).to(device)
+        wg = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
+        wu = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
+        return a, wg.t(), wu.t()
+
+    def check(device, target=None):
+        # on the CPU the tile of ``target``'s table (as the dense cases do); on a GPU the API
+        # picks the device's own, as a user's call does
+        config = None
+        if _cpu(device):
+            a, wg, wu = inputs("cpu", min(m, 19), 45, 136, seed=1)
+            config = configs.select_swiglu(m, n, k, target=target)
+        else:
+            a, wg, wu = inputs(device, m, n, k, seed=1)
+        out = swiglu(
+            a, wg, wu, out_dtype=torch.float32, target=_check_target(device), config=config
+        )
+        return _err(out, reference.swiglu(a, wg, wu, out_dtype=torch.float32))
+
+    def run(device):
+        a, wg, wu = inputs(device, m, n, k)
+        return lambda: swiglu(a, wg, wu)
+
+    def aten(device):
+        a, wg, wu = inputs(device, m, n, k)
+        return lambda: torch.nn.functional.silu(a @ wg) * (a @ wu)
+
+    return registry.ReportCase(
+        family="gemm",
+        kernel=KERNELS["swiglu"].name,
+        shape=f"{m}x{n}x{k} bf16 NT, gate+up",
+        config=cfg.as_dict(),
+        compile=compile_,
+        check=check,
+        run=run,
+        aten=aten,
+        notes=f"{model}; fused SwiGLU (A read once, two accumulators); static-model tile, untimed",
+    )
+
+
 def _grouped_case(tokens, experts, n, k, model):
     def cfg_of(target):
         return configs.select_grouped(max(1, tokens // experts), n, k, target)
@@ -158,6 +210,11 @@ DENSE_CASES = (
     ("large", 4096, 4096, 4096, "Llama-3.1-8B attn out, prefill"),
     ("large", 4096, 14336, 4096, "Llama-3.1-8B gate/up, prefill"),
 )
+#: the fused SwiGLU MLP: (M, N = intermediate size, K = hidden, model)
+SWIGLU_CASES = (
+    (16, 14336, 4096, "Llama-3.1-8B MLP gate+up, decode"),
+    (4096, 14336, 4096, "Llama-3.1-8B MLP gate+up, prefill"),
+)
 #: (tokens x top-k routed rows, experts, N, K, model)
 GROUPED_CASES = (
     (4096 * 8, 128, 768, 2048, "Qwen3-30B-A3B up proj (top-8 of 128)"),
@@ -168,6 +225,8 @@ GROUPED_CASES = (
 def _cases():
     for cls, m, n, k, model in DENSE_CASES:
         yield _dense_case(cls, m, n, k, model)
+    for m, n, k, model in SWIGLU_CASES:
+        yield _swiglu_case(m, n, k, model)
     for t, e, n, k, model in GROUPED_CASES:
         yield _grouped_case(t, e, n, k, model)
 

@@ -457,6 +457,37 @@ def select(M: int, N: int, K: int, batch: int = 1, target=None) -> Config:
     return table[cls]
 
 
+#: fp32 accumulator elements per lane the fused SwiGLU may hold (both accumulators together):
+#: the dense large tile's figure (256 x 256 over 8 waves of 64 lanes), which compiles without
+#: spilling on gfx950
+SWIGLU_MAX_ACC_PER_LANE = 128
+#: LDS bytes per 4 waves a SwiGLU workgroup may take: two workgroups of 4 waves (2 waves per
+#: SIMD) then fit gfx950's 160 KiB, as the dense tiles do
+SWIGLU_LDS_PER_4_WAVES = 80 * 1024
+
+
+def swiglu_lds(cfg: Config) -> int:
+    """LDS bytes of the fused SwiGLU's pipeline: per stage an A tile and two B tiles, bf16."""
+    return cfg.num_stages * (cfg.BM * cfg.BK + 2 * cfg.BK * cfg.BN) * 2
+
+
+def select_swiglu(M: int, N: int, K: int, batch: int = 1, target=None) -> Config:
+    """The fused SwiGLU's tile: the dense GEMM's class tile (``select``) with BN halved while its
+    two accumulators (gate and up) would hold more than ``SWIGLU_MAX_ACC_PER_LANE`` fp32 values
+    per lane, then BK halved while its pipeline (an A and two B tiles per stage) takes more than
+    ``SWIGLU_LDS_PER_4_WAVES`` per 4 waves. Untimed; the compile tests pin that the results do
+    not spill on gfx950 and keep 2 waves per SIMD."""
+    from dataclasses import replace
+
+    cfg = select(M, N, K, batch, target)
+    new = replace(cfg, notes={})
+    while 2 * new.BM * new.BN // (64 * new.num_warps) > SWIGLU_MAX_ACC_PER_LANE and new.BN > 32:
+        new = replace(new, BN=new.BN // 2)
+    while swiglu_lds(new) > SWIGLU_LDS_PER_4_WAVES * new.num_warps // 4 and new.BK > 32:
+        new = replace(new, BK=new.BK // 2)
+    return cfg if new == cfg else new
+
+
 def select_grouped(m_per_group: int, N: int, K: int, target=None) -> Config:
     """The grouped kernel's tile, by the rows a group has on average (MoE: tokens per expert)."""
     return shipped_table(target)[shape_class(m_per_group)]

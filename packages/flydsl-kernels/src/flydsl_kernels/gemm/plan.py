@@ -4,10 +4,13 @@
 the config and split-K; None: ``configs.select`` / ``configs.split_k`` on ``table``'s table)
 and returns a ``GemmPlan`` whose ``launches(...)`` binds the operands: the dense kernel, or with
 split-K the kernel into fp32 partials (``workspaces()``) and the fixed-order reduce.
-``plan_grouped`` returns the persistent grouped launch of given operands. Operands are torch
+``plan_swiglu`` returns the fused SwiGLU's launch and ``plan_grouped`` the persistent grouped
+launch of given operands. Operands are torch
 tensors (the function API, ``api.py``) or ``TensorSpec``s (the static model in ``configs``,
 the report cases and the compile tests compile the same launches without data), so each
-kernel's call is written once, here. Sizes are combined with integer arithmetic only.
+kernel's call is written once, here. Sizes are combined with integer arithmetic only (and
+``torch.sym_max`` / ``sym_min``), so the plans also run on the symbolic sizes of a traced call
+(torch-flydsl's compile path) without guarding on them.
 """
 
 from __future__ import annotations
@@ -121,6 +124,23 @@ def plan_gemm(
     )
 
 
+def plan_swiglu(a, w_gate, w_up, out, *, config=None, even_k=None, target=None, table=None):
+    """The fused SwiGLU's launch (``swiglu_kernel``): ``a`` ``(batch, M, K)``, ``w_gate`` /
+    ``w_up`` ``(batch, K, N)`` (any strides; stride 0 broadcasts), ``out`` ``(batch, M, N)``.
+    ``config`` None takes ``table``'s ``configs.select_swiglu``; ``target`` is the launch's
+    (its XCDs and compiler options); ``even_k`` None: K a multiple of the K tile."""
+    batch, M, K = a.shape
+    N = w_gate.shape[-1]
+    cfg = config or configs.select_swiglu(M, N, K, batch, table)
+    cx = dict(
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(target),
+        EVEN_K=K % cfg.BK == 0 if even_k is None else even_k, STAGES=cfg.num_stages,
+    )  # fmt: skip
+    grid = (_cdiv(M, cfg.BM) * _cdiv(N, cfg.BN), batch, 1)
+    args = (a, w_gate, w_up, out, M, N, K)
+    return Launch(KERNELS["swiglu"], grid, args, cx, _options(cfg, target, table))
+
+
 # -- grouped ---------------------------------------------------------------------------------------
 
 
@@ -135,7 +155,8 @@ def persistent_grid(ragged, G, M, N, BM, BN, target) -> tuple[int, int]:
     tn = _cdiv(N, BN) + (G if ragged == RAGGED_N else 0)
     tm = _cdiv(M, BM) + (G if ragged == RAGGED_M else 0)
     tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
-    programs = max(1, min(tiles, configs.grouped_programs(target)))
+    # torch.sym_max / sym_min: plain max / min of ints, no guard on a symbolic size
+    programs = torch.sym_max(1, torch.sym_min(tiles, configs.grouped_programs(target)))
     return programs, max(16, 1 << (G - 1).bit_length())
 
 

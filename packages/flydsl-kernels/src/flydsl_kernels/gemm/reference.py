@@ -36,6 +36,13 @@ def gemm(
     return acc.to(out_dtype or a.dtype)
 
 
+def swiglu(a, w_gate, w_up, *, out_dtype=None):
+    """``silu(a @ w_gate) * (a @ w_up)`` in fp32, rounded once to ``out_dtype``."""
+    g = torch.matmul(a.float(), w_gate.float())
+    u = torch.matmul(a.float(), w_up.float())
+    return (torch.nn.functional.silu(g) * u).to(out_dtype or a.dtype)
+
+
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """``torch._grouped_mm`` semantics, one ``torch.matmul`` per group in fp32."""
     odt = out_dtype or mat_a.dtype

@@ -154,21 +154,16 @@ def _failed(key: str, e: Exception) -> None:
         type(e).__name__,
         e,
     )
-    st = _stat(key)
-    st.calls += 1
-    st.fallback("error")
+    _stat(key).fallback("error")  # calls is derived: hits + fallbacks (stats.py)
 
 
 def _hit(key: str) -> None:
-    st = _stat(key)
-    st.calls += 1
-    st.hits += 1
+    _stat(key).hits += 1
 
 
 def count_fallback(key: str, reason: str, n: int = 1) -> None:
     """Count ``n`` calls of a route that went to the PyTorch path, for ``reason``."""
     st = _stat(key)
-    st.calls += n
     for _ in range(n):
         st.fallback(reason)
 

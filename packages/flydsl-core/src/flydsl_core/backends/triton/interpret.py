@@ -291,11 +291,14 @@ class InterpretLowering(Lowering):
             if src != dt.fp32:
                 x = self.convert(x, src, dt.fp32)
             return f"{self.helper('_fly_to_bf16', _TO_BF16_HELPER)}({x})"
+        if src.is_int and to.is_int:  # index widening: loop variables are Python ints here
+            return f"tl.cast({x}, {tl_dtype(to)})"
         return super().convert(x, src, to)
 
     def prologue(self, params) -> None:
         for kp in params:
             if kp.sig == "i64":  # an int that fits 32 bits would be typed int32
-                self.emit(f"{kp.name} = {kp.name}.to(tl.int64)")
+                # tl.cast, not .to: the interpreter passes an argument equal to 1 as a plain int
+                self.emit(f"{kp.name} = tl.cast({kp.name}, tl.int64)")
             elif kp.kind == "scalar" and kp.sig.startswith("fp"):  # a Python float there
                 self.emit(f"{kp.name} = tl.full((), {kp.name}, tl.{_TL_FLOAT[kp.sig]})")

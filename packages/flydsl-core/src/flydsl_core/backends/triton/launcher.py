@@ -23,6 +23,7 @@ process never see it; launches are serialized by a lock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import types
 from pathlib import Path
@@ -294,6 +295,12 @@ def interpret_scope():
                 scope.set_attr(owner, name, twin)
             builder, binary_op = _fixed_binary_op(interpreter)
             scope.set_attr(builder, "binary_op", binary_op)
+            # Triton's interpreter widens every int32 add / sub / mul to int64 to check it for
+            # overflow, then discards the check (device_assert is a no-op without debug): a
+            # third of an integer-heavy kernel's interpreted time. FlyDSL integers wrap.
+            scope.set_attr(
+                builder, "options", dataclasses.replace(builder.options, sanitize_overflow=False)
+            )
             yield
         finally:
             scope.restore()

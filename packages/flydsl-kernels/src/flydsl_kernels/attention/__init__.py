@@ -1,0 +1,41 @@
+"""The attention family: flash-attn's API (forward, backward, varlen, paged KV-cache decode) in
+FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods.
+
+    from flydsl_kernels.attention import flash_attn_func, flash_attn_varlen_func
+    from flydsl_kernels.attention import flash_attn_with_kvcache
+
+Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels``, ``configs`` (config
+space, static model, per-target tables, schedule rules), ``api``, ``reference``, ``mods``, and
+the report cases (``cases``).
+"""
+
+from __future__ import annotations
+
+from . import configs, mods, plan, reference
+from .api import (
+    SUPPORTED_DTYPES,
+    BlockSparse,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    flash_attn_with_kvcache,
+)
+from .cases import FAMILY, TOLERANCE
+from .kernels import KERNELS
+from .mods import MaskMod, ScoreMod
+
+__all__ = [
+    "FAMILY",
+    "KERNELS",
+    "SUPPORTED_DTYPES",
+    "TOLERANCE",
+    "BlockSparse",
+    "MaskMod",
+    "ScoreMod",
+    "configs",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "mods",
+    "plan",
+    "reference",
+]

@@ -1,0 +1,663 @@
+"""The attention function API over torch tensors, with flash-attn's names and layouts.
+
+    out = flash_attn_func(q, k, v, causal=True)                    # (B, S, H, D)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # packed (total, H, D)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                  block_table=table)                # paged decode
+
+Beyond flash-attn: ``sinks`` (gpt-oss: one learned logit per query head in the softmax
+denominator, differentiable), ``lse_log2`` (the LSE in base 2), ``score_mod`` / ``mask_mod``
+with ``mod_tensors`` (FlyDSL mods, see ``mods.py``), ``target`` (a FlyDSL target; None: the
+device's, ``cpu-reference`` for CPU tensors), ``table`` (the target whose config table, CU
+count and split rule plan the launch; None: the device's, gfx950's on the CPU backends, so
+``target="cpu-interpret", table="sm90"`` runs sm90's plan on the interpreter) and ``config`` /
+``num_splits`` overrides.
+
+Supported: bf16 / fp16 q, k, v of one dtype, fp32 accumulation; head dims up to 256 (any, 192
+for q/k with 128 for v included); ``nheads % nheads_k == 0`` (MHA, GQA, MQA); any strides.
+Not supported, with an error saying so: dropout (``dropout_p != 0``), rotary embedding and
+``cache_leftpad`` in ``flash_attn_with_kvcache``, page sizes that are not powers of two.
+
+Differentiable (``torch.autograd``) as flash-attn's are: ``flash_attn_func`` and
+``flash_attn_varlen_func`` (q, k, v, sinks). Both backward modes are deterministic (dK/dV
+reduce the query heads of a group and the query blocks in a fixed order, dQ has its own
+kernel: no atomics), so ``deterministic=True`` always holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._target import table_target, target_name, tensor_target
+from . import configs, plan
+from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256
+_DNAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# -- block sparsity ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockSparse:
+    """torch's ``BlockMask`` lists (``torch.nn.attention.flex_attention``), all int32:
+
+    * ``kv_num_blocks (B, H, q_blocks)`` / ``kv_indices (B, H, q_blocks, kv_blocks)``: the key
+      blocks each query block visits where the mask mod decides (partial blocks);
+    * ``full_kv_*``: blocks visited with no mask mod (every element visible);
+    * ``q_*`` / ``full_q_*``: the transposed lists (per key block), for the dK/dV backward;
+    * ``block_size``: ``(Q, KV)`` elements per block (BlockMask's ``BLOCK_SIZE``).
+
+    ``B`` and ``H`` may be 1 (broadcast). Blocks in neither list are skipped. ``H`` counts
+    query heads.
+    """
+
+    kv_num_blocks: Any
+    kv_indices: Any
+    full_kv_num_blocks: Any = None
+    full_kv_indices: Any = None
+    q_num_blocks: Any = None
+    q_indices: Any = None
+    full_q_num_blocks: Any = None
+    full_q_indices: Any = None
+    block_size: tuple = (128, 128)
+
+    @classmethod
+    def from_block_mask(cls, bm) -> BlockSparse:
+        """From a ``torch.nn.attention.flex_attention.BlockMask``."""
+        bs = bm.BLOCK_SIZE
+        return cls(
+            bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
+            bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices,
+            (int(bs[0]), int(bs[1])) if isinstance(bs, tuple) else (int(bs), int(bs)),
+        )  # fmt: skip
+
+    def lists(self, B, H, transposed=False):
+        """The four tensors a kernel takes, broadcast to ``(B, H, ...)`` (None where absent)."""
+        names = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices") if transposed \
+            else ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")  # fmt: skip
+        out = []
+        for n in names:
+            t = getattr(self, n)
+            out.append(None if t is None else t.expand(B, H, *t.shape[2:]))
+        return tuple(out)
+
+
+def _check_sparse(bs, B, H, sq, sk, device, mask_mod):
+    if bs is None:
+        return None
+    if not isinstance(bs, BlockSparse):
+        if hasattr(bs, "kv_num_blocks") and hasattr(bs, "BLOCK_SIZE"):
+            bs = BlockSparse.from_block_mask(bs)
+        else:
+            raise TypeError("block_sparse must be a BlockSparse or a torch BlockMask")
+    bq, bkv = bs.block_size
+    for n, blk in (("Q", bq), ("KV", bkv)):
+        if blk < 16 or blk % 16:
+            raise ValueError(f"block_sparse: {n} block size must be a multiple of 16, got {blk}")
+    nq, nk = -(-sq // bq), -(-sk // bkv)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):  # fmt: skip
+        t = getattr(bs, name)
+        if t is None:
+            continue
+        if t.dtype != torch.int32 or t.device != device:
+            raise TypeError(f"block_sparse.{name} must be int32 on the inputs' device")
+        if t.shape[0] not in (1, B) or t.shape[1] not in (1, H):
+            raise ValueError(
+                f"block_sparse.{name} must be (batch or 1, nheads or 1, ...), got {list(t.shape)}"
+            )
+        rows = nk if name.startswith(("q_", "full_q")) else nq
+        if t.shape[2] < rows:
+            raise ValueError(
+                f"block_sparse.{name} covers {t.shape[2]} blocks, the sequence needs {rows}"
+            )
+    if (bs.full_kv_num_blocks is None) != (bs.full_kv_indices is None):
+        raise ValueError("block_sparse: give full_kv_num_blocks and full_kv_indices together")
+    return bs
+
+
+# -- validation --------------------------------------------------------------------------------------
+
+
+def _check_dropout(dropout_p):
+    if dropout_p:
+        raise NotImplementedError(
+            f"FlyDSL attention does not implement dropout (dropout_p={dropout_p}); it supports "
+            "dropout_p=0.0 only (inference, and training without attention dropout)"
+        )
+
+
+def _check_qkv(q, k, v, what, rank):
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: {n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{what} supports bf16 and fp16 q, k, v; {n} is {t.dtype}")
+        if t.dim() != rank:
+            raise ValueError(f"{what}: {n} must be {rank}-D, got shape {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{what}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{what}: q, k, v must be on one device")
+    H, Hk = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != Hk:
+        raise ValueError(f"{what}: k has {Hk} heads, v {v.shape[-2]}")
+    if Hk == 0 or H % Hk:
+        raise ValueError(
+            f"{what}: nheads ({H}) must be a multiple of nheads_k ({Hk}) (MHA, GQA or MQA)"
+        )
+    D, Dv = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != D:
+        raise ValueError(f"{what}: q has head dim {D}, k {k.shape[-1]}")
+    if not (0 < D <= MAX_HEAD_DIM and 0 < Dv <= MAX_HEAD_DIM):
+        raise ValueError(
+            f"{what}: head dims up to {MAX_HEAD_DIM} are supported, got q/k {D} and v {Dv}"
+        )
+
+
+def _check_window(window_size):
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair of ints, got {window_size!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries are >= 0, or -1 for unbounded; got {window_size}")
+    return left, right
+
+
+def _check_softcap(softcap):
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
+    return float(softcap)
+
+
+def _alibi(alibi_slopes, batch, H, Hk, device):
+    """flash-attn's ``(nheads,)`` or ``(batch, nheads)`` fp32 slopes as ``(batch, Hk, G)``."""
+    if alibi_slopes is None:
+        return None
+    a = alibi_slopes
+    if a.dtype != torch.float32 or a.device != device:
+        raise TypeError(
+            f"alibi_slopes must be fp32 on the inputs' device, got {a.dtype} on {a.device}"
+        )
+    if tuple(a.shape) == (H,):
+        a = a[None].expand(batch, H)
+    elif tuple(a.shape) != (batch, H):
+        raise ValueError(
+            f"alibi_slopes must be (nheads,) = ({H},) or (batch, nheads) = ({batch}, {H}), "
+            f"got {list(a.shape)}"
+        )
+    return a.unflatten(1, (Hk, H // Hk))
+
+
+def _sinks(sinks, H, Hk, device):
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise TypeError("sinks must be a float tensor of shape (nheads,)")
+    if tuple(sinks.shape) != (H,) or sinks.device != device:
+        raise ValueError(
+            f"sinks must be (nheads,) = ({H},) on the inputs' device, got {list(sinks.shape)}"
+        )
+    return sinks.unflatten(0, (Hk, H // Hk))[None]
+
+
+def _mods(score_mod, mask_mod, mod_tensors, device):
+    sm, mm = as_score_mod(score_mod), as_mask_mod(mask_mod)
+    mt = tuple(mod_tensors or ())
+    if len(mt) > MAX_MOD_TENSORS:
+        raise ValueError(f"at most {MAX_MOD_TENSORS} mod_tensors, got {len(mt)}")
+    for t in mt:
+        if not isinstance(t, torch.Tensor) or t.device != device:
+            raise TypeError("mod_tensors must be tensors on the inputs' device")
+    return sm, mm, mt
+
+
+def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, varlen=False,
+             seqused=False, page=0, batch_idx=False, lse_log2=False, decode=False, score_mod=None,
+             mask_mod=None, scale=None, sparse=None):  # fmt: skip
+    return plan.Problem(
+        batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=q.shape[-2], heads_k=k.shape[-2],
+        head_dim=q.shape[-1], head_dim_v=v.shape[-1], dtype=_DNAME[q.dtype], causal=bool(causal),
+        window=window, softcap=softcap, alibi=alibi is not None, sinks=sinks is not None,
+        varlen=varlen, seqused=seqused, page_size=page, batch_idx=batch_idx, lse=True,
+        lse_log2=lse_log2, decode=decode, score_mod=score_mod, mask_mod=mask_mod,
+        softmax_scale=scale, sparse=tuple(sparse.block_size) if sparse is not None else (0, 0),
+        sparse_full=sparse is not None and sparse.full_kv_num_blocks is not None,
+    )  # fmt: skip
+
+
+# -- forward and backward drivers (tensors in the kernels' 5-D / 4-D views) --------------------------
+
+
+def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=None, cu_q=None,
+             cu_k=None, seqused=None, block_table=None, batch_idx=None, mt=(), config=None,
+             splits=None, persistent=None, sparse=None):  # fmt: skip
+    fp = plan.plan_forward(p, tgt, table=table, config=config, splits=splits, persistent=persistent)
+    o_part = lse_part = None
+    if fp.splits > 1:
+        s, bq, rows = fp.splits, q5.shape[0], q5.shape[1]
+        o_part = torch.empty((s, bq, rows, p.heads_k, p.group, p.head_dim_v), dtype=torch.float32,
+                             device=q5.device)  # fmt: skip
+        lse_part = torch.empty((s, bq, p.heads_k, p.group, rows), dtype=torch.float32,
+                               device=q5.device)  # fmt: skip
+    for launch in fp.launches(
+        q=q5, k=k4, v=v4, o=o5, lse=lse4, sinks=sinks3, alibi=alibi3, cu_q=cu_q, cu_k=cu_k,
+        seqused_k=seqused, block_table=block_table, batch_idx=batch_idx, mod_tensors=mt,
+        o_part=o_part, lse_part=lse_part, sq_rows=q5.shape[1],
+        sparse=sparse.lists(p.batch, p.heads_q) if sparse is not None else (None,) * 4,
+    ):  # fmt: skip
+        launch.run(tgt)
+    return fp
+
+
+def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_q=None,
+              cu_k=None, mt=(), dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
+    bp = plan.plan_backward(p, tgt, table=table, dkdv_config=dkdv_config, dq_config=dq_config)
+    dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
+    dk = torch.empty(k4.shape, dtype=k4.dtype, device=k4.device)
+    dv = torch.empty(v4.shape, dtype=v4.dtype, device=v4.device)
+    # the base-2 LSE and delta side by side (kernels.attn_bwd_preprocess_kernel)
+    ld = torch.empty((*lse4.shape[:3], 2, lse4.shape[3]), dtype=torch.float32, device=q5.device)
+    if dk.numel():
+        dk.zero_()  # keys no query block reaches (empty sequences) keep a zero gradient
+        dv.zero_()
+    for launch in bp.launches(
+        q=q5, k=k4, v=v4, o=o5, do=do5, lse=lse4, ld=ld, dq=dq, dk=dk, dv=dv,
+        alibi=alibi3, cu_q=cu_q, cu_k=cu_k, mod_tensors=mt, sq_rows=q5.shape[1],
+        **_sparse_lists(sparse, p),
+    ):  # fmt: skip
+        launch.run(tgt)
+    return dq, dk, dv, ld[:, :, :, 1]
+
+
+def _sparse_lists(sparse, p):
+    if sparse is None:
+        return {}
+    if sparse.q_num_blocks is None or sparse.q_indices is None:
+        raise NotImplementedError(
+            "the block-sparse backward walks the transposed lists: give q_num_blocks and "
+            "q_indices (a torch BlockMask has them)"
+        )
+    if (sparse.full_kv_num_blocks is None) != (sparse.full_q_num_blocks is None):
+        raise ValueError("block_sparse: full_kv_* and full_q_* go together")
+    return {
+        "sparse_kv": sparse.lists(p.batch, p.heads_q),
+        "sparse_q": sparse.lists(p.batch, p.heads_q, transposed=True),
+    }
+
+
+def _dsinks(sinks, lse, delta, lse_log2):
+    """d loss / d sink_h = -sum_{b,i} P(sink)_{b,h,i} * delta_{b,h,i}, ``P(sink) = exp(sink -
+    lse)`` (the sink's share of the softmax; its value is zero, so only the denominator)."""
+    H = sinks.shape[0]
+    lse_n = lse * torch.log(torch.tensor(2.0)) if lse_log2 else lse
+    ps = torch.exp(sinks.float().reshape(1, H, 1) - lse_n.reshape(-1, H, lse.shape[-1]))
+    return -(ps * delta.reshape(ps.shape)).sum((0, 2)).to(sinks.dtype)
+
+
+class _Attention(torch.autograd.Function):
+    """Forward + backward of the dense and varlen API (``ctx`` keeps the problem and views)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, alibi_slopes, mod_tensors, opts):
+        p, tgt, views, kw = opts["problem"], opts["target"], opts["views"], opts["kw"]
+        q5, k4, v4, o, o5, lse, lse4 = views(q, k, v)
+        sinks3 = _sinks(sinks, p.heads_q, p.heads_k, q.device)
+        alibi3 = opts["alibi"](alibi_slopes)
+        _forward(p, tgt, q5, k4, v4, o5, lse4, sinks3=sinks3, alibi3=alibi3, mt=mod_tensors, **kw)
+        ctx.save_for_backward(q, k, v, o, lse, sinks, alibi_slopes, *mod_tensors)
+        ctx.opts = opts
+        ctx.n_mt = len(mod_tensors)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, sinks, alibi_slopes, *mt = ctx.saved_tensors
+        opts = ctx.opts
+        p, tgt = opts["problem"], opts["target"]
+        if p.score_mod is not None and not p.score_mod.differentiable:
+            raise NotImplementedError(
+                "the score_mod has no gradient: give ScoreMod(fn, grad=...) or additive=True"
+            )
+        q5, k4, v4, _, o5, _, lse4 = opts["views"](q, k, v, o=o, lse=lse)
+        do5 = opts["out_view"](do)
+        alibi3 = opts["alibi"](alibi_slopes)
+        dq5, dk, dv, delta = _backward(
+            p, tgt, q5, k4, v4, o5, do5, lse4, alibi3=alibi3, mt=tuple(mt), **opts["bkw"]
+        )
+        dq = dq5.reshape(q.shape)
+        dk, dv = dk.reshape(k.shape), dv.reshape(v.shape)
+        ds = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            ds = _dsinks(sinks, lse, delta, p.lse_log2)
+        return dq, dk, dv, ds, None, None, None
+
+
+def _config_kw(config):
+    """``config`` may be a ``Config`` (forward) or a dict with keys fwd / bwd_dkdv / bwd_dq."""
+    if config is None:
+        return {}, {}
+    if isinstance(config, configs.Config):
+        return {"config": config}, {}
+    return {"config": config.get("fwd")}, {
+        "dkdv_config": config.get("bwd_dkdv"),
+        "dq_config": config.get("bwd_dq"),
+    }
+
+
+def _table(q, target, table) -> str:
+    """The target whose tables plan a launch on ``q``: ``table`` where given, else the
+    device's (``_target.table_target``)."""
+    return target_name(table) if table is not None else table_target(q, target)
+
+
+# -- the public functions ---------------------------------------------------------------------------
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    sinks=None,
+    lse_log2=False,
+    score_mod=None,
+    mask_mod=None,
+    mod_tensors=(),
+    block_sparse=None,
+    target=None,
+    table=None,
+    config=None,
+    num_splits=None,
+):
+    """flash-attn's ``flash_attn_func``: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hk, D / Dv)``.
+
+    Returns ``out (B, Sq, H, Dv)``, or ``(out, lse (B, H, Sq) fp32, None)`` with
+    ``return_attn_probs`` (flash-attn's triple; there are no dropout probabilities).
+    ``block_sparse``: a ``BlockSparse`` or torch ``BlockMask``: only the listed KV blocks are
+    visited, full blocks without the mask mod (flex_attention's meaning).
+    """
+    _check_dropout(dropout_p)
+    _check_qkv(q, k, v, "flash_attn_func", 4)
+    B, Sq, H, _ = q.shape
+    Sk, Hk = k.shape[1], k.shape[2]
+    if k.shape[0] != B or v.shape[:2] != k.shape[:2]:
+        raise ValueError(
+            f"flash_attn_func: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} "
+            "disagree on batch or seqlen_k"
+        )
+    window = _check_window(window_size)
+    cap = _check_softcap(softcap)
+    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
+    p = _problem(
+        q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=window, softcap=cap,
+        alibi=alibi_slopes, sinks=sinks, lse_log2=lse_log2, score_mod=sm, mask_mod=mm,
+        scale=softmax_scale, sparse=bsp,
+    )  # fmt: skip
+    G, Dv = H // Hk, v.shape[-1]
+    fkw, bkw = _config_kw(config)
+    if bsp is not None:
+        fkw["sparse"], bkw["sparse"] = bsp, bsp
+
+    def views(q, k, v, o=None, lse=None):
+        if o is None:
+            o = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
+            lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+        return (q.unflatten(2, (Hk, G)), k, v, o, o.unflatten(2, (Hk, G)), lse,
+                lse.view(B, Hk, G, Sq))  # fmt: skip
+
+    tbl = _table(q, target, table)
+    opts = {
+        "problem": p,
+        "target": tensor_target(q, target),
+        "views": views,
+        "out_view": lambda do: do.unflatten(2, (Hk, G)),
+        "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
+        "kw": {**fkw, "splits": num_splits, "table": tbl},
+        "bkw": {**bkw, "table": tbl},
+    }
+    _sinks(sinks, H, Hk, q.device)  # validate before any launch
+    _alibi(alibi_slopes, B, H, Hk, q.device)
+    out, lse = _Attention.apply(q, k, v, sinks, alibi_slopes, mt, opts)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    sinks=None,
+    lse_log2=False,
+    score_mod=None,
+    mask_mod=None,
+    mod_tensors=(),
+    target=None,
+    table=None,
+    config=None,
+    num_splits=None,
+):
+    """flash-attn's ``flash_attn_varlen_func`` over packed tokens: q ``(total_q, H, D)``, k/v
+    ``(total_k, Hk, D)`` (or a paged cache ``(pages, page_size, Hk, D)`` with
+    ``block_table``), ``cu_seqlens_*`` int32 ``(batch + 1,)``. Returns ``out (total_q, H,
+    Dv)``, or ``(out, lse (H, total_q), None)``. Sequences may be empty. q/k/v positions in the
+    mods and masks count from each sequence's start."""
+    _check_dropout(dropout_p)
+    paged = block_table is not None
+    _check_qkv(q, k if not paged else k[0], v if not paged else v[0], "flash_attn_varlen_func", 3)
+    for n, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(c, torch.Tensor) or c.dtype != torch.int32 or c.dim() != 1:
+            raise TypeError(f"{n} must be a 1-D int32 tensor (batch + 1 cumulative offsets)")
+        if c.device != q.device:
+            raise ValueError(f"{n} must be on the inputs' device")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.numel() < 1:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries")
+    B = cu_seqlens_q.numel() - 1
+    total_q, H, _ = q.shape
+    Hk = k.shape[-2]
+    window = _check_window(window_size)
+    cap = _check_softcap(softcap)
+    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    page = _page_size(k, block_table, B, q.device) if paged else 0
+    p = _problem(
+        q, k, v, batch=B, sq=int(max_seqlen_q), sk=int(max_seqlen_k), causal=causal,
+        window=window, softcap=cap, alibi=alibi_slopes, sinks=sinks, varlen=True, page=page,
+        lse_log2=lse_log2, score_mod=sm, mask_mod=mm, scale=softmax_scale,
+    )  # fmt: skip
+    G, Dv = H // Hk, v.shape[-1]
+    fkw, bkw = _config_kw(config)
+
+    def views(q, k, v, o=None, lse=None):
+        if o is None:
+            o = torch.empty((total_q, H, Dv), dtype=q.dtype, device=q.device)
+            lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+        kk = k if paged else k[None]
+        vv = v if paged else v[None]
+        return (q.unflatten(1, (Hk, G))[None], kk, vv, o, o.unflatten(1, (Hk, G))[None], lse,
+                lse.view(1, Hk, G, total_q))  # fmt: skip
+
+    cu = {"cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k}
+    tbl = _table(q, target, table)
+    opts = {
+        "problem": p,
+        "target": tensor_target(q, target),
+        "views": views,
+        "out_view": lambda do: do.unflatten(1, (Hk, G))[None],
+        "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
+        "kw": {
+            **fkw,
+            **cu,
+            "splits": num_splits,
+            "block_table": block_table,
+            "table": tbl,
+        },
+        "bkw": {**bkw, **cu, "table": tbl},
+    }
+    _sinks(sinks, H, Hk, q.device)
+    _alibi(alibi_slopes, B, H, Hk, q.device)
+    if paged and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise NotImplementedError(
+            "flash_attn_varlen_func with block_table (a paged KV cache) is inference-only"
+        )
+    out, lse = _Attention.apply(q, k, v, sinks, alibi_slopes, mt, opts)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _page_size(k_cache, block_table, batch, device) -> int:
+    if k_cache.dim() != 4:
+        raise ValueError(
+            f"a paged k_cache is (num_pages, page_size, nheads_k, d), got {list(k_cache.shape)}"
+        )
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(
+            f"block_table must be an int32 (batch, max_pages) = ({batch}, ...) tensor, got "
+            f"{block_table.dtype} {list(block_table.shape)}"
+        )
+    if block_table.device != device:
+        raise ValueError("block_table must be on the inputs' device")
+    P = k_cache.shape[1]
+    if P < 1 or P & (P - 1):
+        raise ValueError(
+            f"paged KV cache: page sizes that are powers of two are supported (16 to 256 "
+            f"tested), got {P}"
+        )
+    return P
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    sinks=None,
+    lse_log2=False,
+    score_mod=None,
+    mask_mod=None,
+    mod_tensors=(),
+    target=None,
+    table=None,
+    config=None,
+):
+    """flash-attn's ``flash_attn_with_kvcache`` (inference: not differentiable).
+
+    q ``(B, Sq, H, D)``; the cache is dense ``(B_cache, Sk_max, Hk, D)`` or paged ``(pages,
+    page_size, Hk, D)`` with ``block_table (B, max_pages)`` int32. ``k``/``v`` ``(B, Snew,
+    Hk, D)``, when given, are written into the cache at ``cache_seqlens`` first (in place, as
+    flash-attn does) and attended to. ``cache_seqlens``: an int or ``(B,)`` int32 (None: the
+    whole cache). ``num_splits``: 0 picks split-KV by the rule in ``configs``. The query heads
+    of a KV group share a tile when there are few queries (``configs.packs_heads``).
+    """
+    if rotary_cos is not None or rotary_sin is not None:
+        raise NotImplementedError(
+            "flash_attn_with_kvcache: rotary embedding is not implemented; apply it to q and k "
+            "before the call (rotary_cos=rotary_sin=None)"
+        )
+    if cache_leftpad is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad is not implemented")
+    _check_qkv(q, k_cache, v_cache, "flash_attn_with_kvcache", 4)
+    B, Sq, H, _ = q.shape
+    Hk = k_cache.shape[2]
+    paged = block_table is not None
+    page = _page_size(k_cache, block_table, B, q.device) if paged else 0
+    if paged and cache_batch_idx is not None:
+        raise ValueError("flash_attn_with_kvcache: cache_batch_idx applies to a dense cache only")
+    sk_max = block_table.shape[1] * page if paged else k_cache.shape[1]
+    if cache_seqlens is None:
+        seqlens = torch.full((B,), sk_max, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    else:
+        if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,):
+            raise ValueError(f"cache_seqlens must be an int or a ({B},) int32 tensor")
+        seqlens = cache_seqlens
+    bidx = None
+    if cache_batch_idx is not None:
+        if cache_batch_idx.dtype != torch.int32 or tuple(cache_batch_idx.shape) != (B,):
+            raise ValueError(f"cache_batch_idx must be a ({B},) int32 tensor")
+        bidx = cache_batch_idx
+    if (k is None) != (v is None):
+        raise ValueError("flash_attn_with_kvcache: give both k and v, or neither")
+    snew = 0
+    if k is not None:
+        _check_qkv(q, k, v, "flash_attn_with_kvcache (k, v)", 4)
+        if k.shape[:3] != (B, k.shape[1], Hk) or v.shape[:2] != k.shape[:2]:
+            raise ValueError(
+                f"new k/v must be (batch, seqlen_new, nheads_k, d) = ({B}, *, {Hk}, *)"
+            )
+        snew = k.shape[1]
+    window = _check_window(window_size)
+    cap = _check_softcap(softcap)
+    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    G, Dv = H // Hk, v_cache.shape[-1]
+    tgt, tbl = tensor_target(q, target), _table(q, target, table)
+    decode = configs.packs_heads(Sq, G)
+    p = _problem(
+        q, k_cache, v_cache, batch=B, sq=Sq, sk=sk_max, causal=causal, window=window,
+        softcap=cap, alibi=alibi_slopes, sinks=sinks, seqused=True, page=page,
+        batch_idx=bidx is not None, lse_log2=lse_log2, decode=decode, score_mod=sm, mask_mod=mm,
+        scale=softmax_scale,
+    )  # fmt: skip
+    if snew and B:
+        plan.append_launch(
+            p, k_new=k, v_new=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqlens,
+            block_table=block_table, batch_idx=bidx, snew=snew,
+        ).run(tgt)  # fmt: skip
+        seqlens = seqlens + snew
+    o = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    with torch.no_grad():
+        _forward(
+            p, tgt, q.unflatten(2, (Hk, G)), k_cache, v_cache, o.unflatten(2, (Hk, G)),
+            lse.view(B, Hk, G, Sq), sinks3=_sinks(sinks, H, Hk, q.device),
+            alibi3=_alibi(alibi_slopes, B, H, Hk, q.device), seqused=seqlens,
+            block_table=block_table, batch_idx=bidx, mt=mt, config=config,
+            splits=num_splits or None, table=tbl,
+        )  # fmt: skip
+    return (o, lse) if return_softmax_lse else o

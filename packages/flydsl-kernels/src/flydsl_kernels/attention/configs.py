@@ -1,0 +1,417 @@
+"""Attention configs: the config space, the static model, per-target tables, the schedule rules.
+
+No GPU was available to time on: every shipped entry was chosen by a *static model* from
+cross-compiled code (``python -m flydsl_kernels.attention.configs [--target T]`` reprints the
+ranking). A candidate is compiled for the target at the class's representative problem and
+rejected if it spills, needs scratch, overflows LDS or fails to compile; survivors are ranked by
+
+0. at least 2 waves per SIMD on AMD (one wave's softmax hides behind another's MFMAs);
+1. 128-bit K/V loads (the widest global load);
+2. loop instructions per MFMA-equivalent (``matrix_loop_instructions`` over the wave's
+   32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half), the lazy rescale's
+   conditional block excluded as in the anchors' figures (``attention.md``);
+3. direct-to-LDS K/V loads (async copies), then fewer warps.
+
+Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
+
+* **tile**: by head dim class (``dclass``), prefill vs decode (decode packs the query heads of
+  a KV group into the tile's rows: ``GP = next_pow2(G)`` heads x ``BM / GP`` positions);
+* **split-KV** (decode and any forward whose grid leaves CUs idle): with ``T`` programs and
+  ``NB`` KV blocks per program, ``splits = 1`` when ``T >= CUs / 2`` or ``NB < 2 *
+  MIN_BLOCKS_PER_SPLIT``; else ``min(MAX_SPLITS, ceil(CUs / T), NB // MIN_BLOCKS_PER_SPLIT)``;
+* **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
+  uneven tile costs (causal: a tile's keys grow with its m-block) and ``CUs <= T <
+  PERSIST_WAVES * CUs`` (a few waves, so the last wave's imbalance is a large share of the
+  time), the grid is ``CUs`` programs walking tiles ``pid, pid + P, ...`` with the m-blocks in
+  zig-zag order (step ``s`` of every program takes the heaviest remaining blocks when ``s`` is
+  even, the lightest when odd), which evens out the work per program; otherwise one program
+  per tile (uniform tiles gain nothing from it, many waves amortize the tail, and below
+  ``CUs`` tiles split-KV is the fix).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .._target import TUNED_TARGETS, compiler_options
+from .._target import num_cus as _num_cus
+from .._target import table_for as _table_for
+
+MAX_SPLITS = 16
+MIN_BLOCKS_PER_SPLIT = 4
+PERSIST_WAVES = 4
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile and launch options of one attention kernel."""
+
+    BM: int  # query rows per tile (forward / dQ) or per step (dK/dV)
+    BN: int  # keys per tile (forward / dQ) or per program (dK/dV)
+    num_warps: int = 4
+    num_stages: int = 1
+    nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
+    waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
+    lazy: bool = True  # forward: the rescale behind a scalar branch (kernels._update)
+    notes: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def options(self, target) -> dict:
+        """Launch options for ``target``'s compiler (``_target.compiler_options``: the MFMA
+        options on AMD targets only, ``num_warps`` alone on the CPU backends)."""
+        opts = {
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "matrix_instr_nonkdim": self.nonkdim,
+        }
+        if self.waves_per_eu:
+            opts["waves_per_eu"] = self.waves_per_eu
+        return compiler_options(opts, target)
+
+    def as_dict(self) -> dict:
+        d = {"BM": self.BM, "BN": self.BN, "num_warps": self.num_warps}
+        d["num_stages"] = self.num_stages
+        d["nonkdim"] = self.nonkdim
+        if self.waves_per_eu:
+            d["waves_per_eu"] = self.waves_per_eu
+        if not self.lazy:
+            d["lazy"] = False
+        return d
+
+
+def dclass(head_dim: int) -> str:
+    """The head-dim class of a table: 64 (<= 64), 128 (<= 128), 256 (above, 192 included)."""
+    if head_dim <= 64:
+        return "d64"
+    return "d128" if head_dim <= 128 else "d256"
+
+
+# -- the shipped tables (static model, untimed) ----------------------------------------------------
+# kinds: fwd (prefill), decode (GQA-packed rows), bwd_dkdv (BM = query rows per step, BN = keys per
+# program), bwd_dq (BM = query rows per program, BN = keys per step). notes: the figures the model
+# saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
+
+
+def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
+    notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
+    return Config(bm, bn, w, ns, nk, lazy=lazy, notes=notes)
+
+
+#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.configs``; Triton
+#: 3.9): notes = VGPRs, loop instructions per KV tile (per query step for dK/dV) and per useful
+#: 32x32x16 MFMA-equivalent. Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per
+#: SIMD, 128-bit K/V loads (decode also at page sizes 16 to 256: tiles never span pages). Where a wider tile was better per MFMA
+#: but spilled SGPRs (fwd d64 256x128: 11.56, 5 SGPR spills), the model took the next one. The lazy rescale is off where it costs more than it
+#: saves (everywhere, in Triton: its scalar branch needs a workgroup-wide max through LDS and a
+#: barrier; fwd d128 256x64: 295 instructions with the branch vs 280 rescaling always).
+_GFX950 = {
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, False, 164, 214, 13.38),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, False, 254, 280, 8.75),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 206, 219, 13.69),
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 140, 286),
+    ("decode", "d128"): _c(16, 64, 2, 1, 16, False, 178, 245),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, False, 224, 247),
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 224, 305, 19.06),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 222, 216, 13.5),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 208, 174, 21.75),
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 244, 246, 10.25),
+    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True, 240, 181, 7.54),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 238, 206, 8.58),
+}
+#: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
+#: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
+#: threads there), dK/dV 16 query rows per step; untimed
+_SM90 = dict(_GFX950)
+_SM90.update({
+    ("fwd", "d64"): _c(128, 64, 8, 2, 32, False),
+    ("fwd", "d128"): _c(128, 64, 8, 2, 32, False),
+    ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
+    ("decode", "d64"): _c(16, 64, 4, 1, 16, False),
+    ("decode", "d128"): _c(16, 64, 4, 1, 16, False),
+    ("decode", "d256"): _c(16, 32, 8, 1, 16, False),
+    ("bwd_dkdv", "d64"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d256"): _c(16, 32, 8, 1, 16, True),
+    ("bwd_dq", "d64"): _c(64, 32, 4, 1, 32, True),
+    ("bwd_dq", "d128"): _c(64, 32, 4, 1, 32, True),
+    ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
+})  # fmt: skip
+
+#: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
+#: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
+#: d128: 128x64 with 4 warps spilled 2 SGPRs without the causal mask and needed AGPRs (one wave
+#: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
+_GFX942 = dict(_GFX950)
+_GFX942.update({
+    ("fwd", "d128"): _c(128, 32, 4, 1, 32, False),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
+    ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
+})  # fmt: skip
+#: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
+_GFX1250 = dict(_GFX950)
+_GFX1250.update({
+    ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
+    ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
+    ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
+})  # fmt: skip
+
+#: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
+TABLES: dict[str, dict[tuple[str, str], Config]] = {
+    "gfx950": _GFX950,
+    "gfx942": _GFX942,
+    "gfx1250": _GFX1250,
+    "sm90": _SM90,
+}
+
+
+def table_for(target) -> dict:
+    """``target``'s table (a name, an alias or a ``Target``); None, the CPU backends and
+    untuned targets read gfx950's (``_target.table_for``)."""
+    return _table_for(TABLES, target)
+
+
+def select(kind: str, head_dim: int, target=None) -> Config:
+    """The shipped config of ``kind`` for a head dim in ``target``'s table."""
+    return table_for(target)[(kind, dclass(head_dim))]
+
+
+def num_cus(target) -> int:
+    """CUs / SMs the split and persistent rules size grids by (``_target.num_cus``)."""
+    return _num_cus(target)
+
+
+#: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger
+DECODE_ROWS_MAX = 64
+
+
+def packs_heads(seqlen_q: int, group: int) -> bool:
+    """Decode packing (the query heads of a KV group share a tile) pays when a KV head's
+    queries are few: ``seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX`` and ``group > 1``."""
+    return group > 1 and seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX
+
+
+def decode_rows(bm: int, seqlen_q: int, gp: int) -> int:
+    """Rows of a decode tile: the table's ``bm`` (the matrix-instruction minimum), grown to
+    hold every query position of the group up to ``DECODE_ROWS_MAX``, and at least one group."""
+    return max(min(max(bm, next_pow2(max(seqlen_q, 1)) * gp), DECODE_ROWS_MAX), gp, bm)
+
+
+def splits_for(programs: int, kv_blocks: int, cus: int) -> int:
+    """Split-KV count (see the module doc): 1 unless the grid leaves most CUs idle and each
+    program has enough KV blocks to share."""
+    if programs >= cus // 2 or kv_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
+        return 1
+    return max(
+        1, min(MAX_SPLITS, math.ceil(cus / max(programs, 1)), kv_blocks // MIN_BLOCKS_PER_SPLIT)
+    )
+
+
+def persistent_programs(tiles: int, cus: int, uneven: bool) -> int:
+    """Programs of a persistent forward grid, or 0 for one program per tile (module doc)."""
+    if uneven and cus <= tiles < PERSIST_WAVES * cus:
+        return cus
+    return 0
+
+
+# -- the static model -----------------------------------------------------------------------------------
+
+#: the problem each (kind, head-dim class) is modelled at (bf16, Llama-like GQA 4:1)
+MODEL_SHAPES = {
+    "d64": (4, 4096, 64),  # (batch, seqlen, head dim)
+    "d128": (4, 4096, 128),
+    "d256": (4, 4096, 256),
+}
+#: waves per SIMD a shipped AMD candidate should reach (model rule 0)
+OCCUPANCY_FLOOR = 2
+
+
+def model_problem(kind: str, dcls: str, *, causal: bool = True):
+    """The ``plan.Problem`` a config of ``kind`` is compiled at by the model and the compile tests."""
+    from .plan import Problem
+
+    b, s, d = MODEL_SHAPES[dcls]
+    if kind == "decode":
+        return Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=64,
+                       decode=True)  # fmt: skip
+    return Problem(b, s, s, 32, 8, d, d, causal=causal)
+
+
+def compile_config(kind: str, cfg: Config, problem=None, target: str = "gfx950"):
+    """Compile the kernel of ``kind`` with ``cfg`` at ``problem`` (default: the model's) for
+    ``target``; returns the ``CompiledKernel``."""
+    from . import cases
+
+    p = problem or model_problem(kind, "d128")
+    if kind in ("fwd", "decode"):
+        from .plan import plan_forward
+
+        fp = plan_forward(p, target, config=cfg, splits=1, persistent=0)
+        return cases.forward_launches(fp)[0].compile(target)
+    return cases.backward_launch(p, target, kind, cfg).compile(target)
+
+
+def loop_mfma_equivalents(amdgcn: str) -> float:
+    """32x32x16-equivalent MFMAs per trip of the innermost loop holding MFMAs (a 16x16x32 or
+    16x16x16 counts half: it does half the work of a 32x32x16 / 32x32x8)."""
+    from ..gemm.configs import k_loop_body
+
+    body = k_loop_body(amdgcn)
+    n = 0.0
+    for ln in body:
+        op = ln.split()[0]
+        if op.startswith("v_mfma"):
+            n += 1.0 if "_32x32x" in op else 0.5
+    return n
+
+
+def useful_mfma(kind: str, cfg: Config, problem) -> float:
+    """32x32x16-equivalent MFMAs of *useful* work per wave per loop trip (``2 * 32 * 32 * 16``
+    FLOPs each): a layout that makes warps repeat each other's rows (the attention.md pitfall)
+    issues more MFMAs than this, and the model must not reward it."""
+    d, dv = problem.head_dim, problem.head_dim_v
+    unit = 32 * 32 * 16
+    if kind in ("fwd", "decode"):
+        rows = cfg.BM if kind == "fwd" else max(cfg.BM, 16)
+        return rows / cfg.num_warps * cfg.BN * (d + dv) / unit
+    if kind == "bwd_dkdv":  # per query step: S^T, dV, dP^T, dK over the program's keys
+        return cfg.BN / cfg.num_warps * cfg.BM * (2 * d + 2 * dv) / unit
+    return cfg.BM / cfg.num_warps * cfg.BN * (2 * d + dv) / unit  # dQ: S, dP, dQ per key tile
+
+
+def figures(ck, kind: str | None = None, cfg: Config | None = None, problem=None) -> dict:
+    """What the model and the compile tests read from a ``CompiledKernel``; with ``kind``,
+    ``cfg`` and ``problem``, ``per_mfma`` is loop instructions per *useful* MFMA-equivalent."""
+    r = ck.executable.report
+    out = {
+        "vgpr": r.vgpr_total,
+        "agpr": r.agpr,
+        "scratch": r.scratch_bytes or 0,
+        "spills": (r.vgpr_spill_count or 0) + (r.sgpr_spill_count or 0),
+        "lds": r.lds_bytes,
+        "occ": r.occupancy,
+        "loop": r.matrix_loop_instructions or 0,
+        "mfma": dict(r.matrix_ops),
+        "loads": {int(k): v for k, v in r.load_widths_bits.items()},
+        "direct_to_lds": r.direct_to_lds_loads,
+    }
+    amdgcn = ck.stages().get("amdgcn")
+    if amdgcn:
+        eq = loop_mfma_equivalents(amdgcn)
+        out["loop_mfma"] = eq
+        useful = useful_mfma(kind, cfg, problem) if kind is not None else eq
+        out["useful_mfma"] = useful
+        out["per_mfma"] = round(out["loop"] / useful, 2) if useful else None
+    return out
+
+
+#: tile shapes (BM, BN, warps) the model tries, per kind and head-dim class
+TILES = {
+    "fwd": [(128, 64, 4), (128, 32, 4), (64, 64, 4), (64, 32, 4), (256, 64, 8), (256, 32, 8),
+            (128, 128, 4), (128, 64, 8)],
+    "fwd_d256": [(64, 32, 4), (128, 32, 4), (64, 64, 4), (128, 64, 8), (256, 32, 8), (128, 32, 8)],
+    "decode": [(16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 32, 2), (16, 64, 2), (16, 64, 4),
+               (16, 128, 4)],
+    "bwd_dkdv": [(32, 64, 4), (64, 64, 4), (32, 128, 4), (64, 128, 8), (16, 64, 4), (32, 32, 4)],
+    "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4)],
+}  # fmt: skip
+
+
+def space(kind: str, dcls: str) -> list[Config]:
+    """The candidates of ``kind`` at a head-dim class: tiles x pipeline stages x MFMA shape
+    (x the lazy rescale, forward only)."""
+    tiles = TILES["fwd_d256" if kind == "fwd" and dcls == "d256" else kind]
+    out = []
+    for bm, bn, w in tiles:
+        for ns in (1, 2):
+            for nk in (16, 32):
+                if kind == "decode" and nk == 32:
+                    continue  # 16-row tiles: 16x16x32 MFMAs only
+                rows = (bn if kind == "bwd_dkdv" else bm) // w  # a warp's rows of the output
+                if nk == 32 and rows < 32:
+                    continue
+                for lazy in (True, False) if kind in ("fwd", "decode") else (True,):
+                    out.append(Config(bm, bn, w, ns, nk, lazy=lazy))
+    return out
+
+
+def score(cfg: Config, fig: dict) -> tuple:
+    widest = max(fig["loads"], default=0)
+    per = fig.get("per_mfma") or 1e9
+    return (widest, -per, fig["direct_to_lds"] > 0, -cfg.num_warps)
+
+
+def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=None):
+    """``[(Config, figures or None, rejected or None)]``, survivors best first."""
+    from flydsl_core.autotune.prune import Candidate, judge
+    from flydsl_core.exc import FlyDSLError
+    from flydsl_core.targets import get_target
+
+    tgt = get_target(target)
+    floor = OCCUPANCY_FLOOR if target.startswith("gfx") else 1
+    rows = []
+    for cfg in candidates if candidates is not None else space(kind, dcls):
+        try:
+            ck = compile_config(kind, cfg, model_problem(kind, dcls), target)
+        except FlyDSLError as e:
+            rows.append((cfg, None, f"compile failed: {e.msg.splitlines()[0]}"))
+            continue
+        cand = judge(Candidate(None, ck.executable.report.to_dict()), tgt, floor)
+        rows.append((cfg, figures(ck, kind, cfg, model_problem(kind, dcls)), cand.rejected))
+    ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
+    return ok + [r for r in rows if r[2] is not None]
+
+
+def check_tables(targets=TUNED_TARGETS) -> list[str]:
+    """Compile every shipped entry of every target's table at its model problem; the problems
+    found (compile failures, scratch, spills, LDS over the target's limit)."""
+    from flydsl_core.autotune.prune import Candidate, judge
+    from flydsl_core.exc import FlyDSLError
+    from flydsl_core.targets import get_target
+
+    bad = []
+    for t in targets:
+        tgt = get_target(t)
+        for (kind, dcls), cfg in TABLES[t].items():
+            try:
+                ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
+            except FlyDSLError as e:
+                bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
+                continue
+            rep = ck.executable.report.to_dict()
+            why = judge(Candidate(None, rep), tgt, 1).rejected
+            if why or rep.get("spill_store_bytes"):
+                bad.append(f"{t} {kind} {dcls} {cfg.as_dict()}: {why or 'spill stores'}")
+    return bad
+
+
+def main(argv=None):  # pragma: no cover - a developer tool
+    import argparse
+
+    ap = argparse.ArgumentParser(description="rank attention configs with the static model")
+    ap.add_argument("--target", default="gfx950")
+    ap.add_argument("--kind", default="fwd", choices=["fwd", "decode", "bwd_dkdv", "bwd_dq"])
+    ap.add_argument("--dclass", default="d128", choices=list(MODEL_SHAPES))
+    ap.add_argument("--limit", type=int, default=0, help="only the first N candidates")
+    ap.add_argument(
+        "--check-tables", action="store_true", help="compile every shipped entry, every target"
+    )
+    a = ap.parse_args(argv)
+    if a.check_tables:
+        bad = check_tables()
+        print("\n".join(bad) or "every shipped entry compiles without scratch or spills")
+        raise SystemExit(1 if bad else 0)
+    cands = space(a.kind, a.dclass)
+    if a.limit:
+        cands = cands[: a.limit]
+    for cfg, fig, why in rank(a.kind, a.dclass, a.target, cands):
+        print(cfg.as_dict(), fig if fig else why, flush=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

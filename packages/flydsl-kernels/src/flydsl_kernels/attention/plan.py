@@ -1,0 +1,317 @@
+"""The attention plan: a problem goes in; kernels, grids, arguments, constexprs, options come out.
+
+``Problem`` describes one attention call by its sizes and features (no tensors). The
+``plan_*`` functions apply the schedule rules of ``configs`` (tile, split count, persistent
+grid) and return plans whose ``launches(...)`` bind operands (torch tensors, or
+``TensorSpec``s for compiling without data) into ``Launch``es. The function API, the report
+and the config model all go through here, so the three compile the same kernels.
+
+Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, Hk, G, D)``,
+``lse``/``delta`` ``(B, Hk, G, S)``, ``k``/``v`` ``(B, S, Hk, D)`` or paged, ``sinks``
+``(1, Hk, G)``, ``alibi`` ``(B, Hk, G)`` fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .._target import table_target
+from . import configs
+from .kernels import (
+    Bwd,
+    Fwd,
+    attn_bwd_dkdv_kernel,
+    attn_bwd_dq_kernel,
+    attn_bwd_preprocess_kernel,
+    attn_combine_kernel,
+    attn_fwd_kernel,
+    kv_append_kernel,
+)
+
+#: rows per program of the row-wise helper kernels (split combine, backward preprocess)
+ROWS_BM = 32
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention call, by size and feature (``seqlen_*`` are maxima for varlen / cache)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_k: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str = "bf16"
+    causal: bool = False
+    window: tuple = (-1, -1)  # flash-attn's window_size; causal forces the right bound to 0
+    softcap: float = 0.0
+    alibi: bool = False
+    sinks: bool = False
+    varlen: bool = False
+    seqused: bool = False  # per-batch key counts from a tensor (kv cache)
+    page_size: int = 0  # paged KV cache
+    batch_idx: bool = False
+    lse: bool = True
+    lse_log2: bool = False
+    decode: bool = False  # pack the query heads of a KV group into the tile's rows
+    softmax_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    sparse: tuple = (0, 0)  # block sparsity: the BlockMask's (Q, KV) block sizes; (0, 0) dense
+    sparse_full: bool = False  # the BlockMask has full-block lists
+    score_mod: Any = None
+    mask_mod: Any = None
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_k
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """``(left, right)`` window bounds, -1 unbounded; causal sets ``right = 0``."""
+        left, right = self.window
+        if self.causal:
+            right = 0 if right < 0 else min(right, 0)
+        return int(left), int(right)
+
+
+@dataclass
+class Launch:
+    """One kernel launch: call ``run(target)``, or ``compile(target)`` without running."""
+
+    kernel: Any
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    options: dict = field(default_factory=dict)
+
+    def run(self, target):
+        g = self.grid
+        if any(x == 0 for x in g):
+            return None
+        return self.kernel[g](*self.args, **self.constexprs, target=target, options=self.options)
+
+    def compile(self, target):
+        return self.kernel.compile(
+            *self.args, target=target, options=self.options, **self.constexprs
+        )
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _ints(p: Problem):
+    left, right = p.bounds
+    return max(left, 0), max(right, 0)
+
+
+# -- forward ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class FwdPlan:
+    problem: Problem
+    config: configs.Config
+    C: Fwd
+    grid: tuple
+    splits: int
+    persistent: int  # programs of a persistent grid, 0 if one per tile
+    options: dict
+    scale: float
+
+    def launches(self, *, q, k, v, o, lse, sinks=None, alibi=None, cu_q=None, cu_k=None,
+                 seqused_k=None, block_table=None, batch_idx=None, mod_tensors=(),
+                 o_part=None, lse_part=None, sq_rows=None, sparse=(None,) * 4):  # fmt: skip
+        """The forward launch (plus the combine when split). ``sq_rows``: the Sq extent of the
+        tensors (total tokens for varlen); the grid uses the problem's (max) seqlen."""
+        p = self.problem
+        mt = tuple(mod_tensors) + (None,) * (4 - len(mod_tensors))
+        left, right = _ints(p)
+        NG = _cdiv(p.group, self.C.GP)
+        args = (
+            q, k, v, o_part if self.splits > 1 else o, lse_part if self.splits > 1 else lse,
+            sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx, *mt, *sparse,
+            p.batch, p.seqlen_q, p.seqlen_k, p.heads_k, p.group, NG, float(self.scale), left,
+            right, float(p.softcap) if p.softcap else 1.0,
+        )  # fmt: skip
+        out = [Launch(attn_fwd_kernel, self.grid, args, {"C": self.C}, self.options)]
+        if self.splits > 1:
+            rows = sq_rows if sq_rows is not None else p.seqlen_q
+            bq = 1 if p.varlen else p.batch
+            cgrid = (_cdiv(rows, ROWS_BM), bq * p.heads_k * p.group)
+            cargs = (o_part, lse_part, o, lse, sinks, rows, p.heads_k, p.group)
+            cc = dict(
+                BM=ROWS_BM, DV=p.head_dim_v, SPLITS=self.splits, SINKS=p.sinks,
+                LSE=lse is not None, LSE_LOG2=p.lse_log2,
+            )  # fmt: skip
+            out.append(Launch(attn_combine_kernel, cgrid, cargs, cc, {"num_warps": 4}))
+        return out
+
+
+def _table(target, table):
+    """The target whose table configures a launch compiled for ``target``: ``table`` where the
+    caller resolved it from the tensors (``_target.table_target``), else ``target``'s own (the
+    default table for None and the CPU backends)."""
+    return table if table is not None else table_target(None, target)
+
+
+def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=None,
+                 persistent=None) -> FwdPlan:  # fmt: skip
+    """The forward schedule of ``p`` compiled for ``target`` with ``table``'s configs and CU
+    count (default: ``target``'s; see ``configs``' module doc)."""
+    table = _table(target, table)
+    sparse = bool(p.sparse[0])
+    kind = "decode" if p.decode and not sparse else "fwd"
+    cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), table)
+    if sparse:
+        cfg = sparse_tiles(cfg, p.sparse)
+    if p.page_size and p.page_size < cfg.BN:
+        # a tile spanning several pages gathers them row by row, which held scalar registers
+        # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
+        # tile shrinks to one page (16 keys at least), whose id is one scalar per tile
+        cfg = replace(cfg, BN=max(p.page_size, 16))
+    G = p.group
+    GP = next_gp(G) if kind == "decode" else 1
+    BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
+    left, right = p.bounds
+    C = Fwd(
+        BM=BM, BN=cfg.BN, GP=GP, D=p.head_dim, DV=p.head_dim_v, CAUSAL=p.causal,
+        HAS_WL=left >= 0, HAS_WR=right >= 0, SOFTCAP=bool(p.softcap), ALIBI=p.alibi,
+        SINKS=p.sinks, VARLEN=p.varlen, SEQUSED=p.seqused, PAGE=p.page_size,
+        BATCH_IDX=p.batch_idx, LSE=p.lse, LSE_LOG2=p.lse_log2, score_mod=p.score_mod,
+        mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
+        SPARSE_FULL=p.sparse_full,
+    )  # fmt: skip
+    BMS = C.BMS
+    NG = _cdiv(G, GP)
+    mblocks = _cdiv(p.seqlen_q, BMS)
+    programs = p.batch * p.heads_k * NG * mblocks
+    cus = configs.num_cus(table)
+    kv_blocks = _cdiv(p.seqlen_k, cfg.BN)
+    s = splits if splits is not None else configs.splits_for(programs, kv_blocks, cus)
+    s = max(1, min(int(s), max(kv_blocks, 1)))
+    if sparse:
+        s = 1  # a block list is one program's walk: no split-KV
+    pers = 0
+    if s == 1:
+        if persistent is None:
+            pers = configs.persistent_programs(programs, cus, uneven=p.causal)
+        else:
+            pers = int(persistent)
+    if s > 1:
+        C = replace(C, SPLITS=s)
+        grid = (mblocks, p.batch * p.heads_k * NG, s)
+    elif pers:
+        C = replace(C, PERSIST=True)
+        grid = (min(pers, max(programs, 1)), 1, 1)
+    else:
+        grid = (mblocks, p.batch * p.heads_k * NG, 1)
+    if programs == 0:
+        grid = (0, 0, 0)
+    return FwdPlan(p, cfg, C, grid, s, pers, cfg.options(target), scale_of(p))
+
+
+def sparse_tiles(cfg: configs.Config, blocks) -> configs.Config:
+    """``cfg`` with tiles that divide the BlockMask's blocks (a block is walked tile by tile):
+    the largest power of two dividing the block size, at most the config's tile."""
+    from dataclasses import replace as _replace
+
+    def fit(t, blk):
+        while t > 16 and blk % t:
+            t //= 2
+        return t
+
+    return _replace(cfg, BM=fit(cfg.BM, blocks[0]), BN=fit(cfg.BN, blocks[1]))
+
+
+def next_gp(G: int) -> int:
+    return configs.next_pow2(max(G, 1))
+
+
+def append_launch(p: Problem, *, k_new, v_new, k_cache, v_cache, cache_seqlens, block_table,
+                  batch_idx, snew: int, target=None) -> Launch:  # fmt: skip
+    """Writes ``snew`` new tokens per batch into the cache at ``cache_seqlens[b] + t``."""
+    cc = dict(
+        HB=configs.next_pow2(p.heads_k), D=p.head_dim, DV=p.head_dim_v, PAGE=p.page_size,
+        BATCH_IDX=p.batch_idx,
+    )  # fmt: skip
+    args = (k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, batch_idx)
+    return Launch(kv_append_kernel, (snew, p.batch), args, cc, {"num_warps": 4})
+
+
+# -- backward --------------------------------------------------------------------------------------
+
+
+@dataclass
+class BwdPlan:
+    problem: Problem
+    dkdv: configs.Config
+    dq: configs.Config
+    C_dkdv: Bwd
+    C_dq: Bwd
+    scale: float
+    target: Any
+
+    def launches(self, *, q, k, v, o, do, lse, ld, dq, dk, dv, alibi=None, cu_q=None,
+                 cu_k=None, mod_tensors=(), sq_rows=None, sparse_kv=(None,) * 4,
+                 sparse_q=(None,) * 4):  # fmt: skip
+        p = self.problem
+        mt = tuple(mod_tensors) + (None,) * (4 - len(mod_tensors))
+        left, right = _ints(p)
+        G = p.group
+        rows = sq_rows if sq_rows is not None else p.seqlen_q
+        pre = Launch(
+            attn_bwd_preprocess_kernel,
+            (_cdiv(p.seqlen_q, ROWS_BM), p.batch * p.heads_k * G),
+            (o, do, lse, ld, cu_q, rows, p.heads_k, G),
+            dict(BM=ROWS_BM, DV=p.head_dim_v, VARLEN=p.varlen, LSE_LOG2=p.lse_log2),
+            {"num_warps": 4},
+        )
+        tail = (p.seqlen_q, p.seqlen_k, p.heads_k, G, float(self.scale), left, right,
+                float(p.softcap) if p.softcap else 1.0)  # fmt: skip
+        dkdv = Launch(
+            attn_bwd_dkdv_kernel,
+            (_cdiv(p.seqlen_k, self.C_dkdv.BN), p.batch * p.heads_k),
+            (q, k, v, do, ld, dk, dv, alibi, cu_q, cu_k, *mt, *sparse_q, *tail),
+            {"C": self.C_dkdv},
+            self.dkdv.options(self.target),
+        )
+        dql = Launch(
+            attn_bwd_dq_kernel,
+            (_cdiv(p.seqlen_q, self.C_dq.BM), p.batch * p.heads_k * G),
+            (q, k, v, do, ld, dq, alibi, cu_q, cu_k, *mt, *sparse_kv, *tail),
+            {"C": self.C_dq},
+            self.dq.options(self.target),
+        )
+        if p.batch == 0 or p.heads_k == 0:
+            return []
+        return [pre, dkdv, dql]
+
+
+def plan_backward(p: Problem, target=None, *, table=None, dkdv_config=None,
+                  dq_config=None) -> BwdPlan:  # fmt: skip
+    """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
+    table = _table(target, table)
+    d = max(p.head_dim, p.head_dim_v)
+    c1 = dkdv_config or configs.select("bwd_dkdv", d, table)
+    c2 = dq_config or configs.select("bwd_dq", d, table)
+    if p.sparse[0]:
+        c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
+    left, right = p.bounds
+    common = dict(
+        D=p.head_dim, DV=p.head_dim_v, CAUSAL=p.causal, HAS_WL=left >= 0, HAS_WR=right >= 0,
+        SOFTCAP=bool(p.softcap), ALIBI=p.alibi, VARLEN=p.varlen, LSE_LOG2=p.lse_log2,
+        score_mod=p.score_mod, mask_mod=p.mask_mod, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
+        SPARSE_FULL=p.sparse_full,
+    )  # fmt: skip
+    return BwdPlan(
+        p, c1, c2, Bwd(BM=c1.BM, BN=c1.BN, **common), Bwd(BM=c2.BM, BN=c2.BN, **common),
+        scale_of(p), target,
+    )  # fmt: skip
+
+
+def scale_of(p: Problem) -> float:
+    return float(p.softmax_scale) if p.softmax_scale is not None else 1.0 / math.sqrt(p.head_dim)

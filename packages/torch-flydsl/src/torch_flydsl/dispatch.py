@@ -1,0 +1,228 @@
+"""The eager overrides: one generated wrapper per ATen overload of an ``OpSpec``.
+
+For each op group and device (``CUDA`` key, which ROCm uses too, or ``CPU`` for the test
+backend) ``install`` captures the kernel registered at the key (``torch.library.get_kernel``),
+then registers a Python kernel over it with ``torch.library.Library("aten", "IMPL")``. The
+kernel runs the spec's predicate and either the spec's implementation or the captured kernel
+(``call_boxed`` with the backend's keyset), so a fallback is exactly what ran before us.
+Implementation exceptions never escape: they are logged at warning, counted as ``error`` and
+answered by the captured kernel.
+
+The wrapper is generated from the overload's schema (``make_kernel``): explicit parameters
+with ATen's defaults instead of ``*args, **kwargs`` (no tuple and dict packing per call), the
+predicate, implementation, counters and fallback bound as globals of the generated function,
+no ``calls`` counter (``calls`` is ``hits + fallbacks``) and the fallback counted inline:
+the cheapest Python kernel that still does the work. Below that is the cost of any Python
+kernel (entering Python from the dispatcher, boxing the arguments back for the captured
+kernel), which the tool reports as the floor. ``tools/bench_dispatch.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import functools
+import keyword
+import logging
+import warnings
+
+import torch
+
+from . import _runtime, gates
+from .spec import OpSpec, Overload
+from .stats import OpStats
+from .stats import get as _stat
+
+log = logging.getLogger("torch_flydsl")
+
+#: plain tensor types: anything else (FakeTensor, subclasses) goes to the captured kernel
+PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
+class Backend:
+    """What a registered kernel needs about its device: the arch check, the target, the gates.
+
+    The eager ``ctx`` of the spec predicates (``spec.py``).
+    """
+
+    def __init__(self, device: str, table: gates.GateTable):
+        self.device = device
+        self.cpu = device == "cpu"
+        self.table = table
+        self.target = _runtime.cpu_target() if self.cpu else None
+        self.allowed = _runtime.allowed_archs()
+        #: the keyset the captured kernels are called with (kernels registered without one
+        #: are cheaper to enter: about 0.6 us a call on the CPU here)
+        self.keyset = torch._C.DispatchKeySet(
+            torch._C.DispatchKey.CPU if self.cpu else torch._C.DispatchKey.CUDA
+        )
+        self._arch: dict[int | None, str] = {}  # device index -> arch, "" when not allowed
+
+    @staticmethod
+    def plain(t) -> bool:
+        return type(t) in PLAIN
+
+    def arch(self, t: torch.Tensor) -> str:
+        """The arch name for ``t``'s device, or "" when FlyDSL may not run there."""
+        if self.cpu:
+            return _runtime.CPU_ARCH
+        idx = t.device.index
+        a = self._arch.get(idx)
+        if a is None:
+            a = _runtime.resolve_arch(idx) or ""
+            if a not in self.allowed:
+                a = ""
+            self._arch[idx] = a
+        return a
+
+    def run(self, t: torch.Tensor, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` under a device guard: Python kernels get none."""
+        if not self.cpu:
+            idx = t.device.index
+            if idx is not None and idx != torch.cuda.current_device():
+                with torch.cuda.device(idx):
+                    return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+
+def error(st: OpStats, e: Exception) -> None:
+    log.warning(
+        "%s: the FlyDSL kernel raised %s: %s; returning ATen's result", st.name, type(e).__name__, e
+    )
+    st.fallback("error")
+
+
+def aten_overload(op: str):
+    """``torch.ops.aten.<op>`` as an ``OpOverload`` (``"topk.values"``, ``"mm"``)."""
+    name, _, ov = op.partition(".")
+    return getattr(getattr(torch.ops.aten, name), ov or "default")
+
+
+def _default(arg) -> str:
+    if not arg.has_default_value():
+        return ""
+    v = arg.default_value
+    if isinstance(v, list):
+        v = tuple(v)
+    return "=" + repr(v)
+
+
+def make_kernel(ov: Overload, b: Backend, orig):
+    """The Python kernel registered for ``ov`` on ``b``'s key (see the module docstring)."""
+    schema = aten_overload(ov.op)._schema
+    pos = [a for a in schema.arguments if not a.kwarg_only]
+    kwo = [a for a in schema.arguments if a.kwarg_only]
+    # schema names as parameter names: the dispatcher passes keyword-only arguments by name;
+    # the generated function's globals are prefixed ``_fly_`` so that no name clashes
+    name = {a.name: (a.name + "_" if keyword.iskeyword(a.name) else a.name) for a in pos}
+    name.update({a.name: a.name for a in kwo})
+    every = ", ".join(name[a.name] for a in schema.arguments)
+    params = [f"{name[a.name]}{_default(a)}" for a in pos]
+    if kwo:
+        params += ["*"] + [f"{a.name}{_default(a)}" for a in kwo]
+    to_fallback = ", ".join([name[a.name] for a in pos] + [f"{a.name}={a.name}" for a in kwo])
+    if orig is not None:
+        fallback = f"_fly_orig.call_boxed(_fly_keyset, {to_fallback})"
+    elif ov.fallback is not None:
+        fallback = f"_fly_fallback({to_fallback})"
+    else:
+        raise RuntimeError(f"aten::{ov.op} has no kernel for {b.keyset} to fall back to")
+    fn_name = ov.op.replace(".", "_")
+    src = (
+        f"def {fn_name}({', '.join(params)}):\n"
+        f"    r = _fly_reason(_fly_b, {every})\n"
+        f"    if r is None:\n"
+        f"        try:\n"
+        f"            out = _fly_impl(_fly_b, {every})\n"
+        f"            _fly_st.hits += 1\n"
+        f"            return out\n"
+        f"        except Exception as e:\n"
+        f"            _fly_error(_fly_st, e)\n"
+        f"    else:\n"
+        f"        _fly_fb[r] = _fly_fb.get(r, 0) + 1\n"
+        f"        if _fly_debug():\n"
+        f"            _fly_log(r)\n"
+        f"    return {fallback}\n"
+    )
+    st = _stat(ov.op)
+    env = {
+        "_fly_reason": ov.reason,
+        "_fly_impl": ov.impl,
+        "_fly_b": b,
+        "_fly_st": st,
+        "_fly_fb": st.fallbacks,  # counted in place: reset() clears this very dict
+        "_fly_debug": functools.partial(log.isEnabledFor, logging.DEBUG),
+        "_fly_log": functools.partial(log.debug, "%s: ATen fallback (%s)", ov.op),
+        "_fly_orig": orig,
+        "_fly_keyset": b.keyset,
+        "_fly_fallback": ov.fallback,
+        "_fly_error": error,
+    }
+    exec(compile(src, f"<torch_flydsl dispatch aten::{ov.op}>", "exec"), env)
+    fn = env[fn_name]
+    fn.__torch_flydsl_source__ = src
+    return fn
+
+
+def is_aten_kernel(kernel) -> bool:
+    """Whether a captured kernel is ATen's own (a C++ registration in PyTorch's build)."""
+    d = repr(kernel)
+    return "aten/src/ATen" in d or "torch/csrc" in d
+
+
+def capture(op: str, key: str):
+    """The kernel now at ``aten::op`` for ``key``, or None when there is none."""
+    try:
+        return torch.library.get_kernel(f"aten::{op}", key)
+    except RuntimeError:
+        return None
+
+
+def group_ops(spec: OpSpec, device: str) -> tuple[tuple[str, str], ...]:
+    """``(aten overload, dispatch key)`` pairs a spec overrides on ``device``."""
+    key = _runtime.dispatch_key(device)
+    return tuple((o.op, key) for o in spec.eager_overloads)
+
+
+class Installed:
+    """One op group registered on one device: its library (destroy to remove) and what it holds."""
+
+    def __init__(self, group, device, lib, captured):
+        self.group = group
+        self.device = device
+        self.lib = lib
+        self.captured = captured  # {(op, key): repr of the kernel we captured, or None}
+
+    def remove(self) -> None:
+        self.lib._destroy()
+
+
+def prior_registrations(spec: OpSpec, device: str) -> dict[tuple[str, str], str]:
+    """Non-ATen kernels already at the spec's (op, key) pairs: ``{(op, key): repr}``."""
+    out = {}
+    for op, key in group_ops(spec, device):
+        k = capture(op, key)
+        if k is not None and not is_aten_kernel(k):
+            out[(op, key)] = repr(k)
+    return out
+
+
+def install(spec: OpSpec, backend: Backend) -> Installed:
+    """Capture the current kernels of ``spec``'s overloads, then register ours over them."""
+    key = _runtime.dispatch_key(backend.device)
+    ovs = spec.eager_overloads
+    origs = {o.op: capture(o.op, key) for o in ovs}  # all captured before any impl
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*previously registered kernel.*")
+            warnings.filterwarnings("ignore", message=".*operators may also be overridden.*")
+            for o in ovs:
+                lib.impl(o.op, make_kernel(o, backend, origs[o.op]), key)
+    except BaseException:
+        lib._destroy()
+        raise
+    return Installed(
+        spec.name,
+        backend.device,
+        lib,
+        {(op, key): (None if k is None else repr(k)) for op, k in origs.items()},
+    )

@@ -1,0 +1,117 @@
+"""GEMMs under torch.compile: a post-grad Inductor pass that rewrites them into FlyDSL kernels.
+
+Two ways in::
+
+    model = torch.compile(model, backend="flydsl")                 # entry point: no import
+    model = torch.compile(model, backend="flydsl", options={"ops": ["gemm"], "gates": "open"})
+
+    import torch_flydsl.inductor as fi
+    fi.install(options={...})      # keep backend="inductor": our pass joins Inductor's
+    model = torch.compile(model)   # post_grad_custom_post_pass (after any pass already there)
+    fi.uninstall()
+
+``backend="flydsl"`` is registered through the ``torch_dynamo_backends`` entry point of the
+torch-flydsl distribution (pyproject.toml), so Dynamo finds it by name. It is Inductor
+(``compile_fx``) with ``FlyDSLPass`` added to ``post_grad_custom_post_pass`` and the mode's
+Inductor options (``torch._inductor.list_mode_options``); ``options=`` are ours
+(``settings.py``), and ``options["inductor"]`` passes Inductor config on.
+
+``FlyDSLPass`` is a ``CustomGraphPass``; its ``uuid()`` covers FlyDSL's compiler
+fingerprint, the kernels' and torch_flydsl's sources, the settings and the gate table, so
+Inductor's FX graph cache never serves a graph compiled under other conditions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
+
+from .settings import Settings
+
+log = logging.getLogger("torch_flydsl")
+
+__all__ = ["FlyDSLPass", "Settings", "backend", "install", "installed", "uninstall"]
+
+
+class FlyDSLPass(CustomGraphPass):
+    """The post-grad pass (``graph_pass.rewrite``) with its settings."""
+
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or Settings.from_options()
+        self._uuid = None
+
+    def __call__(self, graph) -> None:
+        from .graph_pass import rewrite
+
+        n = rewrite(graph, self.settings)
+        if n:
+            log.info("torch_flydsl: rewrote %d GEMM node(s) into FlyDSL kernels", n)
+
+    def uuid(self):
+        if self._uuid is None:
+            from .graph_pass import fingerprint
+
+            self._uuid = f"torch_flydsl:{fingerprint(self.settings)}"
+        return self._uuid
+
+    def __repr__(self) -> str:
+        return f"FlyDSLPass({self.settings.key()})"
+
+
+def _with(existing, ours: FlyDSLPass):
+    """``existing`` (None, one pass or a sequence) with ours appended."""
+    passes = [p for p in get_custom_graph_passes(existing) if not isinstance(p, FlyDSLPass)]
+    passes.append(ours)
+    return passes[0] if len(passes) == 1 else tuple(passes)
+
+
+def _without(existing):
+    passes = [p for p in get_custom_graph_passes(existing) if not isinstance(p, FlyDSLPass)]
+    if not passes:
+        return None
+    return passes[0] if len(passes) == 1 else tuple(passes)
+
+
+def install(options=None) -> FlyDSLPass:
+    """Add ``FlyDSLPass(options)`` to Inductor's ``post_grad_custom_post_pass``, after any pass
+    already there (a previous FlyDSLPass is replaced). Returns the pass."""
+    from torch._inductor import config
+
+    ours = FlyDSLPass(Settings.from_options(options))
+    config.post_grad_custom_post_pass = _with(config.post_grad_custom_post_pass, ours)
+    return ours
+
+
+def uninstall() -> None:
+    """Remove FlyDSL's pass from ``post_grad_custom_post_pass``; other passes stay."""
+    from torch._inductor import config
+
+    config.post_grad_custom_post_pass = _without(config.post_grad_custom_post_pass)
+
+
+def installed() -> bool:
+    from torch._inductor import config
+
+    return any(
+        isinstance(p, FlyDSLPass)
+        for p in get_custom_graph_passes(config.post_grad_custom_post_pass)
+    )
+
+
+def backend(gm, example_inputs, *, mode=None, options=None):
+    """The ``flydsl`` Dynamo backend: Inductor with FlyDSL's pass (the module docstring)."""
+    import torch
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
+
+    settings = Settings.from_options(options, mode)
+    patches = {}
+    if mode not in (None, "default"):
+        patches.update(torch._inductor.list_mode_options(mode))
+    patches.update(settings.inductor)
+    patches["post_grad_custom_post_pass"] = _with(
+        patches.get("post_grad_custom_post_pass", config.post_grad_custom_post_pass),
+        FlyDSLPass(settings),
+    )
+    return compile_fx(gm, example_inputs, config_patches=patches)

@@ -1,0 +1,201 @@
+"""``rms_norm``: ``F.rms_norm`` / ``torch.rms_norm`` through ``aten::_fused_rms_norm`` and its backward.
+
+``aten::rms_norm`` is CompositeImplicitAutograd; in torch 2.15 it calls ``_fused_rms_norm``
+when that op has a kernel for the input's backend (CUDA always; CPU once ours is registered:
+stock CPU has none and decomposes) and the weight's dtype matches. Autograd is
+``_fused_rms_norm``'s own formula (``FusedRmsNormBackward0``), which calls
+``_fused_rms_norm_backward``. ATen has no CPU kernel for that one: the CPU fallback is torch's
+registered decomposition (``torch._decomp``), the same math.
+
+Predicate order: subclass, arch, dtype, params (``normalized_shape`` a suffix, weight of that
+shape, ``eps >= 0``), empty, layout (contiguous), span, gate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..spec import Calibration, OpSpec, Overload
+from ._kernels import kernel
+
+_SPAN = (1 << 32) - 1
+_I32 = (1 << 31) - 1
+_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+_FP32 = torch.float32
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
+def _rows(x, ns) -> tuple[int, int] | None:
+    """(m, n) of ``x`` normalized over ``ns``, or None when ``ns`` is not a suffix of its shape."""
+    nd, kd = x.dim(), len(ns)
+    if kd == 0 or kd > nd:
+        return None
+    shape = x.shape
+    off = nd - kd
+    n = 1
+    for i in range(kd):
+        s = ns[i]
+        if shape[off + i] != s:
+            return None
+        n *= s
+    return x.numel() // n if n else 0, n
+
+
+def _weight_reason(x, w, ns) -> str | None:
+    if w is None:
+        return None
+    if type(w) not in _PLAIN:
+        return "subclass"
+    if w.dtype != x.dtype:
+        return "dtype"
+    if w.device != x.device or w.dim() != len(ns):
+        return "params"
+    shape = w.shape
+    for i in range(len(ns)):
+        if shape[i] != ns[i]:
+            return "params"
+    return None
+
+
+def _reason(b, op, x, ns, w, eps) -> str | None:
+    if type(x) not in _PLAIN:
+        return "subclass"
+    arch = b.arch(x)
+    if not arch:
+        return "arch"
+    if x.dtype not in _DTYPES:
+        return "dtype"
+    mn = _rows(x, ns)
+    if mn is None:
+        return "params"
+    r = _weight_reason(x, w, ns)
+    if r is not None:
+        return r
+    if eps is not None and not eps >= 0.0:  # NaN and negative eps stay on ATen
+        return "params"
+    m, n = mn
+    if m == 0 or n == 0:
+        return "empty"
+    if not x.is_contiguous() or (w is not None and not w.is_contiguous()):
+        return "layout"
+    if m * n * x.element_size() > _SPAN or n > _I32 or m > _I32:
+        return "span"
+    if not b.table.allows(arch, op, x.dtype, m, n):
+        return "gate"
+    return None
+
+
+def reason(b, x, ns, w, eps) -> str | None:
+    return _reason(b, "rms_norm", x, ns, w, eps)
+
+
+def impl(b, x, ns, w, eps):
+    return b.run(x, kernel("rms_norm"), x, ns, w, eps, target=b.target)
+
+
+def _n(ns) -> int:
+    n = 1
+    for s in ns:
+        n *= s
+    return n
+
+
+def backward_reason(b, g, x, ns, rstd, w, mask) -> str | None:
+    if type(g) not in _PLAIN or type(rstd) not in _PLAIN:
+        return "subclass"
+    if g.dtype != x.dtype or rstd.dtype != _FP32:
+        return "dtype"
+    if not mask[0] or g.shape != x.shape or g.device != x.device or rstd.device != x.device:
+        return "params"
+    r = _reason(b, "rms_norm_backward", x, ns, w, None)
+    if r is not None:
+        return r
+    if rstd.numel() * _n(ns) != x.numel():  # one rstd per row
+        return "params"
+    if not g.is_contiguous():
+        return "layout"
+    return None
+
+
+def backward_impl(b, g, x, ns, rstd, w, mask):
+    return b.run(
+        x,
+        kernel("rms_norm_backward"),
+        g,
+        x,
+        rstd,
+        w,
+        torch.are_deterministic_algorithms_enabled(),
+        normalized_shape=ns,
+        output_mask=mask,
+        target=b.target,
+    )
+
+
+def backward_decomposition(*args):
+    """Where the key has no ATen kernel (CPU): torch's registered decomposition."""
+    from torch._decomp.decompositions import _fused_rms_norm_backward
+
+    return _fused_rms_norm_backward(*args)
+
+
+# -- calibration: row-length buckets and row-count buckets ----------------------------------------
+
+RMS_N = [(1 << j, (1 << (j + 1)) - 1) for j in range(7, 17)] + [(131072, 262144)]
+RMS_M = [(1, 255), (256, 1023), (1024, 4095), (4096, 16383), (16384, 65536)]
+#: the largest input calibrate allocates (bytes), so buckets stay within memory
+MAX_BYTES = 1 << 31
+
+
+def _cases(dtypes, quick):
+    ms = RMS_M[::2] if quick else RMS_M
+    for dt in dtypes:
+        size = torch.empty((), dtype=dt).element_size()
+        for n in RMS_N:
+            for m in ms:
+                if m[0] * n[0] * size <= MAX_BYTES:
+                    yield dt, m, n, None
+
+
+def _make_fwd(dt, m, n, k, device):
+    m, n = m[0], n[0]  # the bucket's lower corner
+    x = torch.randn(m, n, device=device).to(dt)
+    w = torch.randn(n, device=device).to(dt)
+    return (
+        lambda: kernel("rms_norm")(x, (n,), w, 1e-6),
+        lambda: torch.ops.aten._fused_rms_norm.default(x, [n], w, 1e-6),
+    )
+
+
+def _make_bwd(dt, m, n, k, device):
+    m, n = m[0], n[0]
+    x = torch.randn(m, n, device=device).to(dt)
+    w = torch.randn(n, device=device).to(dt)
+    g = torch.randn_like(x)
+    _, rstd = torch.ops.aten._fused_rms_norm.default(x, [n], w, 1e-6)
+    det = torch.are_deterministic_algorithms_enabled()
+    return (
+        lambda: kernel("rms_norm_backward")(g, x, rstd, w, det),
+        lambda: torch.ops.aten._fused_rms_norm_backward.default(g, x, [n], rstd, w, [True, True]),
+    )
+
+
+SPEC = OpSpec(
+    name="rms_norm",
+    overloads=(
+        Overload("_fused_rms_norm", reason, impl),
+        Overload(
+            "_fused_rms_norm_backward",
+            backward_reason,
+            backward_impl,
+            fallback=backward_decomposition,
+        ),
+    ),
+    gate_ops=("rms_norm", "rms_norm_backward"),
+    calibration=(
+        Calibration("rms_norm", _cases, _make_fwd),
+        Calibration("rms_norm_backward", _cases, _make_bwd),
+    ),
+    aliases=("rmsnorm",),
+    summary="F.rms_norm / torch.rms_norm (aten::_fused_rms_norm and its backward)",
+)

@@ -1,0 +1,722 @@
+"""Attention family on the CPU: forward, backward, varlen, paged decode, mods, schedules.
+
+References: ``reference.attention`` (float64, flash-attn's conventions; its gradients by
+autograd in float64), itself checked against ``F.scaled_dot_product_attention`` on the math
+backend in float64 (``reference.sdpa``) for everything SDPA can express. Fresh seeded random
+data per test; the kernels run on ``cpu-reference`` and, for a subset (the interpreter is about
+20x slower), on ``cpu-interpret``.
+
+Tolerances, stated: outputs (bf16) ``atol = rtol = 1e-2`` (one bf16 rounding of the output,
+plus P rounded to bf16 before P @ V, as flash-attn does); fp16 ``2e-3``; LSE (fp32) ``atol
+1e-4``; gradients (bf16) ``atol = rtol = 2e-2`` (P and dS are rounded to bf16 before their
+matmuls), fp16 ``5e-3``. Deterministic mode is checked bitwise. Small tiles (16 x 16) are used
+where a test needs windows and masks to cut through several tiles at small sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flydsl_kernels.attention import (
+    FAMILY,
+    BlockSparse,
+    MaskMod,
+    ScoreMod,
+    configs,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    flash_attn_with_kvcache,
+    mods,
+    plan,
+    reference,
+)
+from flydsl_kernels.attention import api as attn_api
+
+pytestmark = pytest.mark.cpu
+
+REF, INTERP = "cpu-reference", "cpu-interpret"
+BF16, FP16 = torch.bfloat16, torch.float16
+OUT_TOL = {BF16: 1e-2, FP16: 2e-3}
+GRAD_TOL = {BF16: 2e-2, FP16: 5e-3}
+C16 = configs.Config(16, 16, 4)
+SMALL = {"fwd": C16, "bwd_dkdv": C16, "bwd_dq": C16}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(*shape, g, dtype=BF16, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def close(out, ref, tol, what=""):
+    assert out.shape == ref.shape, (what, out.shape, ref.shape)
+    torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol, msg=what)
+
+
+def close_lse(lse, ref):
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(lse), fin) and torch.equal(lse[~fin], ref[~fin].float())
+    torch.testing.assert_close(lse[fin].double(), ref[fin], rtol=1e-5, atol=1e-4)
+
+
+def qkv(b, sq, sk, h, hk, d, dv=None, *, seed, dtype=BF16, grad=False):
+    g = gen(seed)
+    q = rand(b, sq, h, d, g=g, dtype=dtype)
+    k = rand(b, sk, hk, d, g=g, dtype=dtype)
+    v = rand(b, sk, hk, dv or d, g=g, dtype=dtype)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_()
+    return q, k, v
+
+
+def check_fwd_bwd(q, k, v, target, *, config=SMALL, seed=0, extra_grad=(), ref_kw=None, **kw):
+    """Forward (out, lse) and backward (q, k, v and ``extra_grad`` tensors, the sinks) against
+    the float64 reference; ``ref_kw`` replaces arguments for the reference (torch mods)."""
+    out, lse, _ = flash_attn_func(
+        q, k, v, return_attn_probs=True, target=target, config=config, **kw
+    )
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v, *extra_grad)]
+    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse")
+    kw64 = {n: x for n, x in kw.items() if n not in skip}
+    for name, t in zip(("sinks",), ins64[3:]):
+        kw64[name] = t
+    kw64.update(ref_kw or {})
+    ro, rl = reference.attention(*ins64[:3], **kw64)
+    dt = q.dtype
+    close(out, ro, OUT_TOL[dt], "out")
+    close_lse(lse, rl)
+    if not q.requires_grad:
+        return out
+    do = rand(*out.shape, g=gen(seed + 100), dtype=dt)
+    ins = [q, k, v, *extra_grad]
+    grads = torch.autograd.grad(out, ins, do)
+    rgrads = torch.autograd.grad(ro, ins64, do.double())
+    for n, a, r in zip(("dq", "dk", "dv", "dextra"), grads, rgrads):
+        close(a, r, GRAD_TOL[dt], n)
+    return out
+
+
+# -- the reference itself ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"causal": True},
+        {"window_size": (3, 5)},
+        {"causal": True, "alibi_slopes": "alibi"},
+        {"sinks": "sinks", "window_size": (4, 0)},
+    ],
+)
+@pytest.mark.parametrize("sq, sk", [(7, 13), (13, 7), (9, 9)])
+def test_reference_agrees_with_sdpa_math(kw, sq, sk):
+    q, k, v = qkv(2, sq, sk, 4, 2, 16, seed=1)
+    kw = dict(kw)
+    if kw.get("alibi_slopes") == "alibi":
+        kw["alibi_slopes"] = torch.rand(4, generator=gen(2))
+    if kw.get("sinks") == "sinks":
+        kw["sinks"] = torch.randn(4, generator=gen(3))
+    out, _ = reference.attention(q, k, v, **kw)
+    ref = reference.sdpa(q, k, v, **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+
+
+# -- forward + backward: shapes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, d, dv, causal",
+    [
+        (2, 1, 1, 2, 1, 64, 64, False),  # seqlen 1
+        (1, 1, 17, 2, 1, 64, 64, True),  # one query, bottom-right causal: sees every key
+        (1, 17, 33, 2, 2, 64, 64, True),  # sq < sk
+        (2, 33, 17, 2, 1, 64, 64, True),  # sq > sk: the first rows see no key
+        (1, 17, 33, 2, 2, 64, 64, False),
+        (1, 17, 17, 8, 1, 64, 64, True),  # GQA 8:1
+        (1, 19, 23, 2, 2, 256, 256, True),  # head dim 256
+        (1, 21, 21, 2, 1, 192, 128, False),  # 192 q/k with 128 v
+        (1, 9, 14, 2, 2, 72, 40, True),  # head dims that are no sum of powers of two >= 16
+    ],
+)
+def test_shapes_fwd_bwd(b, sq, sk, h, hk, d, dv, causal):
+    q, k, v = qkv(b, sq, sk, h, hk, d, dv, seed=sq * 7 + sk, grad=True)
+    check_fwd_bwd(q, k, v, REF, causal=causal, seed=3)
+
+
+@pytest.mark.parametrize("s", [127, 128])
+def test_tile_boundary_seqlens_default_config(s):
+    q, k, v = qkv(1, s, s, 2, 1, 128, seed=s, grad=True)
+    check_fwd_bwd(q, k, v, REF, config=None, causal=True)
+
+
+def test_seqlen_1000_default_config():
+    # the shipped tiles (128 x 64 forward): several full tiles plus a ragged one, both ways
+    q, k, v = qkv(1, 1000, 1000, 1, 1, 64, seed=5, grad=True)
+    check_fwd_bwd(q, k, v, REF, config=None, causal=True)
+    q, k, v = qkv(1, 1000, 129, 1, 1, 64, seed=6)
+    check_fwd_bwd(q, k, v, REF, config=None)
+
+
+def test_fp16():
+    q, k, v = qkv(1, 20, 35, 2, 1, 64, seed=7, dtype=FP16, grad=True)
+    check_fwd_bwd(q, k, v, REF, causal=True)
+
+
+def test_empty_batch_and_empty_sequences():
+    q, k, v = qkv(0, 5, 6, 2, 1, 32, seed=8, grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=REF)
+    assert out.shape == (0, 5, 2, 32) and lse.shape == (0, 2, 5)
+    (out.sum()).backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    # no keys at all: zero output, +inf LSE (flash-attn's convention); sinks make it finite
+    q, k, v = qkv(1, 5, 0, 2, 1, 32, seed=9)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=REF)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all() and (lse > 0).all()
+    s = torch.tensor([0.5, -1.0])
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=REF, sinks=s)
+    assert torch.equal(out, torch.zeros_like(out))
+    torch.testing.assert_close(lse, s[None, :, None].expand(1, 2, 5))
+
+
+def test_any_strides():
+    g = gen(10)
+    base = rand(2, 19, 3, 4, 64, g=g)  # q, k, v are strided slices of one packed tensor
+    q, k, v = base[:, :, 0, :, :], base[:, :, 1, :2, :], base[:, :, 2, :2, :]
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) stored head-major
+    for t in (q, k, v):
+        t.requires_grad_()
+    check_fwd_bwd(q, k, v, REF, causal=True)
+
+
+# -- features -----------------------------------------------------------------------------------------------
+
+
+FEATURES = {
+    "window": {"window_size": (5, 3)},
+    "window_left_causal": {"window_size": (6, -1), "causal": True},
+    "window_right_only": {"window_size": (-1, 2)},
+    "softcap": {"softcap": 1.5},
+    "softcap_causal_window": {"softcap": 2.0, "causal": True, "window_size": (7, 0)},
+    "alibi": {"alibi_slopes": "heads"},
+    "alibi_batch_causal": {"alibi_slopes": "batch", "causal": True},
+    "scale": {"softmax_scale": 0.3},
+    "lse_log2": {"lse_log2": True},
+}
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_features_fwd_bwd(name):
+    kw = dict(FEATURES[name])
+    sq, sk = (37, 29) if len(name) % 2 else (29, 45)  # both orientations across the features
+    b, h, hk = 2, 4, 2
+    if kw.get("alibi_slopes") == "heads":
+        kw["alibi_slopes"] = torch.rand(h, generator=gen(11))
+    elif kw.get("alibi_slopes") == "batch":
+        kw["alibi_slopes"] = torch.rand(b, h, generator=gen(12))
+    q, k, v = qkv(b, sq, sk, h, hk, 32, seed=13, grad=True)
+    check_fwd_bwd(q, k, v, REF, **kw)
+
+
+@pytest.mark.parametrize("window", [(9, 0), (-1, -1)])
+def test_sinks_with_sliding_window_and_their_gradient(window):
+    q, k, v = qkv(2, 40, 40, 4, 1, 32, seed=14, grad=True)
+    sinks = torch.randn(4, generator=gen(15)).requires_grad_()
+    check_fwd_bwd(q, k, v, REF, window_size=window, sinks=sinks, extra_grad=(sinks,))
+
+
+def test_windows_cut_through_tiles():
+    # 16 x 16 tiles; windows of 5 / 21 keys start and end inside tiles, with sq != sk
+    for window, sq, sk in (((2, 2), 50, 61), ((13, 7), 61, 50), ((0, 0), 33, 33)):
+        q, k, v = qkv(1, sq, sk, 2, 1, 32, seed=sq + sk, grad=True)
+        check_fwd_bwd(q, k, v, REF, window_size=window)
+
+
+# -- the interpreter (generated Triton) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "b, sq, sk, h, hk, d, dv, config, kw",
+    [
+        (1, 17, 33, 2, 1, 64, 64, SMALL, {"causal": True}),  # several tiles, masked + interior
+        (2, 20, 13, 2, 2, 32, 32, None, {"window_size": (4, 2), "softcap": 1.5}),
+        (1, 18, 18, 2, 1, 192, 128, None, {"causal": True}),
+    ],
+)
+def test_interpret_fwd_bwd(b, sq, sk, h, hk, d, dv, config, kw):
+    q, k, v = qkv(b, sq, sk, h, hk, d, dv, seed=16, grad=True)
+    check_fwd_bwd(q, k, v, INTERP, config=config, **kw)
+
+
+def test_interpret_alibi_sinks_lse_log2():
+    q, k, v = qkv(1, 20, 20, 2, 2, 32, seed=17, grad=True)
+    sinks = torch.randn(2, generator=gen(18)).requires_grad_()
+    check_fwd_bwd(
+        q, k, v, INTERP, alibi_slopes=torch.rand(2, generator=gen(19)), sinks=sinks,
+        extra_grad=(sinks,), lse_log2=True, window_size=(6, 0), config=None,
+    )  # fmt: skip
+
+
+# -- determinism ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_deterministic_backward_is_bitwise_reproducible(target):
+    q, k, v = qkv(1, 24, 40, 4, 1, 32, seed=20, grad=True)
+    do = rand(1, 24, 4, 32, g=gen(21))
+    runs = []
+    cfg = SMALL if target == REF else None
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True, target=target, config=cfg)
+        runs.append(torch.autograd.grad(out, (q, k, v), do))
+    for a, b in zip(*runs):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+# -- varlen ---------------------------------------------------------------------------------------------------
+
+
+def _packed(lens_q, lens_k, h, hk, d, *, seed, grad=True):
+    g = gen(seed)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q = rand(int(cu_q[-1]), h, d, g=g)
+    k = rand(int(cu_k[-1]), hk, d, g=g)
+    v = rand(int(cu_k[-1]), hk, d, g=g)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_()
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize(
+    "target, kw",
+    [(REF, {}), (REF, {"causal": True, "window_size": (5, -1)}), (INTERP, {"causal": True})],
+)
+def test_varlen_with_an_empty_sequence(target, kw):
+    lens_q, lens_k = [5, 0, 33, 17], [9, 3, 20, 40]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 32, seed=22)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True, target=target,
+        config=SMALL if target == REF else None, **kw,
+    )  # fmt: skip
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, rl = reference.attention(*ins64, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    do = rand(*out.shape, g=gen(23))
+    for a, r in zip(
+        torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(ro, ins64, do.double())
+    ):
+        close(a, r, GRAD_TOL[BF16])
+
+
+def test_varlen_sinks_alibi_and_a_zero_key_sequence():
+    lens_q, lens_k = [7, 12, 4], [0, 30, 11]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 2, 1, 64, seed=24)
+    sinks = torch.randn(2, generator=gen(25))
+    slopes = torch.rand(3, 2, generator=gen(26))
+    kw = {"sinks": sinks, "alibi_slopes": slopes, "causal": True}
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 12, 30, target=REF, config=SMALL, **kw)
+    ro, _ = reference.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(out, ro, OUT_TOL[BF16])
+
+
+# -- decode: KV cache -----------------------------------------------------------------------------------------
+
+
+def _paged(kfull, vfull, page, g):
+    """A paged copy of a dense ``(B, S, Hk, D)`` cache with pages in a random order."""
+    B, S = kfull.shape[:2]
+    npg = S // page
+    perm = torch.randperm(B * npg, generator=g)
+    table = perm.view(B, npg).to(torch.int32)
+    kc = torch.zeros(B * npg, page, *kfull.shape[2:], dtype=kfull.dtype)
+    vc = torch.zeros(B * npg, page, *vfull.shape[2:], dtype=vfull.dtype)
+    for b in range(B):
+        for p in range(npg):
+            kc[table[b, p]] = kfull[b, p * page : (p + 1) * page]
+            vc[table[b, p]] = vfull[b, p * page : (p + 1) * page]
+    return kc, vc, table
+
+
+@pytest.mark.parametrize("page, splits", [(0, 1), (0, 3), (16, 0), (32, 2), (64, 1), (256, 2)])
+def test_kvcache_paged_out_of_order_with_append_and_splits(page, splits):
+    g = gen(27 + page)
+    B, Sq, H, Hk, D, S = 3, 1, 8, 2, 64, 256
+    q = rand(B, Sq, H, D, g=g)
+    kfull, vfull = rand(B, S, Hk, D, g=g), rand(B, S, Hk, D, g=g)
+    kn, vn = rand(B, 2, Hk, D, g=g), rand(B, 2, Hk, D, g=g)
+    lens = torch.tensor([37, 0, 200], dtype=torch.int32)
+    sinks = torch.randn(H, generator=g)
+    if page:
+        kc, vc, table = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, table = kfull.clone(), vfull.clone(), None
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, kn, vn, cache_seqlens=lens, block_table=table, causal=True, sinks=sinks,
+        num_splits=splits, return_softmax_lse=True, target=REF, config=configs.Config(16, 32, 4),
+    )  # fmt: skip
+    kref, vref = kfull.clone(), vfull.clone()
+    for b in range(B):
+        kref[b, lens[b] : lens[b] + 2] = kn[b]
+        vref[b, lens[b] : lens[b] + 2] = vn[b]
+    ro, rl = reference.attention(q, kref, vref, causal=True, seqused_k=lens + 2, sinks=sinks)
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    if page:  # the new tokens landed in their pages
+        for b in range(B):
+            for t in range(2):
+                pos = int(lens[b]) + t
+                assert torch.equal(kc[table[b, pos // page], pos % page], kn[b, t])
+    else:
+        assert torch.equal(kc, kref) and torch.equal(vc, vref)
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_kvcache_gqa_packed_decode_split(target):
+    # GQA 8:1 decode: the 8 query heads of the KV head share one 16-row tile; 3 splits
+    g = gen(28)
+    B, H, Hk, D, S = 2, 8, 1, 64, 96
+    q = rand(B, 2, H, D, g=g)
+    kc, vc = rand(B, S, Hk, D, g=g), rand(B, S, Hk, D, g=g)
+    lens = torch.tensor([96, 41], dtype=torch.int32)
+    slopes = torch.rand(H, generator=g)
+    kw = {"causal": True, "window_size": (30, 0), "alibi_slopes": slopes, "softcap": 3.0}
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=3, target=target, **kw)
+    ro, _ = reference.attention(q, kc, vc, seqused_k=lens, **kw)
+    close(out, ro, OUT_TOL[BF16])
+
+
+def test_kvcache_plans_with_another_targets_table_on_the_cpu(monkeypatch):
+    # table= picks whose tiles and CU count plan the launch (split counts by table:
+    # test_table_target_is_separate_from_compile_target); the kernels still run on the CPU
+    g = gen(42)
+    B, H, D, S = 2, 8, 64, 200
+    q = rand(B, 1, H, D, g=g)
+    kc, vc = rand(B, S, 1, D, g=g), rand(B, S, 1, D, g=g)
+    lens = torch.tensor([200, 77], dtype=torch.int32)
+    ro, _ = reference.attention(q, kc, vc, seqused_k=lens, causal=True)
+    seen, real = [], plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]
+    )
+    out = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, causal=True, target=REF, table="h200"
+    )
+    close(out, ro, OUT_TOL[BF16])
+    # the alias names sm90's table: its decode tile, not gfx950's, compiled for the CPU backend
+    assert seen[0].config == configs.select("decode", D, "sm90") != configs.select("decode", D)
+    assert seen[0].options == {"num_warps": 4}
+    with pytest.raises(Exception, match="unknown target 'gfx9999'"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, target=REF, table="gfx9999")
+
+
+def test_kvcache_batch_idx_and_int_seqlens():
+    g = gen(29)
+    q = rand(2, 3, 2, 32, g=g)
+    kc, vc = rand(4, 20, 2, 32, g=g), rand(4, 20, 2, 32, g=g)
+    idx = torch.tensor([3, 1], dtype=torch.int32)
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=17, cache_batch_idx=idx, target=REF)
+    ro, _ = reference.attention(q, kc[idx.long()], vc[idx.long()], seqused_k=torch.tensor([17, 17]))
+    close(out, ro, OUT_TOL[BF16])
+
+
+# -- mods --------------------------------------------------------------------------------------------------------
+
+
+def _both_forms(native, modded, sq=29, sk=37, target=REF, seed=30, b=1):
+    """The native flags and the same thing as mods give the same outputs and gradients."""
+    q, k, v = qkv(b, sq, sk, 4, 2, 32, seed=seed, grad=True)
+    do = rand(b, sq, 4, 32, g=gen(seed + 1))
+    res = []
+    for kw in (native, modded):
+        out = flash_attn_func(q, k, v, target=target, config=SMALL if target == REF else None, **kw)
+        res.append((out, *torch.autograd.grad(out, (q, k, v), do)))
+    for a, b in zip(*res):
+        close(a, b, 1e-2)
+    return res
+
+
+def test_causal_and_window_as_mask_mods_agree():
+    off = 37 - 29
+    _both_forms({"causal": True}, {"mask_mod": mods.causal_mask(off)})
+    _both_forms({"window_size": (6, 2)}, {"mask_mod": mods.window_mask(6, 2, off)})
+
+
+def test_alibi_and_softcap_as_score_mods_agree():
+    off = 37 - 29
+    slopes = torch.rand(1, 4, generator=gen(31))
+    _both_forms(
+        {"alibi_slopes": slopes},
+        {"score_mod": mods.alibi_mod(off), "mod_tensors": (slopes,)},
+    )
+    _both_forms({"softcap": 2.5}, {"score_mod": mods.softcap_mod(2.5)})
+
+
+def test_interpret_mods_agree():
+    _both_forms(
+        {"causal": True, "softcap": 2.0},
+        {"mask_mod": mods.causal_mask(4), "score_mod": mods.softcap_mod(2.0)},
+        sq=17,
+        sk=21,
+        target=INTERP,
+    )
+
+
+def test_custom_score_mod_reading_a_tensor_against_the_reference():
+    # a learned relative-position bias table, read at (h, q_idx - kv_idx + 40)
+    table = torch.randn(4, 81, generator=gen(32))
+
+    def rel(score, b, h, q_idx, kv_idx, t):
+        return score + t.gather(h, q_idx - kv_idx + 40).load()
+
+    def rel_torch(s, b, h, q, kv):
+        return s + table.double()[h, q - kv + 40]
+
+    def even_heads_causal(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) | (h % 2 == 1)
+
+    def mask_torch(b, h, q, kv):
+        return (kv <= q) | (h % 2 == 1)
+
+    q, k, v = qkv(2, 23, 23, 4, 2, 32, seed=33, grad=True)
+    check_fwd_bwd(
+        q, k, v, REF, score_mod=ScoreMod(rel, additive=True), mask_mod=MaskMod(even_heads_causal),
+        mod_tensors=(table,), ref_kw={"score_mod": rel_torch, "mask_mod": mask_torch},
+    )  # fmt: skip
+
+
+def test_score_mod_without_gradient_is_a_clear_error():
+    q, k, v = qkv(1, 8, 8, 2, 2, 32, seed=34, grad=True)
+    out = flash_attn_func(q, k, v, score_mod=lambda s, b, h, qi, ki: s * 2.0, target=REF)
+    with pytest.raises(NotImplementedError, match="no gradient"):
+        out.sum().backward()
+
+
+# -- schedules: the rules at their boundaries -------------------------------------------------------------------
+
+
+def test_split_rule_boundaries():
+    cus = 256
+    assert configs.splits_for(cus // 2, 1000, cus) == 1  # enough programs
+    assert configs.splits_for(cus // 2 - 1, 1000, cus) == 3  # ceil(256 / 127)
+    assert configs.splits_for(1, 2 * configs.MIN_BLOCKS_PER_SPLIT - 1, cus) == 1  # too few blocks
+    assert configs.splits_for(1, 2 * configs.MIN_BLOCKS_PER_SPLIT, cus) == 2
+    assert configs.splits_for(1, 10_000, cus) == configs.MAX_SPLITS
+    assert configs.splits_for(8, 10_000, cus) == 16
+    assert configs.splits_for(64, 10_000, cus) == 4
+
+
+def test_persistent_rule_boundaries():
+    cus = 256
+    assert configs.persistent_programs(cus - 1, cus, True) == 0
+    assert configs.persistent_programs(cus, cus, True) == cus
+    assert configs.persistent_programs(configs.PERSIST_WAVES * cus - 1, cus, True) == cus
+    assert configs.persistent_programs(configs.PERSIST_WAVES * cus, cus, True) == 0
+    assert configs.persistent_programs(2 * cus, cus, False) == 0  # uniform tiles
+
+
+def test_decode_packing_rule_boundaries():
+    assert not configs.packs_heads(1, 1)  # MHA: nothing to pack
+    assert configs.packs_heads(1, 8)
+    assert configs.packs_heads(8, 8) and not configs.packs_heads(9, 8)  # 8 * 8 = 64 rows max
+    assert configs.decode_rows(16, 1, 8) == 16
+    assert configs.decode_rows(16, 4, 8) == 32
+    assert configs.decode_rows(16, 64, 8) == 64
+    assert configs.decode_rows(16, 1, 128) == 128  # a group larger than the row cap
+
+
+def test_plan_picks_schedules_by_shape():
+    p = plan.Problem(1, 1, 65536, 32, 8, 128, 128, decode=True, seqused=True)
+    fp = plan.plan_forward(p, "gfx950")
+    assert fp.C.GP == 4 and fp.splits > 1 and fp.grid[2] == fp.splits
+    mid = plan.Problem(1, 4096, 4096, 32, 8, 128, 128, causal=True)  # 32 heads x 16 m-blocks
+    fp = plan.plan_forward(mid, "gfx950")
+    assert fp.persistent == 256 and fp.C.PERSIST and fp.grid == (256, 1, 1)
+    assert plan.plan_forward(plan.Problem(1, 4096, 4096, 32, 8, 128, 128), "gfx950").persistent == 0
+    assert (
+        plan.plan_forward(
+            plan.Problem(4, 8192, 8192, 32, 8, 128, 128, causal=True),
+            "gfx950",  # 4096 tiles
+        ).persistent
+        == 0
+    )
+    huge = plan.Problem(16, 8192, 8192, 32, 8, 128, 128, causal=True)
+    fp = plan.plan_forward(huge, "gfx950")
+    assert fp.persistent == 0 and fp.splits == 1 and fp.grid == (32, 16 * 32, 1)
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_persistent_and_split_prefill_match(target):
+    b = 2 if target == REF else 1
+    q, k, v = qkv(b, 40, 52, 4, 2, 32, seed=35)
+    p = attn_api._problem(
+        q, k, v, batch=b, sq=40, sk=52, causal=True, window=(-1, -1), softcap=0.0, alibi=None,
+        sinks=None,
+    )  # fmt: skip
+    ro, rl = reference.attention(q, k, v, causal=True)
+    cfg = C16 if target == REF else configs.Config(32, 32, 4)
+    for kw in ({"persistent": 5}, {"splits": 2}):
+        o = torch.empty(b, 40, 4, 32, dtype=BF16)
+        lse = torch.empty(b, 4, 40)
+        fp = attn_api._forward(
+            p, target, q.unflatten(2, (2, 2)), k, v, o.unflatten(2, (2, 2)), lse.view(b, 2, 2, 40),
+            config=cfg, **kw,
+        )  # fmt: skip
+        assert fp.persistent == kw.get("persistent", 0) and fp.splits == kw.get("splits", 1)
+        close(o, ro, OUT_TOL[BF16])
+        close_lse(lse, rl)
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+
+
+def test_errors_say_what_is_supported():
+    q, k, v = qkv(1, 4, 4, 2, 1, 32, seed=36)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(TypeError, match="bf16 and fp16"):
+        flash_attn_func(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="multiple of nheads_k"):
+        flash_attn_func(q, torch.cat([k, k, k], 2), torch.cat([v, v, v], 2))
+    with pytest.raises(ValueError, match="head dims up to 256"):
+        big = torch.zeros(1, 4, 1, 320, dtype=BF16)
+        flash_attn_func(big, big, big)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.zeros(3))
+    with pytest.raises(ValueError, match="sinks"):
+        flash_attn_func(q, k, v, sinks=torch.zeros(3))
+    with pytest.raises(NotImplementedError, match="rotary"):
+        flash_attn_with_kvcache(q, k, v, rotary_cos=torch.zeros(1), rotary_sin=torch.zeros(1))
+    kc = torch.zeros(4, 24, 1, 32, dtype=BF16)
+    with pytest.raises(ValueError, match="powers of two"):
+        flash_attn_with_kvcache(q, kc, kc, block_table=torch.zeros(1, 2, dtype=torch.int32))
+
+
+def test_family_lists_report_cases():
+    cases = list(FAMILY.cases())
+    assert cases and all(c.family == "attention" for c in cases)
+    kernels = {c.kernel for c in cases}
+    assert {"attn_fwd_kernel", "attn_combine_kernel", "attn_bwd_dkdv_kernel"} <= kernels
+    fwd = next(c for c in cases if c.kernel == "attn_fwd_kernel" and "decode" not in c.shape)
+    # each target reports its own table's config; the CPU backends report the default table's
+    assert fwd.config_for("gfx942") != fwd.config_for("gfx950")
+    assert fwd.config_for("cpu-interpret") == fwd.config_for("gfx950")
+
+
+def test_table_target_is_separate_from_compile_target():
+    # the table picks the tiles and the CU count the split rule sizes by; the compile target
+    # only decides which compiler options the launch carries
+    p = plan.Problem(1, 1000, 1000, 8, 8, 128, 128)
+    cpu_sm90 = plan.plan_forward(p, INTERP, table="sm90")
+    assert cpu_sm90.config == configs.select("fwd", 128, "sm90")
+    assert cpu_sm90.options == {"num_warps": cpu_sm90.config.num_warps}
+    assert plan.plan_forward(p, REF).config == configs.select("fwd", 128, "gfx950")
+    assert "matrix_instr_nonkdim" in plan.plan_forward(p, "gfx950").options
+    assert "matrix_instr_nonkdim" not in plan.plan_forward(p, "sm90").options
+    dec = plan.Problem(4, 1, 65536, 32, 8, 128, 128, decode=True, seqused=True)  # 32 programs
+    assert plan.plan_forward(dec, REF, table="sm90").splits == plan.plan_forward(dec, "sm90").splits
+    assert plan.plan_forward(dec, "sm90").splits != plan.plan_forward(dec, "gfx950").splits
+    bp = plan.plan_backward(p, INTERP, table="gfx942")
+    assert bp.dkdv == configs.select("bwd_dkdv", 128, "gfx942")
+    assert bp.dq.options(INTERP) == {"num_warps": bp.dq.num_warps}
+
+
+# -- block sparsity ----------------------------------------------------------------------------------------------
+
+
+def test_block_sparse_from_torch_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def sliding(b, h, q, kv):
+        return (kv <= q) & (q - kv < 40)
+
+    bm = create_block_mask(sliding, 1, 2, 100, 100, device="cpu", BLOCK_SIZE=32, _compile=False)
+    q, k, v = qkv(1, 100, 100, 2, 1, 32, seed=37, grad=True)
+    check_fwd_bwd(
+        q, k, v, REF, mask_mod=MaskMod(sliding), block_sparse=bm, ref_kw={"mask_mod": sliding}
+    )
+
+
+def _lists(per_block, n_blocks):
+    """``(num (1, 1, n), idx (1, 1, n, n))`` int32 of ``{block: [listed blocks]}``."""
+    num = torch.zeros(1, 1, n_blocks, dtype=torch.int32)
+    idx = torch.zeros(1, 1, n_blocks, n_blocks, dtype=torch.int32)
+    for blk, listed in per_block.items():
+        num[0, 0, blk] = len(listed)
+        idx[0, 0, blk, : len(listed)] = torch.tensor(listed, dtype=torch.int32)
+    return num, idx
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_block_sparse_skips_unlisted_blocks_and_full_blocks_skip_the_mask_mod(target):
+    # 2 x 2 blocks of 32: q block 0 visits kv block 1 (partial) and skips kv block 0, which the
+    # mask mod would allow; q block 1 visits kv block 0 (partial) and kv block 1 as a full block,
+    # where the mask mod (kv % 3 != 0) is not applied
+    partial, full = {0: [1], 1: [0]}, {0: [], 1: [1]}
+    tpartial, tfull = {0: [1], 1: [0]}, {0: [], 1: [1]}  # the transposed lists
+
+    def every_third(b, h, q_idx, kv_idx):
+        return kv_idx % 3 != 0
+
+    dense = torch.zeros(64, 64, dtype=torch.bool)
+    for qb in range(2):
+        for kb in partial[qb]:
+            dense[qb * 32 : qb * 32 + 32, kb * 32 : kb * 32 + 32] = (
+                torch.arange(32) + kb * 32
+            ) % 3 != 0
+        for kb in full[qb]:
+            dense[qb * 32 : qb * 32 + 32, kb * 32 : kb * 32 + 32] = True
+    bs = BlockSparse(
+        *_lists(partial, 2), *_lists(full, 2), *_lists(tpartial, 2), *_lists(tfull, 2), (32, 32)
+    )
+    q, k, v = qkv(1, 64, 64, 2, 1, 32, seed=38, grad=True)
+    cfg = {"fwd": C16, "bwd_dkdv": C16, "bwd_dq": C16} if target == REF else None
+    check_fwd_bwd(
+        q, k, v, target, config=cfg, mask_mod=MaskMod(every_third), block_sparse=bs,
+        ref_kw={"mask_mod": lambda b, h, qi, ki: dense[qi, ki]},
+    )  # fmt: skip
+
+
+def test_decode_group_that_is_not_a_power_of_two_and_varlen_paths():
+    # G = 3 query heads per KV head: packed into 4-row head groups, the 4th masked everywhere
+    g = gen(39)
+    q = rand(2, 1, 6, 32, g=g)
+    kc, vc = rand(2, 40, 2, 32, g=g), rand(2, 40, 2, 32, g=g)
+    lens = torch.tensor([40, 9], dtype=torch.int32)
+    sinks, slopes = torch.randn(6, generator=g), torch.rand(6, generator=g)
+    kw = {"sinks": sinks, "alibi_slopes": slopes, "window_size": (20, 0)}
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, return_softmax_lse=True, num_splits=2, target=REF, **kw
+    )
+    ro, rl = reference.attention(q, kc, vc, seqused_k=lens, **kw)
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    # varlen with split-KV and with a paged cache (block_table)
+    lens_q, lens_k = [3, 0, 20], [33, 5, 64]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 32, seed=40, grad=False)
+    ro, rl = reference.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    out, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, 20, 64, causal=True, num_splits=2, return_attn_probs=True,
+        target=REF, config=C16,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    page = 16
+    dense_k = torch.zeros(3, 64, 2, 32, dtype=BF16)
+    dense_v = torch.zeros(3, 64, 2, 32, dtype=BF16)
+    for b in range(3):
+        dense_k[b, : lens_k[b]] = k[cu_k[b] : cu_k[b + 1]]
+        dense_v[b, : lens_k[b]] = v[cu_k[b] : cu_k[b + 1]]
+    kc, vc, table = _paged(dense_k, dense_v, page, gen(41))
+    out = flash_attn_varlen_func(
+        q, kc, vc, cu_q, cu_k, 20, 64, causal=True, block_table=table, target=REF, config=C16
+    )
+    close(out, ro, OUT_TOL[BF16])
