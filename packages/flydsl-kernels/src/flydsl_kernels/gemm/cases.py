@@ -92,14 +92,15 @@ def _dense_case(cls, m, n, k, model):
 
 
 def _swiglu_case(m, n, k, model):
-    cfg = configs.select_swiglu(m, n, k)
+    def cfg_of(target):
+        return configs.select_swiglu(m, n, k, target=target)
 
     def compile_(target):
         from flydsl_core import TensorSpec
 
         a, b = configs.operand_specs(m, n, k, "bf16")
         o = TensorSpec("bf16", (1, m, n))
-        return plan_swiglu(a, b, b, o, config=cfg, target=target).compile(target)
+        return plan_swiglu(a, b, b, o, config=cfg_of(target), target=target).compile(target)
 
     def inputs(device, mm, nn, kk, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -114,7 +115,7 @@ def _swiglu_case(m, n, k, model):
         config = None
         if _cpu(device):
             a, wg, wu = inputs("cpu", min(m, 19), 45, 136, seed=1)
-            config = configs.select_swiglu(m, n, k, target=target)
+            config = cfg_of(target)
         else:
             a, wg, wu = inputs(device, m, n, k, seed=1)
         out = swiglu(
@@ -134,7 +135,7 @@ def _swiglu_case(m, n, k, model):
         family="gemm",
         kernel=KERNELS["swiglu"].name,
         shape=f"{m}x{n}x{k} bf16 NT, gate+up",
-        config=cfg.as_dict(),
+        config=lambda target: cfg_of(target).as_dict(target),
         compile=compile_,
         check=check,
         run=run,
