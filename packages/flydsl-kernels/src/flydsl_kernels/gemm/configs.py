@@ -479,9 +479,15 @@ def select_swiglu(M: int, N: int, K: int, batch: int = 1, target=None) -> Config
     not spill on gfx950 and keep 2 waves per SIMD."""
     from dataclasses import replace
 
+    from .._target import lane_factor
+
     cfg = select(M, N, K, batch, target)
     new = replace(cfg, notes={})
-    while 2 * new.BM * new.BN // (64 * new.num_warps) > SWIGLU_MAX_ACC_PER_LANE and new.BN > 32:
+    # per lane of the target's warp: 64 lanes on CDNA, 32 on sm90 / gfx1250, whose tables
+    # double num_warps instead (a 64-lane count put twice the fp32 values on an sm90 lane: the
+    # 128x256 prefill tile spilled 624 B there)
+    lanes = 64 // lane_factor(target)
+    while 2 * new.BM * new.BN // (lanes * new.num_warps) > SWIGLU_MAX_ACC_PER_LANE and new.BN > 32:
         new = replace(new, BN=new.BN // 2)
     while swiglu_lds(new) > SWIGLU_LDS_PER_4_WAVES * new.num_warps // 4 and new.BK > 32:
         new = replace(new, BK=new.BK // 2)
