@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from flydsl_kernels.gemm import FAMILY, api, configs, reference
+from flydsl_kernels.gemm import plan as gemm_plan
 from flydsl_kernels.gemm.configs import Config
 
 pytestmark = pytest.mark.cpu
@@ -249,7 +250,7 @@ def test_select_shape_classes_and_grid_fill():
 def test_grouped_xcd_remapped_persistent_schedule_covers_every_tile(monkeypatch, programs):
     """With gfx950's 8 XCDs the persistent programs take remapped tile runs: still every tile
     exactly once, whatever the program count (ragged: programs % 8 != 0)."""
-    monkeypatch.setattr(api, "target_xcds", lambda target: 8)
+    monkeypatch.setattr(gemm_plan, "target_xcds", lambda target: 8)
     monkeypatch.setattr(configs, "grouped_programs", lambda target: programs)
     g = gen(17)
     offs = offsets(RAGGED)

@@ -16,6 +16,7 @@ from flydsl_kernels import gemm as G
 from flydsl_kernels import mx as MX
 from flydsl_kernels import rmsnorm as R
 from flydsl_kernels import topk as T
+from flydsl_kernels.mx import cases as MX_CASES
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -230,7 +231,7 @@ def test_mx_quantize_bit_exact_against_the_cpu(call, device, big, elem):
     x = rand(m, k, seed=11, dtype=FP32, scale=8.0)
     x[0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])
     x[1 % m, 32:64] = 0.0  # a zero block
-    dt = MX._TORCH[elem]
+    dt = MX_CASES._TORCH[elem]
     q, s = call(MX.to_mx, x, dt)
     rq, rs = MX.reference.to_mx(x, dt)
     assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
@@ -245,13 +246,13 @@ def test_mx_quantize_bit_exact_against_the_cpu(call, device, big, elem):
 def test_mx_gemms_awkward(call, big, fmt):
     fa, fb = fmt
     m, n, k = big(1, 33), big(37, 4097), 32 * big(5, 65)
-    ops = MX._mx_operands((m, k), (n, k), fa, fb, "cpu", 5)
+    ops = MX_CASES._mx_operands((m, k), (n, k), fa, fb, "cpu", 5)
     got = call(MX.mx_gemm, *ops, fa, fb, out_dtype=FP32)
     want = MX.reference.mx_gemm(*ops, fa, fb, out_dtype=FP32)
     close(got, want, 1e-4, 1e-3)
     e = 5
     counts = [0, big(3, 200), 0, big(2, 1), big(1, 60)]  # empty groups
-    gops = MX._mx_operands((sum(counts), k), (e, n, k), fa, fb, "cpu", 6)
+    gops = MX_CASES._mx_operands((sum(counts), k), (e, n, k), fa, fb, "cpu", 6)
     offs = _offs(counts)
     got = call(MX.mx_grouped_mm, *gops, fa, fb, offs, out_dtype=FP32)
     want = MX.reference.mx_grouped_mm(*gops, fa, fb, offs, out_dtype=FP32)

@@ -94,5 +94,9 @@ def prepare(name: str, model, *, patch_state: dict, mx_experts="auto") -> Arm:
     # on the CPU the backend rewrites CPU nodes only when asked (its CPU test backend, the one
     # the eager arm's routes run on); on a GPU its default (the device's own arch) holds
     cpu = next(model.parameters()).device.type == "cpu"
-    options = {"device": "cpu"} if cpu else None
+    # Inductor's FX graph cache off: on a hit the pass does not run, and the arm's report of
+    # the nodes it rewrote (``compile:<op>`` in the stats) would read zero for a warm cache
+    options = {"inductor": {"fx_graph_cache": False}}
+    if cpu:
+        options["device"] = "cpu"
     return Arm("compile", forward=torch.compile(model, backend=BACKEND, options=options), patch=p)

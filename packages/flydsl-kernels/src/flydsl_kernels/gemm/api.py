@@ -1,4 +1,5 @@
-"""The GEMM function API over torch tensors: dense ``gemm`` (batched, split-K) and ``grouped_mm``.
+"""The GEMM function API over torch tensors: dense ``gemm`` (batched, split-K), the fused
+``swiglu`` and ``grouped_mm``; each launches its plan (``plan.py``).
 
 Layouts: any strides. A transposed operand is a strided view (``w.t()``);
 the launcher specializes unit strides to compile-time constants, so each
@@ -21,9 +22,8 @@ from __future__ import annotations
 import torch
 
 from .._offs import check_offs
-from .._target import table_target
-from .._target import tensor_target as _target
-from . import configs
+from .._target import table_target, tensor_target
+from ..launch import run_all
 from .kernels import (
     ACTIVATIONS,
     BIAS_COL,
@@ -33,22 +33,21 @@ from .kernels import (
     RAGGED_M,
     RAGGED_N,
     RAGGED_NONE,
-    gemm_kernel,
-    grouped_gemm_kernel,
-    splitk_reduce_kernel,
-    swiglu_kernel,
+)
+
+# the launch geometry lives in plan.py; these names stay importable from here
+from .plan import (  # noqa: F401
+    REDUCE_BM,
+    REDUCE_BN,
+    persistent_grid,
+    plan_gemm,
+    plan_grouped,
+    plan_swiglu,
+    target_xcds,
 )
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: the split-K reduce kernel's tile (an elementwise pass over fp32 partials)
-REDUCE_BM, REDUCE_BN = 32, 64
-
-
-def _options(cfg: configs.Config, target, table: str) -> dict:
-    """The config's options for the launch target (the table's target where the launch
-    resolves the device's own): the MFMA options reach AMD compilers only."""
-    return cfg.options(target if target is not None else table)
 
 
 def _check_operands(a, b, what="gemm"):
@@ -175,33 +174,17 @@ def gemm(
                 f"got {list(residual.shape)}"
             )
         r3 = residual.reshape(batch, M, N) if batched else residual[None]
-    tgt = _target(a, target)
-    table = table_target(a, target)
-    cfg = config or configs.select(M, N, K, batch, table)
-    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
-    s = max(1, min(int(s), -(-K // cfg.BK))) if K else 1
-    epi = dict(HAS_ALPHA=alpha != 1, BIAS=bmode, ACT=ACTIVATIONS[act])
-    common = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
-        EVEN_K=K % cfg.BK == 0, SPLIT_K=s, STAGES=cfg.num_stages,
-        target=tgt, options=_options(cfg, tgt, table),
+    tgt = tensor_target(a, target)
+    gp = plan_gemm(
+        M, N, K, batch, alpha=alpha, bias_mode=bmode, act=ACTIVATIONS[act], config=config,
+        split_k=split_k, target=tgt, table=table_target(a, target),
     )  # fmt: skip
-    tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
-    if s == 1:
-        gemm_kernel[(tiles, batch, 1)](
-            a3, b3, out, c3, bias_t, r3, M, N, K, float(alpha), float(beta), **common, **epi
-        )
-        return result
-    part = torch.empty((batch * s, M, N), dtype=torch.float32, device=a.device)
-    gemm_kernel[(tiles, batch, s)](
-        a3, b3, part, None, None, None, M, N, K, 1.0, 0.0,
-        **common, HAS_ALPHA=False, BIAS=BIAS_NONE, ACT=0,
-    )  # fmt: skip
-    rt = -(-M // REDUCE_BM) * -(-N // REDUCE_BN)
-    splitk_reduce_kernel[(rt, batch)](
-        part, out, c3, bias_t, r3, M, N, float(alpha), float(beta),
-        BM=REDUCE_BM, BN=REDUCE_BN, SPLIT_K=s, target=tgt, **epi,
-    )  # fmt: skip
+    ws = {name: torch.empty(shape, dtype=dt, device=a.device)
+          for name, (shape, dt) in gp.workspaces().items()}  # fmt: skip
+    launches = gp.launches(
+        a=a3, b=b3, out=out, c=c3, bias=bias_t, residual=r3, alpha=alpha, beta=beta, **ws
+    )
+    run_all(launches, tgt)
     return result
 
 
@@ -238,41 +221,13 @@ def swiglu(a, w_gate, w_up, *, out_dtype=None, target=None, config=None, out=Non
         return result.zero_()  # silu(0) * 0
     a3 = _as3(a, batch, M, K, "a")
     g3, u3 = _as3(w_gate, batch, K, N, "w_gate"), _as3(w_up, batch, K, N, "w_up")
-    tgt = _target(a, target)
-    table = table_target(a, target)
-    cfg = config or configs.select_swiglu(M, N, K, batch, table)
-    tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
-    swiglu_kernel[(tiles, batch, 1)](
-        a3, g3, u3, out, M, N, K,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(tgt),
-        EVEN_K=K % cfg.BK == 0, STAGES=cfg.num_stages, target=tgt,
-        options=_options(cfg, tgt, table),
-    )  # fmt: skip
+    tgt = tensor_target(a, target)
+    launch = plan_swiglu(a3, g3, u3, out, config=config, target=tgt, table=table_target(a, target))
+    launch.run(tgt)
     return result
 
 
-def target_xcds(target) -> int:
-    """XCDs to remap the pid across: the launch target's XCD count (1 on the CPU backends)."""
-    return configs.xcds(target)
-
-
 # -- grouped ---------------------------------------------------------------------------------------
-
-
-def persistent_grid(ragged, G, M, N, BM, BN, target) -> tuple[int, int]:
-    """``(programs, GB)`` of a persistent grouped launch (``kernels.group_schedule``).
-
-    Programs: at most the tile count (an upper bound without reading
-    ``offs``: every group may have a partial tail tile along the ragged
-    dimension), at most a few per CU. ``GB``: the power of two >= ``G`` (>= 16)
-    the kernel loads ``offs`` with.
-    """
-    tn = -(-N // BN) + (G if ragged == RAGGED_N else 0)
-    tm = -(-M // BM) + (G if ragged == RAGGED_M else 0)
-    tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
-    # torch.sym_max / sym_min: plain max / min of ints, no guard on a symbolic size
-    programs = torch.sym_max(1, torch.sym_min(tiles, configs.grouped_programs(target)))
-    return programs, max(16, 1 << (G - 1).bit_length())
 
 
 def grouped_mm(
@@ -324,9 +279,7 @@ def grouped_mm(
             offs, groups=groups, extent=extent, dim=dim, device=mat_a.device, what="grouped_mm"
         )
         G = offs.shape[0]
-    M = mat_a.shape[-2]
-    K = mat_a.shape[-1]
-    N = mat_b.shape[-1]
+    M, N = mat_a.shape[-2], mat_b.shape[-1]
     odt = _out_dtype(out_dtype, mat_a)
     shape = {RAGGED_M: (M, N), RAGGED_NONE: (G, M, N), RAGGED_K: (G, M, N), RAGGED_N: (M, N)}
     if out is None:
@@ -345,14 +298,10 @@ def grouped_mm(
     a3 = mat_a if da == 3 else mat_a[None]
     b3 = mat_b if db == 3 else mat_b[None]
     o3 = out if out.dim() == 3 else out[None]
-    tgt = _target(mat_a, target)
-    table = table_target(mat_a, target)
-    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K, table)
-    programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, tgt if tgt else table)
-    grouped_gemm_kernel[(programs,)](
-        a3, b3, o3, offs, bias, G, M, N, K,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged, EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(tgt), GROUP_M=cfg.GROUP_M,
-        target=tgt, options=_options(cfg, tgt, table),
+    tgt = tensor_target(mat_a, target)
+    launch = plan_grouped(
+        a3, b3, o3, offs, bias, ragged, config=config, target=tgt,
+        table=table_target(mat_a, target),
     )  # fmt: skip
+    launch.run(tgt)
     return out

@@ -154,7 +154,7 @@ def _space_sm90() -> list[Config]:
     return out
 
 
-# -- compile arguments (shared by the model, the report and the compile tests) -------------------
+# -- the model's launches (shared by the model, the report and the compile tests) ---------------
 
 
 def operand_specs(M, N, K, dtype, layout=MODEL_LAYOUT, batch=1):
@@ -171,42 +171,28 @@ def operand_specs(M, N, K, dtype, layout=MODEL_LAYOUT, batch=1):
     return TensorSpec(dtype, (batch, M, K), sa), TensorSpec(dtype, (batch, K, N), sb)
 
 
-def compile_args(
-    M, N, K, dtype, out_dtype=None, *, layout=MODEL_LAYOUT, split_k=1, even_k=None, target=TARGET
-):
-    """``(args, constexprs)`` to compile ``gemm_kernel`` for one shape (no epilogue), as the
-    API launches it on ``target`` (its XCD count)."""
+def model_launch(
+    cfg: Config, M, N, K, dtype="bf16", target=TARGET, *, out_dtype=None, layout=MODEL_LAYOUT,
+    split_k=1, even_k=None,
+):  # fmt: skip
+    """The dense kernel's launch (with ``split_k > 1`` the one into fp32 partials) of
+    ``plan.plan_gemm`` for one shape with ``TensorSpec`` operands in ``layout`` and no epilogue,
+    as the API launches it on ``target`` (its XCD count and compiler options); ``even_k`` None:
+    K a multiple of ``cfg.BK``."""
     from flydsl_core import TensorSpec
 
+    from .plan import plan_gemm
+
     a, b = operand_specs(M, N, K, dtype, layout)
-    o = TensorSpec("fp32" if split_k > 1 else (out_dtype or dtype), (split_k, M, N))
-    args = [a, b, o, None, None, None, M, N, K, 1.0, 0.0]
-    fixed = dict(
-        XCDS=xcds(target),
-        EVEN_K=(K % 64 == 0) if even_k is None else even_k,
-        SPLIT_K=split_k,
-        HAS_ALPHA=False,
-        BIAS=0,
-        ACT=0,
-    )
-    return args, fixed
+    gp = plan_gemm(M, N, K, config=cfg, split_k=split_k, even_k=even_k, target=target)
+    ws = {name: TensorSpec(dt, shape) for name, (shape, dt) in gp.workspaces().items()}
+    return gp.launches(a=a, b=b, out=TensorSpec(out_dtype or dtype, (1, M, N)), **ws)[0]
 
 
 def compile_config(cfg: Config, M=4096, N=4096, K=4096, dtype="bf16", target=TARGET, **kw):
-    """Compile ``gemm_kernel`` with ``cfg`` for ``target``; returns the ``CompiledKernel``."""
-    from .kernels import gemm_kernel
-
-    args, fixed = compile_args(M, N, K, dtype, target=target, **kw)
-    if "even_k" not in kw:
-        fixed["EVEN_K"] = K % cfg.BK == 0
-    return gemm_kernel.compile(
-        *args,
-        target=target,
-        options=cfg.options(target),
-        **fixed,
-        **cfg.constexprs(),
-        GROUP_M=cfg.GROUP_M,
-    )
+    """Compile ``gemm_kernel`` with ``cfg`` for ``target`` (``model_launch``'s keywords);
+    returns the ``CompiledKernel``."""
+    return model_launch(cfg, M, N, K, dtype, target, **kw).compile(target)
 
 
 def xcds(target) -> int:
@@ -493,9 +479,15 @@ def select_swiglu(M: int, N: int, K: int, batch: int = 1, target=None) -> Config
     not spill on gfx950 and keep 2 waves per SIMD."""
     from dataclasses import replace
 
+    from .._target import lane_factor
+
     cfg = select(M, N, K, batch, target)
     new = replace(cfg, notes={})
-    while 2 * new.BM * new.BN // (64 * new.num_warps) > SWIGLU_MAX_ACC_PER_LANE and new.BN > 32:
+    # per lane of the target's warp: 64 lanes on CDNA, 32 on sm90 / gfx1250, whose tables
+    # double num_warps instead (a 64-lane count put twice the fp32 values on an sm90 lane: the
+    # 128x256 prefill tile spilled 624 B there)
+    lanes = 64 // lane_factor(target)
+    while 2 * new.BM * new.BN // (lanes * new.num_warps) > SWIGLU_MAX_ACC_PER_LANE and new.BN > 32:
         new = replace(new, BN=new.BN // 2)
     while swiglu_lds(new) > SWIGLU_LDS_PER_4_WAVES * new.num_warps // 4 and new.BK > 32:
         new = replace(new, BK=new.BK // 2)

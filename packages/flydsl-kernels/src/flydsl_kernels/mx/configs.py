@@ -173,74 +173,54 @@ _EPB = {"e4m3": 1, "e5m2": 1, "e2m1": 2}
 _FP8 = {"e4m3": "fp8e4m3", "e5m2": "fp8e5m2"}
 
 
-def gemm_compile_args(m: int, n: int, k: int, a_format: str, b_format: str, out_dtype="bf16"):
-    """``(args, constexprs)`` for compiling the GEMM with contiguous operands of these shapes."""
+def _elems(rows: tuple, k: int, fmt: str):
+    """The ``TensorSpec`` of MX elements ``(*rows, K / epb)``: fp8 as itself, fp4 as bytes."""
     from flydsl_core import TensorSpec
 
-    def elems(rows, fmt):
-        return TensorSpec(_FP8.get(fmt, "uint8"), (rows, k // _EPB[fmt]))
+    return TensorSpec(_FP8.get(fmt, "uint8"), (*rows, k // _EPB[fmt]))
 
-    args = [
-        elems(m, a_format),
-        TensorSpec("uint8", (m, k // 32)),
-        elems(n, b_format),
-        TensorSpec("uint8", (n, k // 32)),
-        None,  # bias
-        TensorSpec(out_dtype, (m, n)),
-        k,
-    ]
-    return args, {"FA": a_format, "FB": b_format}
+
+def model_gemm(m, n, k, a_format, b_format, cfg: GemmConfig, out_dtype="bf16"):
+    """The ``plan.plan_gemm`` launch with contiguous ``TensorSpec`` operands of these shapes, no
+    bias: what the static model, the report and the compile tests compile."""
+    from flydsl_core import TensorSpec
+
+    from .plan import plan_gemm
+
+    sa, sb = TensorSpec("uint8", (m, k // 32)), TensorSpec("uint8", (n, k // 32))
+    a, b, c = _elems((m,), k, a_format), _elems((n,), k, b_format), TensorSpec(out_dtype, (m, n))
+    return plan_gemm(a, sa, b, sb, None, c, a_format, b_format, config=cfg)
 
 
 def compile_gemm(m, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET):
-    from .kernels import mx_gemm_nt
-
     cfg = cfg or select_gemm(m, n, k, a_format, b_format, target)
-    args, fixed = gemm_compile_args(m, n, k, a_format, b_format)
-    return mx_gemm_nt.compile(
-        *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
-    )
+    return model_gemm(m, n, k, a_format, b_format, cfg).compile(target)
 
 
 def compile_quant(m, k, elem, cfg: QuantConfig | None = None, in_dtype="bf16", target=TARGET):
     from flydsl_core import TensorSpec
 
-    from .formats import elem_format, quant_constexprs
-    from .kernels import mx_quantize
+    from .formats import elem_format
+    from .plan import plan_quantize
 
     fmt = elem_format(elem)
     cfg = cfg or select_quant(m, k, target)
-    args = [
-        TensorSpec(in_dtype, (m, k)),
-        TensorSpec("uint8", (m, k // fmt.per_byte)),
-        TensorSpec("uint8", (m, k // 32)),
-    ]
-    return mx_quantize.compile(
-        *args,
-        target=target,
-        options=cfg.options(),
-        K=k,
-        **cfg.constexprs(),
-        **quant_constexprs(fmt),
-    )
+    x = TensorSpec(in_dtype, (m, k))
+    q, s = TensorSpec("uint8", (m, k // fmt.per_byte)), TensorSpec("uint8", (m, k // 32))
+    return plan_quantize(x, q, s, fmt, config=cfg).compile(target)
 
 
 def compile_dequant(m, k, elem, cfg: DequantConfig | None = None, out_dtype="bf16", target=TARGET):
     from flydsl_core import TensorSpec
 
-    from .formats import dequant_constexprs, elem_format
-    from .kernels import mx_dequantize
+    from .formats import elem_format
+    from .plan import plan_dequantize
 
     fmt = elem_format(elem)
     cfg = cfg or select_dequant(m, k, target)
-    args = [
-        TensorSpec("uint8", (m, k // fmt.per_byte)),
-        TensorSpec("uint8", (m, k // 32)),
-        TensorSpec(out_dtype, (m, k)),
-    ]
-    return mx_dequantize.compile(
-        *args, target=target, options=cfg.options(), **cfg.constexprs(), **dequant_constexprs(fmt)
-    )
+    q, s = TensorSpec("uint8", (m, k // fmt.per_byte)), TensorSpec("uint8", (m, k // 32))
+    y = TensorSpec(out_dtype, (m, k))
+    return plan_dequantize(q, s, y, fmt, config=cfg).compile(target)
 
 
 # -- the grouped MX GEMM (MoE forward) ------------------------------------------------------------
@@ -403,51 +383,38 @@ def select_grouped(
     return grouped_table(target)["large" if cls == "medium" else cls]
 
 
-def grouped_compile_args(
-    tokens, experts, n, k, a_format, b_format, out_dtype="bf16", ragged_k=False, target=TARGET
-):
-    """``(args, constexprs)`` to compile the grouped MX GEMM: ragged M (2-D a ``(tokens, k)``,
-    3-D weights ``(experts, n, k)``), or with ``ragged_k`` the weight gradient (``a (tokens, k)``,
-    ``b (n, k)``, ``experts`` K groups, out ``(experts, tokens, n)``)."""
+def model_grouped(
+    tokens, experts, n, k, a_format, b_format, cfg: GemmConfig, out_dtype="bf16",
+    ragged_k=False, target=TARGET,
+):  # fmt: skip
+    """The ``plan.plan_grouped`` launch with ``TensorSpec`` operands, no bias: ragged M (2-D a
+    ``(tokens, k)``, 3-D weights ``(experts, n, k)``), or with ``ragged_k`` the weight gradient
+    (``a (tokens, k)``, ``b (n, k)``, ``experts`` K groups, out ``(experts, tokens, n)``)."""
     from flydsl_core import TensorSpec
 
-    def elems(lead, rows, fmt):
-        return TensorSpec(_FP8.get(fmt, "uint8"), (lead, rows, k // _EPB[fmt]))
+    from ..gemm.kernels import RAGGED_K, RAGGED_M
+    from .plan import plan_grouped
 
-    gb_ = 1 if ragged_k else experts
-    args = [
-        elems(1, tokens, a_format),
-        TensorSpec("uint8", (1, tokens, k // 32)),
-        elems(gb_, n, b_format),
-        TensorSpec("uint8", (gb_, n, k // 32)),
-        TensorSpec(out_dtype, (experts if ragged_k else 1, tokens, n)),
-        TensorSpec("int32", (experts,)),
-        None,  # bias
-        experts,
-        tokens,
-        n,
-        k,
-    ]
-    gb = max(16, 1 << (experts - 1).bit_length())
-    fixed = {"FA": a_format, "FB": b_format, "GB": gb, "RAGGED": 2 if ragged_k else 1}
-    from ..gemm.configs import xcds
-
-    return args, {**fixed, "HAS_BIAS": False, "XCDS": xcds(target)}  # gfx950's 8 XCDs
+    gb = 1 if ragged_k else experts
+    a, sa = _elems((1, tokens), k, a_format), TensorSpec("uint8", (1, tokens, k // 32))
+    b, sb = _elems((gb, n), k, b_format), TensorSpec("uint8", (gb, n, k // 32))
+    out = TensorSpec(out_dtype, (experts if ragged_k else 1, tokens, n))
+    offs = TensorSpec("int32", (experts,))
+    return plan_grouped(
+        a, sa, b, sb, out, offs, None, a_format, b_format, RAGGED_K if ragged_k else RAGGED_M,
+        config=cfg, target=target,
+    )  # fmt: skip
 
 
 def compile_grouped(
     tokens, experts, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET,
     ragged_k=False,
 ):  # fmt: skip
-    from .kernels import mx_grouped_gemm_nt
-
     cfg = cfg or select_grouped(max(1, tokens // experts), n, k, a_format, b_format, target)
-    args, fixed = grouped_compile_args(
-        tokens, experts, n, k, a_format, b_format, ragged_k=ragged_k, target=target
+    launch = model_grouped(
+        tokens, experts, n, k, a_format, b_format, cfg, ragged_k=ragged_k, target=target
     )
-    return mx_grouped_gemm_nt.compile(
-        *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
-    )
+    return launch.compile(target)
 
 
 if __name__ == "__main__":  # pragma: no cover - a developer tool

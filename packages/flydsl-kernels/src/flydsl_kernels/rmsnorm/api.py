@@ -27,8 +27,9 @@ import torch
 
 from .._target import table_target
 from .._target import tensor_target as _target
-from . import configs
-from .kernels import KERNELS, MODE_ATEN, MODE_GEMMA, MODE_LLAMA
+from ..launch import run_all
+from .kernels import MODE_ATEN, MODE_GEMMA, MODE_LLAMA
+from .plan import plan_backward, plan_forward
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -106,26 +107,19 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
         if rstd is not None:
             rstd.fill_(float("nan"))
         return rstd, res_out
-    cfg = config or configs.select_forward(n, x.dtype, m, table_target(x, target))
-    kern = KERNELS[cfg.kernel]
-    flat = [
-        _flat(x2, sx),
-        None if res2 is None else _flat(res2, sr),
-        w,
-        y.view(-1),
-        None if res_out is None else res_out.view(-1),
-        rstd,
-    ]
-    common = dict(N=n, MODE=mode, target=_target(x, target), options=cfg.options())
-    if cfg.kernel == "fwd_rows":
-        common.update(SX=sx, SR=sr)
-        kern[(math.ceil(m / cfg.R),)](*flat, m, float(eps), **common, **cfg.constexprs())
-    elif cfg.kernel == "fwd_row":
-        stride, const = configs.row_stride_args(sx, sr, n, x.element_size())
-        kern[(m,)](*flat, stride, float(eps), **common, **const, **cfg.constexprs())
-    else:
-        common.update(SX=sx, SR=sr)
-        kern[(m,)](*flat, float(eps), **common, **cfg.constexprs())
+    fp = plan_forward(
+        m, n, x.dtype, SX=sx, SR=sr, mode=mode, eps=eps, config=config,
+        table=table_target(x, target),
+    )  # fmt: skip
+    launches = fp.launches(
+        x=_flat(x2, sx),
+        res=None if res2 is None else _flat(res2, sr),
+        w=w,
+        y=y.view(-1),
+        res_out=None if res_out is None else res_out.view(-1),
+        rstd=rstd,
+    )
+    run_all(launches, _target(x, target))
     return rstd, res_out
 
 
@@ -290,79 +284,32 @@ def rms_norm_backward(
     tgt = _target(x, target)
     if not (want_dx or want_dw):
         return None, None
-    common = dict(N=n, SG=sg, SX=sx, target=tgt)
     fx, fg = _flat(x2, sx), _flat(g2, sg)
-    fdx = None if dx is None else dx.view(-1)
-    wdx = w if want_dx else None  # the weight only enters dx
-    acc = None
-    if want_dw and not deterministic:
+    bp = plan_backward(m, n, x.dtype, SG=sg, SX=sx, config=config, table=table_target(x, target))
+    part = acc = None
+    if want_dw and deterministic:
+        part = torch.empty(bp.programs * n, dtype=torch.float32, device=x.device)
+        dw = torch.empty(n, dtype=weight.dtype, device=x.device)
+    elif want_dw:
         acc = torch.zeros(n, dtype=torch.float32, device=x.device)
-    table = table_target(x, target)
-    cfgs = tuple(config) if config else configs.select_backward(n, x.dtype, table)
-    red = cfgs[-1] if cfgs[-1].kernel == "dw_reduce" else configs.select_dw_reduce(x.dtype, table)
-    if cfgs[0].kernel == "bwd_rows":
-        cfg = cfgs[0]
-        p, chunk = configs.backward_programs(m, cfg.R, table)
-        part = _partials(p, n, x.device) if want_dw and deterministic else None
-        KERNELS["bwd_rows"][(p,)](
-            fg,
-            fx,
-            r,
-            wdx,
-            fdx,
-            part,
-            acc,
-            m,
-            chunk,
-            **common,
-            **cfg.constexprs(),
-            options=cfg.options(),
-        )
-    else:
-        cdot, ccols = cfgs[0], cfgs[1]
-        coef = None
-        if want_dx:
-            coef = torch.empty(m, dtype=torch.float32, device=x.device)
-            KERNELS["bwd_rowdot"][(m,)](
-                fg, fx, r, wdx, coef, **common, **cdot.constexprs(), options=cdot.options()
-            )
-        nb, p, chunk = configs.cols_programs(m, n, ccols.BLOCK, table)
-        part = _partials(p, n, x.device) if want_dw and deterministic else None
-        KERNELS["bwd_cols"][(nb, p)](
-            fg,
-            fx,
-            r,
-            coef,
-            wdx,
-            fdx,
-            part,
-            acc,
-            m,
-            chunk,
-            **common,
-            **ccols.constexprs(),
-            options=ccols.options(),
-        )
-    if want_dw:
-        if deterministic:
-            dw = _reduce_partials(part, n, weight.dtype, tgt, red)
-        else:
-            dw = acc.to(weight.dtype)
-        dw = dw.view(ns)
-    return dx, dw
-
-
-def _partials(p: int, n: int, device) -> torch.Tensor:
-    return torch.empty(p * n, dtype=torch.float32, device=device)
-
-
-def _reduce_partials(part: torch.Tensor, n: int, dtype, target, cfg) -> torch.Tensor:
-    p = part.numel() // n
-    dw = torch.empty(n, dtype=dtype, device=part.device)
-    KERNELS["dw_reduce"][(math.ceil(n / cfg.BLOCK),)](
-        part, dw, p, N=n, **cfg.constexprs(), target=target, options=cfg.options()
+    coef = None
+    if want_dx and bp.kernels[0].kernel == "bwd_rowdot":
+        coef = torch.empty(m, dtype=torch.float32, device=x.device)
+    launches = bp.launches(
+        g=fg,
+        x=fx,
+        rstd=r,
+        w=w if want_dx else None,  # the weight only enters dx
+        dx=None if dx is None else dx.view(-1),
+        part=part,
+        acc=acc,
+        coef=coef,
+        dw=dw,
     )
-    return dw
+    run_all(launches, tgt)
+    if want_dw:
+        dw = (dw if deterministic else acc.to(weight.dtype)).view(ns)
+    return dx, dw
 
 
 def _ns_from_rstd(x, rstd) -> tuple[int, ...]:

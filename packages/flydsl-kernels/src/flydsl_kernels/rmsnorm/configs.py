@@ -129,7 +129,7 @@ def space(kernel: str, N: int, nbytes: int) -> list[Config]:
     return out
 
 
-# -- compile arguments (shared by the model, the report and the compile tests) ----------------------
+# -- compile arguments ------------------------------------------------------------------------------
 
 
 def row_stride_args(sx: int, sr: int, n: int, nbytes: int):
@@ -145,58 +145,12 @@ def row_stride_args(sx: int, sr: int, n: int, nbytes: int):
     return n, {**const, "SY": 0 if rt else n}
 
 
-def compile_args(
-    kernel: str, N: int, dtype, *, weight: bool = True, residual: bool = False, mode: int = 0
-):
-    """``(args, constexprs)`` to compile ``kernel`` for rows of ``N`` elements of ``dtype``.
-
-    Tensors are ``TensorSpec``s of contiguous rows (row stride ``N``), aligned,
-    with 32-bit offsets: what the function API passes for contiguous inputs.
-    """
-    from flydsl_core import TensorSpec
-
-    big = 1 << 24  # any size: the kernels never read a flat tensor's extent
-    t = TensorSpec(dtype, (big,))
-    f32 = TensorSpec("fp32", (big,))
-    w = TensorSpec(dtype, (N,)) if weight else None
-    fixed = {"N": N}
-    if kernel.startswith("fwd"):
-        res = t if residual else None
-        args = [t, res, w, t, res, f32]
-        if kernel == "fwd_rows":
-            args.append(4096)  # M
-        fixed.update(MODE=mode)
-        if kernel == "fwd_row":
-            stride, const = row_stride_args(N, N if residual else 0, N, elem_bytes(dtype))
-            args.append(stride)
-            fixed.update(const)
-        else:
-            fixed.update(SX=N, SR=N if residual else 0)
-        args.append(1e-6)  # eps
-    elif kernel == "bwd_rows":
-        args = [t, t, f32, w, t, f32 if weight else None, None, 4096, 16]
-        fixed.update(SG=N, SX=N)
-    elif kernel == "bwd_rowdot":
-        args = [t, t, f32, w, f32]
-        fixed.update(SG=N, SX=N)
-    elif kernel == "bwd_cols":
-        args = [t, t, f32, f32, w, t, f32 if weight else None, None, 4096, 16]
-        fixed.update(SG=N, SX=N)
-    elif kernel == "dw_reduce":
-        args = [f32, TensorSpec(dtype, (N,)), 512]
-    else:
-        raise KeyError(f"unknown RMSNorm kernel {kernel!r}")
-    return args, fixed
-
-
 def compile_config(cfg: Config, N: int, dtype, target: str = TARGET, **kw):
-    """Compile one config for ``target``; returns the ``CompiledKernel``."""
-    from .kernels import KERNELS
+    """Compile one config for ``target`` (``plan.model_launch``: contiguous rows; ``kw``:
+    ``weight``, ``residual``, ``mode``); returns the ``CompiledKernel``."""
+    from .plan import model_launch
 
-    args, fixed = compile_args(cfg.kernel, N, dtype, **kw)
-    return KERNELS[cfg.kernel].compile(
-        *args, target=target, options=cfg.options(), **fixed, **cfg.constexprs()
-    )
+    return model_launch(cfg, N, dtype, **kw).compile(target)
 
 
 # -- the static model ------------------------------------------------------------------------------
@@ -228,17 +182,20 @@ def rank(kernel: str, N: int, dtype, target: str = TARGET, *, candidates=None, j
     from flydsl_core.autotune import config as at
     from flydsl_core.autotune.prune import prune
 
-    from .kernels import KERNELS
+    from .plan import model_launch
 
     cands = list(candidates) if candidates is not None else space(kernel, N, elem_bytes(dtype))
-    args, fixed = compile_args(kernel, N, dtype, **kw)
     by_key = {}
     spaces = []
+    launch = None
     for c in cands:
-        ac = at.Config.make(**fixed, **c.constexprs(), **c.options())
+        launch = model_launch(c, N, dtype, **kw)  # the run-time arguments are the same for all
+        ac = at.Config.make(**launch.constexprs, **launch.options)
         by_key[ac] = c
         spaces.append(ac)
-    res = prune(KERNELS[kernel], args, spaces, target, jobs=jobs)
+    if launch is None:
+        return []
+    res = prune(launch.kernel, launch.args, spaces, target, jobs=jobs)
     rows = [(by_key[c.config], c.report, c.rejected) for c in res.candidates]
     ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
     return ok + [r for r in rows if r[2] is not None]

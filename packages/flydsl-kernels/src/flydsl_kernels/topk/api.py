@@ -1,4 +1,24 @@
-"""``topk``: torch.topk over torch tensors, computed by the FlyDSL kernels."""
+"""The TopK function API over torch tensors: ``topk`` (torch.topk) and the fused ``moe_router``.
+
+``moe_router``'s ``scoring`` names the model family's recipe (references in reference.py,
+after transformers 5.24):
+
+* ``"softmax"`` (Qwen3-MoE, Mixtral-style): softmax over all experts in fp32,
+  top-k, ``renormalize`` = ``norm_topk_prob``.
+* ``"sigmoid"`` (DeepSeek-V3): sigmoid scores; ``bias``
+  (``e_score_correction_bias``) is added for the selection only, optionally
+  group-limited (``n_group``, ``topk_group``: the best groups by the sum of
+  their top-2 biased scores); weights are the unbiased scores of the chosen
+  experts, renormalized when asked (``+ 1e-20``), times
+  ``routed_scaling_factor``.
+* ``"topk_softmax"`` (gpt-oss): top-k of the logits, then softmax over the
+  chosen k.
+
+Experts come in the order of the selection (best first; ties by expert id).
+Softmax is monotone, so the kernel selects on the logits themselves, which
+picks the same experts as selecting on the probabilities unless two distinct
+logits round to the same fp32 probability.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +26,14 @@ import operator
 
 import torch
 
-from .._target import is_cpu_target, table_target, tensor_target
-from . import kernels as K
-from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Plan, next_pow2, select
+from .._target import table_target, tensor_target
+from ..launch import run_all
+from .configs import KEY_BITS, Plan, select
+from .plan import SCORINGS, plan_router, plan_topk
 
 DTYPES = tuple(KEY_BITS)
-
-
-def _opts(plan: Plan, target, num_warps=None) -> dict:
-    opts = {"target": target}
-    if not is_cpu_target(target):  # CPU backends ignore warps: don't key compiles on them
-        opts["num_warps"] = num_warps or plan.num_warps
-    return opts
+#: the most experts the router kernel holds in one tile
+MAX_EXPERTS = 4096
 
 
 def _int_arg(v, name: str) -> int:
@@ -39,32 +55,6 @@ def _bool_arg(v, name: str) -> bool:
     return v
 
 
-def _i32(n, device):
-    return torch.empty(n, dtype=torch.int32, device=device)
-
-
-def _sort_survivors(x2, wkey, widx, vals, idx, k, plan: Plan, target):
-    """Stable sort of each row's k survivors (keys descending) into vals / idx."""
-    m = x2.shape[0]
-    opts = _opts(plan, target, plan.sort_warps)
-    sorter = plan.sorter or ("tile" if k <= SURVIVOR_TILE_MAX else "merge")
-    if sorter == "tile":
-        kp = max(plan.SORT_KP, next_pow2(k))
-        K.sort_tile[(m,)](x2, wkey, widx, vals, idx, k, KP=kp, **opts)
-        return
-    b = plan.MERGE_B
-    nb = -(-k // b)
-    okey, oidx = _i32((m, k), x2.device), _i32((m, k), x2.device)
-    K.sort_runs[(m, nb)](wkey, widx, okey, oidx, B=b, **opts)
-    src, dst = (okey, oidx), (wkey, widx)
-    run = b
-    while run < k:
-        final = 2 * run >= k
-        K.merge_pass[(m, nb)](x2, *src, *dst, vals, idx, k, run, B=b, FINAL=final, **opts)
-        src, dst = dst, src
-        run *= 2
-
-
 def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, target=None):
     """Top-k of each row of the 2-D ``x2`` (rows of stride ``x2.stride(0)``, unit inner stride).
 
@@ -72,110 +62,19 @@ def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, tar
     ``configs.select``) names the kernel and its config.
     """
     m, n = x2.shape
-    dev = x2.device
-    kb = KEY_BITS[x2.dtype]
-    plan = plan or select(
-        m,
-        n,
-        k,
-        x2.dtype,
-        sorted=sorted,
-        deterministic=torch.are_deterministic_algorithms_enabled(),
-        target=table_target(x2, target),
-    )
-    target = tensor_target(x2, target)
-    vals = torch.empty((m, k), dtype=x2.dtype, device=dev)
-    idx = torch.empty((m, k), dtype=torch.int64, device=dev)
-    lg = bool(largest)
-    if plan.kernel in ("small", "sort"):  # one program per row, straight to the result
-        small = plan.kernel == "small"
-        kern, extra = (K.topk_small, {"CHUNKED": plan.CHUNKED}) if small else (K.topk_sort, {})
-        kern[(m,)](
-            x2,
-            vals,
-            idx,
-            K=k,
-            KP=plan.KP,
-            BLOCK=plan.BLOCK,
-            LARGEST=lg,
-            KEY_BITS=kb,
-            **extra,
-            **_opts(plan, target),
-        )
-        return vals, idx
-    # radix select: survivors to the result (unsorted) or to a workspace (then sorted)
-    srt = bool(sorted) and k > 1
-    wkey, widx = (_i32((m, k), dev), _i32((m, k), dev)) if srt else (vals, idx)
-    if plan.kernel == "radix":
-        K.topk_radix[(m,)](
-            x2,
-            vals,
-            idx,
-            wkey,
-            widx,
-            k,
-            BLOCK=plan.BLOCK,
-            LARGEST=lg,
-            KEY_BITS=kb,
-            SORTED=srt,
-            **_opts(plan, target),
-        )
-    elif plan.kernel == "radix_split":
-        s, span = plan.slices(n)
-        npass = kb // K.RADIX_BITS
-        hist = torch.zeros((m, npass, K.RADIX), dtype=torch.int32, device=dev)
-        for p in range(npass):
-            K.radix_hist_split[(m, s)](
-                x2,
-                hist,
-                k,
-                span,
-                PASS=p,
-                BLOCK=plan.BLOCK,
-                LARGEST=lg,
-                KEY_BITS=kb,
-                **_opts(plan, target),
-            )
-        det = plan.deterministic
-        if det:
-            counts = _i32((m, s, 2), dev)
-            K.radix_count_split[(m, s)](
-                x2,
-                hist,
-                counts,
-                k,
-                span,
-                BLOCK=plan.BLOCK,
-                LARGEST=lg,
-                KEY_BITS=kb,
-                **_opts(plan, target),
-            )
-        else:
-            counts = torch.zeros((m, 2), dtype=torch.int32, device=dev)
-        sp = 1 << max(0, (s - 1).bit_length())
-        K.radix_compact_split[(m, s)](
-            x2,
-            vals,
-            idx,
-            wkey,
-            widx,
-            hist,
-            counts,
-            k,
-            span,
-            s,
-            BLOCK=plan.BLOCK,
-            SP=sp,
-            LARGEST=lg,
-            KEY_BITS=kb,
-            SORTED=srt,
-            DETERMINISTIC=det,
-            **_opts(plan, target),
-        )
-    else:
-        raise ValueError(f"unknown topk kernel {plan.kernel!r}")
-    if srt:
-        _sort_survivors(x2, wkey, widx, vals, idx, k, plan, target)
+    tgt = tensor_target(x2, target)
+    tp = plan_topk(
+        m, n, k, x2.dtype, largest=largest, sorted=sorted,
+        deterministic=torch.are_deterministic_algorithms_enabled(), plan=plan, target=tgt,
+        table=table_target(x2, target),
+    )  # fmt: skip
+    vals = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
+    idx = torch.empty((m, k), dtype=torch.int64, device=x2.device)
+    ws = {
+        name: (torch.zeros if zeroed else torch.empty)(shape, dtype=dt, device=x2.device)
+        for name, (shape, dt, zeroed) in tp.workspaces().items()
+    }
+    run_all(tp.launches(x=x2, vals=vals, idx=idx, **ws), tgt)
     return vals, idx
 
 
@@ -258,3 +157,70 @@ def topk(
 
 def _result(values, indices):
     return torch.return_types.topk((values, indices))
+
+
+# -- the MoE router --------------------------------------------------------------------------------
+
+
+def moe_router(
+    logits,
+    top_k,
+    *,
+    scoring="softmax",
+    renormalize=False,
+    bias=None,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=1.0,
+    ids_dtype=torch.int64,
+    target=None,
+):
+    """Route tokens: (weights fp32 [T, top_k], expert ids [T, top_k] of ``ids_dtype``).
+
+    ``logits`` is [T, E] (fp32, bf16 or fp16), the gate's output. ``ids_dtype``
+    is int64 (torch.topk's) or int32 (what fused-MoE kernels such as vLLM's take).
+    """
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {tuple(SCORINGS)}, got {scoring!r}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [tokens, experts], got shape {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"logits must be fp32, bf16 or fp16, got {logits.dtype}")
+    if ids_dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"ids_dtype must be torch.int64 or torch.int32, got {ids_dtype}")
+    t, e = logits.shape
+    if not 1 <= e <= MAX_EXPERTS:
+        raise ValueError(f"the router handles 1 to {MAX_EXPERTS} experts, got {e}")
+    if not 1 <= top_k <= e:
+        raise ValueError(f"top_k must be in [1, {e}], got {top_k}")
+    if bias is not None:
+        if scoring != "sigmoid":
+            raise ValueError("a selection bias is part of the sigmoid (DeepSeek-V3) recipe only")
+        if tuple(bias.shape) != (e,):
+            raise ValueError(f"bias must have shape ({e},), got {tuple(bias.shape)}")
+    if n_group > 1:
+        if scoring != "sigmoid":
+            raise ValueError("group-limited routing is part of the sigmoid recipe only")
+        if e % n_group or e & (e - 1) or n_group & (n_group - 1):
+            raise ValueError(
+                f"group-limited routing needs power-of-two experts and groups, got E={e}, "
+                f"n_group={n_group}"
+            )
+        if not 1 <= topk_group <= n_group or top_k > topk_group * (e // n_group):
+            raise ValueError(
+                f"topk_group={topk_group} groups of {e // n_group} cannot hold top_k={top_k}"
+            )
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=ids_dtype, device=logits.device)
+    if t == 0:
+        return weights, ids
+    lg = logits if logits.stride(1) == 1 else logits.contiguous()
+    b = bias.contiguous() if bias is not None else lg[0]  # unread without HAS_BIAS
+    tgt = tensor_target(logits, target)
+    rp = plan_router(
+        e, top_k, scoring=scoring, renormalize=renormalize, has_bias=bias is not None,
+        n_group=n_group, topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
+        target=tgt, table=table_target(logits, target),
+    )  # fmt: skip
+    run_all(rp.launches(logits=lg, bias=b, weights=weights, ids=ids), tgt)
+    return weights, ids

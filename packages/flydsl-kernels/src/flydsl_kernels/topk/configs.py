@@ -131,7 +131,7 @@ BUCKETS = {
 }
 
 #: gfx950 static picks, (kernel, *bucket) -> config, as printed by ``main()`` (``derive()``);
-#: the comment is the chosen compile's report (see compile_args for each bucket's worst case)
+#: the comment is the chosen compile's report (see model_launch for each bucket's worst case)
 # fmt: off
 SHIPPED: dict[tuple, dict] = {
     ('small', 256, False): {'num_warps': 1},  # vgpr 17, sgpr 34, occ 8, instr 1898; 4 survivors
@@ -309,88 +309,69 @@ def _spec(dtype, shape):
     return TensorSpec(dtype, shape)
 
 
-def compile_args(kernel: str, bucket: tuple, config: dict | None = None):
-    """(Kernel, run-time args, constexprs, elements per program/iteration) of a bucket.
+def model_launch(kernel: str, bucket: tuple, config: dict | None = None):
+    """``(Launch, elements per program / iteration)``: what the model compiles for a bucket.
 
     Each bucket compiles at its worst case: small at k = 16, sort at k = N
     (a full sort), sort_tile at k = its tile, radix sorted with fp32 or
-    16-bit keys, the router with every DeepSeek-V3 option on.
+    16-bit keys, the router with every DeepSeek-V3 option on. ``config``'s
+    ``num_warps`` (4 without one) and radix ``BLOCK`` (2048) set the launch's.
     """
-    from . import kernels as K
+    from . import plan as P
 
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
     cfg = dict(config or {})
+    opts = {"num_warps": cfg.get("num_warps", 4)}
     if kernel == "small":
         block, chunked = bucket
         n = 262144 if chunked else block
         kp = min(SMALL_K_MAX, block)
-        args = (_spec(f32, (_M, n)), _spec(f32, (_M, kp)), _spec(i64, (_M, kp)))
-        cx = dict(K=kp, KP=kp, BLOCK=block, CHUNKED=chunked, LARGEST=True, KEY_BITS=32)
-        return K.topk_small, args, cx, block
+        x, v, i = _spec(f32, (_M, n)), _spec(f32, (_M, kp)), _spec(i64, (_M, kp))
+        tile = dict(k=kp, KP=kp, BLOCK=block, LARGEST=True, KEY_BITS=32, options=opts)
+        return P.small_launch(x, v, i, CHUNKED=chunked, **tile), block
     if kernel == "sort":
         (block,) = bucket
-        args = (_spec(f32, (_M, block)), _spec(f32, (_M, block)), _spec(i64, (_M, block)))
-        cx = dict(K=block, KP=block, BLOCK=block, LARGEST=True, KEY_BITS=32)
-        return K.topk_sort, args, cx, block
+        x, v, i = _spec(f32, (_M, block)), _spec(f32, (_M, block)), _spec(i64, (_M, block))
+        tile = dict(k=block, KP=block, BLOCK=block, LARGEST=True, KEY_BITS=32, options=opts)
+        return P.sort_launch(x, v, i, **tile), block
     if kernel == "radix":
         (kb,) = bucket
         block = cfg.get("BLOCK", 2048)
         n, k = 32768, 256
-        args = (
-            _spec(_DT[kb], (_M, n)),
-            _spec(_DT[kb], (_M, k)),
-            _spec(i64, (_M, k)),
-            _spec(i32, (_M, k)),
-            _spec(i32, (_M, k)),
-            k,
-        )
-        cx = dict(BLOCK=block, LARGEST=True, KEY_BITS=kb, SORTED=True)
-        return K.topk_radix, args, cx, block
+        x, v, i = _spec(_DT[kb], (_M, n)), _spec(_DT[kb], (_M, k)), _spec(i64, (_M, k))
+        w = _spec(i32, (_M, k))
+        sel = dict(BLOCK=block, LARGEST=True, KEY_BITS=kb, SORTED=True, options=opts)
+        return P.radix_launch(x, v, i, w, _spec(i32, (_M, k)), k, **sel), block
     if kernel == "sort_tile":
         (kp,) = bucket
-        args = (
-            _spec(f32, (_M, 32768)),
-            _spec(i32, (_M, kp)),
-            _spec(i32, (_M, kp)),
-            _spec(f32, (_M, kp)),
-            _spec(i64, (_M, kp)),
-            kp,
-        )
-        return K.sort_tile, args, dict(KP=kp), kp
+        x, w, v, i = (_spec(f32, (_M, 32768)), _spec(i32, (_M, kp)), _spec(f32, (_M, kp)),
+                      _spec(i64, (_M, kp)))  # fmt: skip
+        return P.sort_tile_launch(x, w, _spec(i32, (_M, kp)), v, i, kp, KP=kp, options=opts), kp
     if kernel == "merge":
         (b,) = bucket
-        k = 65536
-        args = (
-            _spec(f32, (_M, 262144)),
-            *(_spec(i32, (_M, k)) for _ in range(4)),
-            _spec(f32, (_M, k)),
-            _spec(i64, (_M, k)),
-            k,
-            4 * b,
-        )
-        return K.merge_pass, args, dict(B=b, FINAL=True), b
+        return _merge_launch(b, True, opts), b
     if kernel == "router":
         (block,) = bucket
-        args = (
-            _spec(torch.bfloat16, (_M, block)),
-            _spec(f32, (block,)),
-            _spec(f32, (_M, 8)),
-            _spec(i64, (_M, 8)),
-        )
         ng = 8 if block >= 64 else 1
-        cx = dict(
-            TOPK=8,
-            KP=8,
-            BLOCK=block,
-            SCORING=1,
-            HAS_BIAS=True,
-            RENORM=True,
-            NGROUP=ng,
-            TOPK_GROUP=4 if ng > 1 else 1,
-            SCALE=2.5,
-        )
-        return K.moe_router_kernel, args, cx, block
+        rp = P.plan_router(
+            block, 8, scoring="sigmoid", renormalize=True, has_bias=True, n_group=ng,
+            topk_group=4 if ng > 1 else 1, routed_scaling_factor=2.5,
+        )  # fmt: skip
+        args = (_spec(torch.bfloat16, (_M, block)), _spec(f32, (block,)), _spec(f32, (_M, 8)),
+                _spec(i64, (_M, 8)))  # fmt: skip
+        return P.router_launch(*args, rp.constexprs, opts), block
     raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def _merge_launch(b: int, final: bool, opts: dict):
+    """A merge pass over 65536 survivors (runs of 4B) of 262144-element rows."""
+    from . import plan as P
+
+    k = 65536
+    w = [_spec(torch.int32, (_M, k)) for _ in range(4)]
+    v, i = _spec(torch.float32, (_M, k)), _spec(torch.int64, (_M, k))
+    x = _spec(torch.float32, (_M, 262144))
+    return P.merge_pass_launch(x, *w, v, i, k, 4 * b, -(-k // b), B=b, FINAL=final, options=opts)
 
 
 def static_score(report: dict, num_warps: int, elements: int) -> tuple:
@@ -415,11 +396,12 @@ def derive(
             blocks = space.get("BLOCK", (None,))
             for block in blocks:
                 over = {"BLOCK": block} if block is not None else {}
-                kern, args, cx, elems = compile_args(kernel, bucket, over)
+                launch, elems = model_launch(kernel, bucket, over)
                 warps = [w for w in space["num_warps"] if elems <= MAX_ELEMS_PER_LANE * 64 * w]
+                cx = launch.constexprs
                 res = prune(
-                    kern,
-                    args,
+                    launch.kernel,
+                    launch.args,
                     ConfigSpace(**{k: [v] for k, v in cx.items()}, num_warps=warps),
                     target,
                     jobs=jobs,
@@ -468,53 +450,35 @@ COMPANIONS = {
 }
 
 
-def _companion_args(name: str, bucket: tuple, config: dict):
-    from . import kernels as K
+def _companion_launch(name: str, bucket: tuple, config: dict):
+    """The launch of a kernel that runs with a bucket's config besides its own (``COMPANIONS``):
+    the split radix kernels on 4 rows of 262144 in 64 slices, the merge sort's other kernels."""
+    from . import plan as P
 
-    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    opts = {"num_warps": config["num_warps"]}
+    i32, i64 = torch.int32, torch.int64
     if name.startswith("radix_"):
         (kb,) = bucket
         m, n, k, s = 4, 262144, 1024, 64
         span = n // s
         dt = _DT[kb]
         x, h = _spec(dt, (m, n)), _spec(i32, (m, kb // 8, 256))
-        cx = dict(BLOCK=config["BLOCK"], LARGEST=True, KEY_BITS=kb)
+        sel = dict(BLOCK=config["BLOCK"], LARGEST=True, KEY_BITS=kb, options=opts)
         if name == "radix_hist_split":
-            return K.radix_hist_split, (x, h, k, span), {**cx, "PASS": kb // 8 - 1}
+            return P.hist_split_launch(x, h, k, span, s, PASS=kb // 8 - 1, **sel)
         if name == "radix_count_split":
-            return K.radix_count_split, (x, h, _spec(i32, (m, s, 2)), k, span), cx
+            return P.count_split_launch(x, h, _spec(i32, (m, s, 2)), k, span, s, **sel)
         det = name == "radix_compact_split"
         counts = _spec(i32, (m, s, 2) if det else (m, 2))
-        args = (
-            x,
-            _spec(dt, (m, k)),
-            _spec(i64, (m, k)),
-            _spec(i32, (m, k)),
-            _spec(i32, (m, k)),
-            h,
-            counts,
-            k,
-            span,
-            s,
+        out = (_spec(dt, (m, k)), _spec(i64, (m, k)), _spec(i32, (m, k)), _spec(i32, (m, k)))
+        return P.compact_split_launch(
+            x, *out, h, counts, k, span, s, SP=s, SORTED=True, DETERMINISTIC=det, **sel
         )
-        return K.radix_compact_split, args, {**cx, "SP": s, "SORTED": True, "DETERMINISTIC": det}
     (b,) = bucket
-    k = 65536
-    w = _spec(i32, (_M, k))
     if name == "sort_runs":
-        return K.sort_runs, (w, w, w, w), {"B": b}
-    args = (
-        _spec(f32, (_M, 262144)),
-        w,
-        w,
-        w,
-        w,
-        _spec(f32, (_M, k)),
-        _spec(i64, (_M, k)),
-        k,
-        4 * b,
-    )
-    return K.merge_pass, args, {"B": b, "FINAL": False}
+        w = _spec(i32, (_M, 65536))
+        return P.sort_runs_launch(w, w, w, w, -(-65536 // b), B=b, options=opts)
+    return _merge_launch(b, False, opts)
 
 
 def shipped_compiles(target=None) -> list[tuple[str, str, tuple, dict]]:
@@ -530,9 +494,6 @@ def shipped_compiles(target=None) -> list[tuple[str, str, tuple, dict]]:
 
 def compile_report(label: str, kernel: str, bucket: tuple, config: dict, target: str = "gfx950"):
     """Compile one shipped config for ``target``; its ResourceReport as a dict (picklable)."""
-    if label == kernel:
-        kern, args, cx, _ = compile_args(kernel, bucket, config)
-    else:
-        kern, args, cx = _companion_args(label, bucket, config)
-    ck = kern.compile(*args, target=target, options={"num_warps": config["num_warps"]}, **cx)
-    return {"kernel": kern.name, **ck.executable.report.to_dict()}
+    launch = model_launch(kernel, bucket, config)[0] if label == kernel else None
+    launch = launch or _companion_launch(label, bucket, config)
+    return {"kernel": launch.name, **launch.compile(target).executable.report.to_dict()}

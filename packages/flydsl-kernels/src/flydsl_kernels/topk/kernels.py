@@ -46,7 +46,9 @@ Kernels (one program per row unless stated)
                  stable merge sort for more survivors: sorted runs of B, then
                  log2(k/B) merge passes; an output block finds its split by
                  a merge-path binary search and sorts the 2B candidates.
-``moe_router_kernel``  fused MoE routing (see router.py).
+``moe_router_kernel``  fused MoE routing (see api.py's ``moe_router``).
+
+``KERNELS`` (at the end) names them all.
 """
 
 from __future__ import annotations
@@ -572,3 +574,19 @@ def moe_router_kernel(
         w = w * SCALE
     weights[row].tile((KP,), 0).store(w, mask=keep)
     ids[row].tile((KP,), 0).store(sel, mask=keep)
+
+
+#: every kernel of the family by a short name (``plan.py`` launches them by it; the names of
+#: ``configs.select``'s methods where a kernel is one)
+KERNELS = {
+    "small": topk_small,
+    "sort": topk_sort,
+    "radix": topk_radix,
+    "radix_hist_split": radix_hist_split,
+    "radix_count_split": radix_count_split,
+    "radix_compact_split": radix_compact_split,
+    "sort_tile": sort_tile,
+    "sort_runs": sort_runs,
+    "merge_pass": merge_pass,
+    "router": moe_router_kernel,
+}
