@@ -40,10 +40,10 @@ def test_dry_run_writes_every_file(tmp_path, monkeypatch):
     with tarfile.open(out / "gpu-run.tar.gz") as tar:
         names = set(tar.getnames())
     for f in ("env.json", "parts.json", "junit.xml", "launch.json", "ops.json", "gemm.json",
-              "dispatch.json", "warm-0.json", "report.log", "pytest.log"):  # fmt: skip
+              "dispatch.json", "attention.json", "warm-0.json", "report.log", "pytest.log"):  # fmt: skip
         assert f in names, (f, sorted(names))
     parts = json.loads(tar_read(out / "gpu-run.tar.gz", "parts.json"))["parts"]
-    assert [p["part"] for p in parts] == ["env", "warm", "report", "pytest", "launch", "ops", "gemm", "dispatch", "summary"]  # fmt: skip
+    assert [p["part"] for p in parts] == ["env", "warm", "report", "pytest", "launch", "ops", "gemm", "dispatch", "attention", "summary"]  # fmt: skip
     assert all(p["status"] == "ok" for p in parts), parts
     assert rc == 0
     report = json.loads((out / "report.json").read_text())

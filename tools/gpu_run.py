@@ -382,6 +382,23 @@ def main(argv=None) -> int:
         [py, str(TOOLS / "bench_dispatch.py"), *disp, "--json", str(out / "dispatch.json")],
         30,
     )
+    # last, so that a slow first attention compile cannot starve the parts above: the quick
+    # subset (prefill fwd/bwd and paged decode against SDPA) fits what the budget has left
+    run.part(
+        "attention",
+        [
+            py,
+            str(TOOLS / "bench_attention.py"),
+            "--device",
+            device,
+            "--quick",
+            "--reps",
+            "1" if dry else "10",
+            "--json",
+            str(out / "attention.json"),
+        ],
+        45 if dry else 60,
+    )
     (out / "parts.json").write_text(
         json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n"
     )
