@@ -43,6 +43,18 @@ def _programs(text: str):
     return ast.literal_eval(text)
 
 
+def _kernel_inputs(device, buffers, block_size, *blocks):
+    """The ops' shared kernel inputs: the mods' captured tensors (0-d ones as 1-element) and,
+    when a block mask came with the call, its eight index tensors as one ``BlockSparse``."""
+    from flydsl_kernels.attention import BlockSparse
+
+    from ._eager import _kernel_tensor
+
+    mt = tuple(_kernel_tensor(b.reshape(1) if b.dim() == 0 else b, device) for b in buffers)
+    bs = BlockSparse(*blocks, tuple(block_size)) if blocks[0] is not None else None
+    return mt, bs
+
+
 @torch.library.custom_op("flydsl::flex_attention", mutates_args=())
 def flex_attention_op(
     q: torch.Tensor,
@@ -62,20 +74,17 @@ def flex_attention_op(
     block_size: list[int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """flex_attention's forward (q/k/v ``(B, H, S, D)``) on FlyDSL: ``(out, lse base 2)``."""
-    from flydsl_kernels.attention import BlockSparse, flash_attn_func
+    from flydsl_kernels.attention import flash_attn_func
 
-    from ._eager import _kernel_tensor, _mask_mod, _score_mod, _target
+    from ._eager import _mask_mod, _score_mod, _target
 
     score_prog, mask_prog = _programs(programs)
     sm = _score_mod(score_prog, None) if score_prog is not None else None
     mm = _mask_mod(mask_prog) if mask_prog is not None else None
-    mt = tuple(_kernel_tensor(b.reshape(1) if b.dim() == 0 else b, q.device) for b in buffers)
-    bs = None
-    if kv_num_blocks is not None:
-        bs = BlockSparse(
-            kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks,
-            q_indices, full_q_num_blocks, full_q_indices, tuple(block_size),
-        )  # fmt: skip
+    mt, bs = _kernel_inputs(
+        q.device, buffers, block_size, kv_num_blocks, kv_indices, full_kv_num_blocks,
+        full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices,
+    )  # fmt: skip
     out, lse, _ = flash_attn_func(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
         score_mod=sm, mask_mod=mm, mod_tensors=mt, block_sparse=bs, lse_log2=True,
@@ -115,22 +124,19 @@ def flex_attention_backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """flex_attention's backward on FlyDSL from the forward's ``out`` and base-2 ``lse``:
     ``(dq, dk, dv)`` in the inputs' ``(B, H, S, D)`` shapes."""
-    from flydsl_kernels.attention import BlockSparse, flash_attn_backward
+    from flydsl_kernels.attention import flash_attn_backward
 
-    from ._eager import _kernel_tensor, _mask_mod, _score_mod, _target
+    from ._eager import _mask_mod, _score_mod, _target
 
     score_prog, joint, mask_prog = _programs(programs)
     sm = None
     if score_prog is not None:
         sm = _score_mod(score_prog, _fx.Program(joint[0], additive=joint[1]))
     mm = _mask_mod(mask_prog) if mask_prog is not None else None
-    mt = tuple(_kernel_tensor(b.reshape(1) if b.dim() == 0 else b, q.device) for b in buffers)
-    bs = None
-    if kv_num_blocks is not None:
-        bs = BlockSparse(
-            kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks,
-            q_indices, full_q_num_blocks, full_q_indices, tuple(block_size),
-        )  # fmt: skip
+    mt, bs = _kernel_inputs(
+        q.device, buffers, block_size, kv_num_blocks, kv_indices, full_kv_num_blocks,
+        full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices,
+    )  # fmt: skip
     # base-2 LSE with -inf for empty rows -> the kernels' natural LSE with +inf there
     lse_n = torch.where(lse == -math.inf, math.inf, lse.float() * math.log(2.0))
     t = lambda x: x.transpose(1, 2)  # noqa: E731
