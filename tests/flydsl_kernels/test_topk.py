@@ -132,12 +132,12 @@ def test_kernels_reference(method, dtype, kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_selection_rule_end_to_end(dtype):
     # problems on both sides of each switch of the rule, through the default path
-    assert select(300, 9000, 100, dtype).kernel == "radix"  # many rows: one program per row
-    assert select(4, 9000, 100, dtype).kernel == "radix_split"
+    assert select("topk", 300, 9000, 100, dtype).kernel == "radix"  # many rows: one program per row
+    assert select("topk", 4, 9000, 100, dtype).kernel == "radix_split"
     for m, n, k in [(2, 100, 16), (2, 100, 17), (3, 8192, 64), (2, 8193, 17), (1, 20011, 5)]:
         g = _gen("rule", dtype, m, n, k)
         x = _data((m, n), dtype, "ties" if n % 2 else "randn", g)
-        plan = select(m, n, k, dtype)
+        plan = select("topk", m, n, k, dtype)
         check(x, k)
         check(x, k, largest=False, sorted=False)
         assert plan.kernel in METHODS
@@ -177,7 +177,7 @@ def test_deterministic_default_follows_torch():
     try:
         torch.use_deterministic_algorithms(True)
         v1, i1 = topk(x, 300)
-        assert select(1, 9000, 300, torch.float32, deterministic=True).deterministic
+        assert select("topk", 1, 9000, 300, torch.float32, deterministic=True).deterministic
         v2, i2 = topk(x, 300)
         assert torch.equal(i1, i2) and torch.equal(v1, v2)
         assert torch.equal(i1, ref.topk_stable(x, 300)[1])

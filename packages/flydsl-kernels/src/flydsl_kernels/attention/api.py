@@ -237,6 +237,12 @@ def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, v
 # -- forward and backward drivers (tensors in the kernels' 5-D / 4-D views) --------------------------
 
 
+def _run(launch, tgt) -> None:
+    """Run ``launch`` on ``tgt`` unless its grid is empty (no rows or no batch: nothing to do)."""
+    if all(g != 0 for g in launch.grid):
+        launch.run(tgt)
+
+
 def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=None, cu_q=None,
              cu_k=None, seqused=None, block_table=None, batch_idx=None, mt=(), config=None,
              splits=None, persistent=None, sparse=None):  # fmt: skip
@@ -254,7 +260,7 @@ def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=No
         o_part=o_part, lse_part=lse_part, sq_rows=q5.shape[1],
         sparse=sparse.lists(p.batch, p.heads_q) if sparse is not None else (None,) * 4,
     ):  # fmt: skip
-        launch.run(tgt)
+        _run(launch, tgt)
     return fp
 
 
@@ -274,7 +280,7 @@ def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_
         alibi=alibi3, cu_q=cu_q, cu_k=cu_k, mod_tensors=mt, sq_rows=q5.shape[1],
         **_sparse_lists(sparse, p),
     ):  # fmt: skip
-        launch.run(tgt)
+        _run(launch, tgt)
     return dq, dk, dv, ld[:, :, :, 1]
 
 
@@ -645,10 +651,10 @@ def flash_attn_with_kvcache(
         scale=softmax_scale,
     )  # fmt: skip
     if snew and B:
-        plan.append_launch(
+        _run(plan.append_launch(
             p, k_new=k, v_new=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqlens,
             block_table=block_table, batch_idx=bidx, snew=snew,
-        ).run(tgt)  # fmt: skip
+        ), tgt)  # fmt: skip
         seqlens = seqlens + snew
     o = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)

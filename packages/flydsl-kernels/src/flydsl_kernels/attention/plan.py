@@ -3,8 +3,9 @@
 ``Problem`` describes one attention call by its sizes and features (no tensors). The
 ``plan_*`` functions apply the schedule rules of ``configs`` (tile, split count, persistent
 grid) and return plans whose ``launches(...)`` bind operands (torch tensors, or
-``TensorSpec``s for compiling without data) into ``Launch``es. The function API, the report
-and the config model all go through here, so the three compile the same kernels.
+``TensorSpec``s for compiling without data) into ``launch.Launch``es. The function API, the
+report and the static model (``model.py``) all go through here, so the three compile the same
+kernels. A launch's grid may be empty (no query rows, no batch): the API skips those.
 
 Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, Hk, G, D)``,
 ``lse``/``delta`` ``(B, Hk, G, S)``, ``k``/``v`` ``(B, S, Hk, D)`` or paged, ``sinks``
@@ -14,10 +15,11 @@ Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._target import table_target
+from ..launch import Launch
 from . import configs
 from .kernels import (
     Bwd,
@@ -75,28 +77,6 @@ class Problem:
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
         return int(left), int(right)
-
-
-@dataclass
-class Launch:
-    """One kernel launch: call ``run(target)``, or ``compile(target)`` without running."""
-
-    kernel: Any
-    grid: tuple
-    args: tuple
-    constexprs: dict
-    options: dict = field(default_factory=dict)
-
-    def run(self, target):
-        g = self.grid
-        if any(x == 0 for x in g):
-            return None
-        return self.kernel[g](*self.args, **self.constexprs, target=target, options=self.options)
-
-    def compile(self, target):
-        return self.kernel.compile(
-            *self.args, target=target, options=self.options, **self.constexprs
-        )
 
 
 def _cdiv(a, b):

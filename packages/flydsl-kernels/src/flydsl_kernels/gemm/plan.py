@@ -6,7 +6,7 @@ and returns a ``GemmPlan`` whose ``launches(...)`` binds the operands: the dense
 split-K the kernel into fp32 partials (``workspaces()``) and the fixed-order reduce.
 ``plan_swiglu`` returns the fused SwiGLU's launch and ``plan_grouped`` the persistent grouped
 launch of given operands. Operands are torch
-tensors (the function API, ``api.py``) or ``TensorSpec``s (the static model in ``configs``,
+tensors (the function API, ``api.py``) or ``TensorSpec``s (the static model in ``model.py``,
 the report cases and the compile tests compile the same launches without data), so each
 kernel's call is written once, here. Sizes are combined with integer arithmetic only (and
 ``torch.sym_max`` / ``sym_min``), so the plans also run on the symbolic sizes of a traced call
@@ -114,7 +114,7 @@ def plan_gemm(
     ``split_k`` None take ``table``'s selection and split-K rule; split-K is clamped to the K
     tiles. ``target`` is the launch's (its XCDs and compiler options); ``even_k`` None: K a
     multiple of the K tile."""
-    cfg = config or configs.select(M, N, K, batch, table)
+    cfg = config or configs.select("dense", M, N, K, batch, table)
     s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
     s = max(1, min(int(s), _cdiv(K, cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bias_mode, ACT=act)
@@ -127,11 +127,11 @@ def plan_gemm(
 def plan_swiglu(a, w_gate, w_up, out, *, config=None, even_k=None, target=None, table=None):
     """The fused SwiGLU's launch (``swiglu_kernel``): ``a`` ``(batch, M, K)``, ``w_gate`` /
     ``w_up`` ``(batch, K, N)`` (any strides; stride 0 broadcasts), ``out`` ``(batch, M, N)``.
-    ``config`` None takes ``table``'s ``configs.select_swiglu``; ``target`` is the launch's
+    ``config`` None takes ``table``'s ``configs.select("swiglu", ...)``; ``target`` is the launch's
     (its XCDs and compiler options); ``even_k`` None: K a multiple of the K tile."""
     batch, M, K = a.shape
     N = w_gate.shape[-1]
-    cfg = config or configs.select_swiglu(M, N, K, batch, table)
+    cfg = config or configs.select("swiglu", M, N, K, batch, table)
     cx = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(target),
         EVEN_K=K % cfg.BK == 0 if even_k is None else even_k, STAGES=cfg.num_stages,
@@ -168,7 +168,10 @@ def plan_grouped(a, b, out, offs, bias, ragged, *, config=None, target=None, tab
     ``target`` is the launch's (None: the table's sizes the grid)."""
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     G = offs.shape[0] if offs is not None else a.shape[0]
-    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K, table)
+    cfg = config
+    if cfg is None:  # (a traced call passes its config: no size is compared then)
+        rows = M if ragged != RAGGED_M else max(1, M // G)
+        cfg = configs.select("grouped", rows, N, K, target=table)
     programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, target if target else table)
     cx = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged,

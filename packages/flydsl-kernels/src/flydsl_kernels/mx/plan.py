@@ -1,9 +1,9 @@
 """MX plans: a problem goes in; the kernel, its grid, arguments, constexprs and options come out.
 
 Each ``plan_*`` takes the operands of one kernel (torch tensors from the function API in
-``api.py``, or ``TensorSpec``s from the static model in ``configs``, which compiles the same
+``api.py``, or ``TensorSpec``s from the static model in ``model.py``, which compiles the same
 launches without data), the element formats and the config (None: the shipped one of
-``table``'s table, ``configs.select_*``), and returns the ``launch.Launch``. The problem's
+``table``'s table, ``configs.select``), and returns the ``launch.Launch``. The problem's
 sizes are read from the operands' shapes, so each kernel's call is written once, here.
 """
 
@@ -25,7 +25,7 @@ def plan_quantize(x, q, s, elem, *, config=None, table=None) -> Launch:
     """``mx_quantize`` of ``x`` ``(M, K)`` into ``q`` ``(M, K / epb)`` bytes and ``s``
     ``(M, K / 32)`` scale bytes; one program per (``R`` rows, ``NB`` 32-blocks)."""
     m, k = x.shape
-    cfg = config or configs.select_quant(m, k, table)
+    cfg = config or configs.select("quant", m, k, target=table)
     grid = (_cdiv(m, cfg.R), _cdiv(k // BLOCK, cfg.NB))
     cx = {"K": k, **cfg.constexprs(), **quant_constexprs(elem_format(elem))}
     return Launch(KERNELS["quantize"], grid, (x, q, s), cx, cfg.options())
@@ -35,7 +35,7 @@ def plan_dequantize(q, s, y, elem, *, config=None, table=None) -> Launch:
     """``mx_dequantize`` of ``q`` ``(M, K / epb)`` bytes and ``s`` ``(M, K / 32)`` scale bytes
     into ``y`` ``(M, K)``; the quantizer's tiling."""
     m, k = y.shape
-    cfg = config or configs.select_dequant(m, k, table)
+    cfg = config or configs.select("dequant", m, k, target=table)
     grid = (_cdiv(m, cfg.R), _cdiv(k // BLOCK, cfg.NB))
     cx = {**cfg.constexprs(), **dequant_constexprs(elem_format(elem))}
     return Launch(KERNELS["dequantize"], grid, (q, s, y), cx, cfg.options())
@@ -48,7 +48,7 @@ def plan_gemm(a, sa, b, sb, bias, c, a_format, b_format, *, config=None, table=N
     fa, fb = elem_format(a_format), elem_format(b_format)
     m, n = c.shape
     k = a.shape[-1] * fa.per_byte
-    cfg = config or configs.select_gemm(m, n, k, fa.name, fb.name, table)
+    cfg = config or configs.select("gemm", m, n, k, fa.name, fb.name, target=table)
     grid = (_cdiv(m, cfg.BM), _cdiv(n, cfg.BN))
     cx = {"FA": fa.name, "FB": fb.name, **cfg.constexprs()}
     return Launch(KERNELS["gemm"], grid, (a, sa, b, sb, bias, c, k), cx, cfg.options())
@@ -67,9 +67,10 @@ def plan_grouped(
     fa, fb = elem_format(a_format), elem_format(b_format)
     m, n, k = a.shape[-2], b.shape[-2], a.shape[-1] * fa.per_byte
     G = offs.shape[0] if offs is not None else b.shape[0]
-    cfg = config or configs.select_grouped(
-        max(1, m // G) if ragged == RAGGED_M else m, n, k, fa.name, fb.name, table
-    )
+    cfg = config
+    if cfg is None:  # (a traced call passes its config: no size is compared then)
+        rows = max(1, m // G) if ragged == RAGGED_M else m
+        cfg = configs.select("grouped", rows, n, k, fa.name, fb.name, target=table)
     programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, target if target else table)
     cx = dict(
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,

@@ -28,7 +28,7 @@ import torch
 
 from .._target import table_target, tensor_target
 from ..launch import run_all
-from .configs import KEY_BITS, Plan, select
+from .configs import KEY_BITS, Config, select
 from .plan import SCORINGS, plan_router, plan_topk
 
 DTYPES = tuple(KEY_BITS)
@@ -55,7 +55,7 @@ def _bool_arg(v, name: str) -> bool:
     return v
 
 
-def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, target=None):
+def topk_rows(x2, k, largest=True, sorted=True, *, plan: Config | None = None, target=None):
     """Top-k of each row of the 2-D ``x2`` (rows of stride ``x2.stride(0)``, unit inner stride).
 
     Returns (values, int64 indices) of shape (M, k); ``plan`` (default
@@ -141,6 +141,7 @@ def topk(
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
         plan = select(
+            "topk",
             x2.shape[0],
             n,
             k,

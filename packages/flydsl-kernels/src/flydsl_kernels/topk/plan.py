@@ -1,10 +1,10 @@
 """TopK plans: a problem goes in; the kernels, grids, arguments, constexprs and options come out.
 
 ``plan_topk`` turns a top-k problem (M rows of N elements, k, the dtype, largest / sorted,
-the kernel choice ``configs.Plan`` of ``configs.select``) into a ``TopkPlan``: the workspaces
+the kernel choice ``configs.Config`` of ``configs.select``) into a ``TopkPlan``: the workspaces
 it needs (``workspaces()``) and ``launches(...)``, the pipeline of ``launch.Launch``es for
 given operands; ``plan_router`` does the same for the fused MoE router. Operands are torch
-tensors (the function API) or ``TensorSpec``s (the static model in ``configs`` and the report
+tensors (the function API) or ``TensorSpec``s (the static model in ``model.py`` and the report
 cases compile the same launches without data). Each kernel's call is written once, in the
 ``*_launch`` functions below.
 """
@@ -17,7 +17,7 @@ import torch
 
 from .._target import is_cpu_target
 from ..launch import Launch
-from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Plan, next_pow2, router_config, select
+from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Config, next_pow2, select
 from .kernels import KERNELS, RADIX, RADIX_BITS
 
 SCORINGS = {"softmax": 0, "sigmoid": 1, "topk_softmax": 2}
@@ -114,7 +114,7 @@ def router_launch(logits, bias, weights, ids, constexprs: dict, options) -> Laun
 class TopkPlan:
     """The pipeline of one top-k problem (``config``: the kernel and config ``select`` chose)."""
 
-    config: Plan
+    config: Config
     M: int
     N: int
     k: int
@@ -218,7 +218,7 @@ def plan_topk(
     sorted: bool = True,
     deterministic: bool = True,
     method: str | None = None,
-    plan: Plan | None = None,
+    plan: Config | None = None,
     target=None,
     table=None,
 ) -> TopkPlan:
@@ -226,7 +226,15 @@ def plan_topk(
     ``configs.select`` on ``table``'s table, with ``method``) names the kernel and its config;
     ``target`` is the launch's (the CPU backends take no warps)."""
     p = plan or select(
-        M, N, k, dtype, sorted=sorted, deterministic=deterministic, method=method, target=table
+        "topk",
+        M,
+        N,
+        k,
+        dtype,
+        sorted=sorted,
+        deterministic=deterministic,
+        method=method,
+        target=table,
     )
     return TopkPlan(
         p, M, N, k, KEY_BITS[dtype], bool(largest), bool(sorted) and k > 1,
@@ -239,7 +247,7 @@ def plan_topk(
 
 @dataclass(frozen=True)
 class RouterPlan:
-    config: Plan
+    config: Config
     constexprs: dict
     options: dict
 
@@ -265,7 +273,7 @@ def plan_router(
     """The fused router over ``E`` experts (the arguments of ``api.moe_router``; ``has_bias``:
     whether there is a selection bias)."""
     block = next_pow2(E)
-    cfg = router_config(block, table)
+    cfg = select("router", E, target=table)
     cx = dict(
         TOPK=top_k,
         KP=next_pow2(top_k),
