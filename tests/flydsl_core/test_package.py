@@ -106,3 +106,24 @@ def test_no_import_cycles_that_need_not_be(pkg, pairs):
     for a in runtime:
         for b in runtime:
             assert a == b or not (b in graph[a] and a in graph[b]), (a, b)
+
+
+def test_the_runtime_imports_no_backend_module():
+    """docs/architecture.md's backend rule: the runtime reaches backends only through the
+    protocol (``backends.get_backend``); what a backend can do beyond ``compile`` is declared
+    (``Backend.generates_source``), never probed."""
+    kinds = {p.name for p in (_core_root() / "backends").iterdir() if p.is_dir()} - {"__pycache__"}
+    assert kinds >= {"reference", "triton"}
+    for mod, found in _imports(_core_root(), "flydsl_core").items():
+        if mod.startswith("flydsl_core.runtime."):
+            named = [n for n, _ in found if n.startswith("flydsl_core.backends.")]
+            assert not [n for n in named if n.split(".")[2] in kinds], (mod, sorted(named))
+    src = (_core_root() / "runtime" / "kernel.py").read_text()
+    assert "hasattr(backend" not in src
+
+
+def test_backends_declare_source_generation():
+    from flydsl_core.backends import get_backend
+
+    assert not get_backend("cpu-reference").generates_source
+    assert get_backend("cpu-interpret").generates_source
