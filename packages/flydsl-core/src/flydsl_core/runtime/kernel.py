@@ -39,6 +39,7 @@ from ..ir.core import Function
 from ..trace.context import maybe_current
 from ..trace.driver import trace_function
 from .binder import make_key_fn
+from .sink import LAUNCH_OPTIONS, current_sink, launch_sink, split_launch_options
 from .spec import (
     ArgSpec,
     Tensor,
@@ -52,15 +53,21 @@ from .spec import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompiledKernel", "Kernel", "Tensor", "cdiv", "constexpr", "kernel"]
+#: ``LAUNCH_OPTIONS`` and ``launch_sink`` live in ``sink.py``; they stay importable from here
+__all__ = [
+    "LAUNCH_OPTIONS",
+    "CompiledKernel",
+    "Kernel",
+    "Tensor",
+    "cdiv",
+    "constexpr",
+    "kernel",
+    "launch_sink",
+]
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-#: kwargs of a launch that configure it rather than feed a parameter
-LAUNCH_OPTIONS = ("target", "num_warps", "num_stages", "options")
 
 
 class Specialization:
@@ -324,8 +331,8 @@ class Kernel:
         return self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
-        sink = getattr(_SINK, "fn", None)
-        if sink is not None:  # a tracing framework takes the launch over (launch_sink)
+        sink = current_sink()
+        if sink is not None:  # a tracing framework takes the launch over (sink.launch_sink)
             return sink(self, grid, args, kwargs)
         if not self._guard():
             self._refresh()
@@ -351,15 +358,7 @@ class Kernel:
 
     def _slow_bind(self, args, kwargs):
         _not_in_a_trace(self)
-        kwargs = dict(kwargs)
-        opts = {
-            k: kwargs.pop(k)
-            for k in LAUNCH_OPTIONS
-            if k in kwargs and k not in self.signature.parameters
-        }
-        target = opts.pop("target", None)
-        options = dict(opts.pop("options", None) or {})
-        options.update(opts)
+        kwargs, target, options = split_launch_options(self, kwargs)
         bound = self.bind(args, kwargs)
         spec = self.specialize(bound)
         ck = self._compiled(spec, target, options)
@@ -377,28 +376,6 @@ class Kernel:
                     f"{self.name}: run-time argument {n} must be passed explicitly, not defaulted"
                 )
         return ck, _getter(tuple(where))
-
-
-_SINK = threading.local()
-
-
-class launch_sink:
-    """``with launch_sink(fn):`` launches on this thread call ``fn(kernel, grid, args, kwargs)``
-    instead of compiling and running (``kwargs`` still holds the launch options). For callers
-    that trace a FlyDSL API into another framework's graph (torch_flydsl under torch.compile);
-    nested sinks restore the outer one on exit."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self._prev = None
-
-    def __enter__(self):
-        self._prev = getattr(_SINK, "fn", None)
-        _SINK.fn = self.fn
-        return self
-
-    def __exit__(self, *exc):
-        _SINK.fn = self._prev
 
 
 class _Launcher:

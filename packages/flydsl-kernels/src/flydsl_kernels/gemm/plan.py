@@ -114,8 +114,14 @@ def plan_gemm(
     ``split_k`` None take ``table``'s selection and split-K rule; split-K is clamped to the K
     tiles. ``target`` is the launch's (its XCDs and compiler options); ``even_k`` None: K a
     multiple of the K tile."""
-    cfg = config or configs.select("dense", M, N, K, batch, table)
-    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
+    if config is None:  # the function API's choice for M (a traced call passes both)
+        cfg, s = configs.m_choice("dense", N, K, batch, table).choose(M)
+    else:
+        cfg, s = config, None
+    if split_k is not None:
+        s = split_k
+    elif s is None:
+        s = configs.split_k(cfg, M, N, K, batch, table)
     s = max(1, min(int(s), _cdiv(K, cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bias_mode, ACT=act)
     ek = K % cfg.BK == 0 if even_k is None else even_k
@@ -131,7 +137,7 @@ def plan_swiglu(a, w_gate, w_up, out, *, config=None, even_k=None, target=None, 
     (its XCDs and compiler options); ``even_k`` None: K a multiple of the K tile."""
     batch, M, K = a.shape
     N = w_gate.shape[-1]
-    cfg = config or configs.select("swiglu", M, N, K, batch, table)
+    cfg = config or configs.m_choice("swiglu", N, K, batch, table).choose(M).config
     cx = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(target),
         EVEN_K=K % cfg.BK == 0 if even_k is None else even_k, STAGES=cfg.num_stages,
@@ -170,8 +176,8 @@ def plan_grouped(a, b, out, offs, bias, ragged, *, config=None, target=None, tab
     G = offs.shape[0] if offs is not None else a.shape[0]
     cfg = config
     if cfg is None:  # (a traced call passes its config: no size is compared then)
-        rows = M if ragged != RAGGED_M else max(1, M // G)
-        cfg = configs.select("grouped", rows, N, K, target=table)
+        groups = G if ragged == RAGGED_M else 0  # the tile follows the rows per group
+        cfg = configs.m_choice("grouped", N, K, groups, table).choose(M).config
     programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, target if target else table)
     cx = dict(
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged,

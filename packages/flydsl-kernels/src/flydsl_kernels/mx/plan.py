@@ -48,7 +48,7 @@ def plan_gemm(a, sa, b, sb, bias, c, a_format, b_format, *, config=None, table=N
     fa, fb = elem_format(a_format), elem_format(b_format)
     m, n = c.shape
     k = a.shape[-1] * fa.per_byte
-    cfg = config or configs.select("gemm", m, n, k, fa.name, fb.name, target=table)
+    cfg = config or configs.m_choice("gemm", n, k, fa.name, fb.name, target=table).choose(m).config
     grid = (_cdiv(m, cfg.BM), _cdiv(n, cfg.BN))
     cx = {"FA": fa.name, "FB": fb.name, **cfg.constexprs()}
     return Launch(KERNELS["gemm"], grid, (a, sa, b, sb, bias, c, k), cx, cfg.options())
@@ -69,8 +69,9 @@ def plan_grouped(
     G = offs.shape[0] if offs is not None else b.shape[0]
     cfg = config
     if cfg is None:  # (a traced call passes its config: no size is compared then)
-        rows = max(1, m // G) if ragged == RAGGED_M else m
-        cfg = configs.select("grouped", rows, n, k, fa.name, fb.name, target=table)
+        groups = G if ragged == RAGGED_M else 0  # the tile follows the rows per group
+        choice = configs.m_choice("grouped", n, k, groups, fa.name, fb.name, target=table)
+        cfg = choice.choose(m).config
     programs, gb = persistent_grid(ragged, G, m, n, cfg.BM, cfg.BN, target if target else table)
     cx = dict(
         FA=fa.name, FB=fb.name, GB=gb, RAGGED=ragged, HAS_BIAS=bias is not None,

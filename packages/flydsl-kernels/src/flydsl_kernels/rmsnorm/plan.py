@@ -2,7 +2,7 @@
 
 ``plan_forward`` / ``plan_backward`` take a problem by its sizes (rows ``M`` of ``N``
 elements, the dtype, the row strides, the numerics ``mode``), the config (None: the shipped
-one of ``table``'s table, ``configs.select``) and return a plan whose ``launches(...)`` binds
+one of ``table``'s table: ``configs.m_choice`` / ``select``) and return a plan whose ``launches(...)`` binds
 the operands into ``launch.Launch``es. Operands are the kernels' (``kernels.py``): 1-D flat
 views of each row operand's storage (``api._flat``), or ``TensorSpec``s to compile without
 data (``model.model_launch``: what the static model, the compile tests and the report
@@ -82,7 +82,7 @@ def plan_forward(
 ) -> ForwardPlan:
     """The forward of ``M`` rows of ``N`` elements of ``dtype`` (row strides ``SX``, default
     ``N``, and ``SR``, 0 without a residual); ``config`` None takes ``table``'s shipped one."""
-    cfg = config or configs.select("fwd", N, dtype, M, table)
+    cfg = config or configs.m_choice("fwd", N, dtype, table).choose(M).config
     sx = N if SX is None else SX
     return ForwardPlan(cfg, M, N, sx, SR, mode, float(eps), configs.elem_bytes(dtype))
 

@@ -28,7 +28,7 @@ import torch
 
 from .._target import table_target, tensor_target
 from ..launch import run_all
-from .configs import KEY_BITS, Config, select
+from .configs import KEY_BITS, Config, m_choice
 from .plan import SCORINGS, plan_router, plan_topk
 
 DTYPES = tuple(KEY_BITS)
@@ -140,17 +140,9 @@ def topk(
         x2 = xt.reshape(-1, n)
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
-        plan = select(
-            "topk",
-            x2.shape[0],
-            n,
-            k,
-            x.dtype,
-            sorted=sorted,
-            deterministic=deterministic,
-            method=method,
-            target=table_target(x2, target),
-        )
+        kw = dict(sorted=sorted, deterministic=deterministic, method=method)
+        plan = m_choice("topk", n, k, x.dtype, target=table_target(x2, target), **kw)
+        plan = plan.choose(x2.shape[0]).config
         v, i = topk_rows(x2, k, largest, sorted, plan=plan, target=target)
         v, i = v.reshape(out_shape), i.reshape(out_shape)
     return _result(v.movedim(-1, d).contiguous(), i.movedim(-1, d).contiguous())

@@ -17,7 +17,7 @@ import torch
 
 from .._target import is_cpu_target
 from ..launch import Launch
-from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Config, next_pow2, select
+from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Config, m_choice, next_pow2, select
 from .kernels import KERNELS, RADIX, RADIX_BITS
 
 SCORINGS = {"softmax": 0, "sigmoid": 1, "topk_softmax": 2}
@@ -223,19 +223,12 @@ def plan_topk(
     table=None,
 ) -> TopkPlan:
     """The top-k of ``M`` rows of ``N`` elements of ``dtype``, ``1 <= k <= N``: ``plan`` (default
-    ``configs.select`` on ``table``'s table, with ``method``) names the kernel and its config;
+    ``configs.m_choice`` on ``table``'s table, with ``method``) names the kernel and its config;
     ``target`` is the launch's (the CPU backends take no warps)."""
-    p = plan or select(
-        "topk",
-        M,
-        N,
-        k,
-        dtype,
-        sorted=sorted,
-        deterministic=deterministic,
-        method=method,
-        target=table,
-    )
+    p = plan
+    if p is None:
+        kw = dict(sorted=sorted, deterministic=deterministic, method=method, target=table)
+        p = m_choice("topk", N, k, dtype, **kw).choose(M).config
     return TopkPlan(
         p, M, N, k, KEY_BITS[dtype], bool(largest), bool(sorted) and k > 1,
         options(p.num_warps, target), options(p.sort_warps, target),
