@@ -14,6 +14,7 @@ launches over (``launch_sink``, ``split_launch_options``, ``generated_launch``: 
 """
 
 from . import dtypes
+from ._version import __version__ as __version__
 from .dtypes import (
     DType,
     bf16,
@@ -30,13 +31,12 @@ from .dtypes import (
     uint8,
 )
 from .exc import FlyDSLError
+from .helpers import cdiv
 from .language import *  # noqa: F403 - the language is the public surface
 from .language import __all__ as _lang_all
-from .runtime.kernel import CompiledKernel, Kernel, Tensor, cdiv, constexpr, kernel
+from .runtime.kernel import CompiledKernel, Kernel, Tensor, constexpr, kernel
 from .runtime.sink import GeneratedLaunch, generated_launch, launch_sink, split_launch_options
 from .runtime.spec import TensorSpec
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name):

@@ -7,11 +7,11 @@ function API launches for ``M`` (the config, and for the dense GEMM the split-K 
 ``(bounds[i - 1], bounds[i]]`` (and above the last bound). A bound marks where a family's
 rule may change, so two neighbouring ranges may hold the same config.
 
-torch-flydsl's traced path, which sees a symbolic ``M``, traces one branch per range
+torch-flydsl's compiled graphs, which see a symbolic ``M``, hold one branch per range
 (``ranges()``: each range's top, where its branch takes ``choose``), so a graph launches the
 config the eager API would for every ``M``. The one exception is stated where it applies: the
 dense GEMM's split-K count, a grid decision, follows ``M`` within a range in the eager API and
-is taken at the range's top in a traced graph.
+is taken at the range's top in a compiled graph.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ import threading
 from typing import Any
 
 from ..exc import ArgumentError
+from ..helpers import cdiv
 from ..ir.core import Function
 from ..trace.context import maybe_current
 from ..trace.driver import trace_function
@@ -53,7 +54,8 @@ from .spec import (
 
 log = logging.getLogger(__name__)
 
-#: ``LAUNCH_OPTIONS`` and ``launch_sink`` live in ``sink.py``; they stay importable from here
+#: ``LAUNCH_OPTIONS`` and ``launch_sink`` live in ``sink.py``, ``cdiv`` in ``helpers.py``; they
+#: stay importable from here
 __all__ = [
     "LAUNCH_OPTIONS",
     "CompiledKernel",
@@ -64,10 +66,6 @@ __all__ = [
     "kernel",
     "launch_sink",
 ]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Specialization:
@@ -332,7 +330,7 @@ class Kernel:
 
     def _launch(self, grid, args, kwargs):
         sink = current_sink()
-        if sink is not None:  # a tracing framework takes the launch over (sink.launch_sink)
+        if sink is not None:  # another framework takes the launch over (sink.launch_sink)
             return sink(self, grid, args, kwargs)
         if not self._guard():
             self._refresh()

@@ -58,7 +58,8 @@ def current_sink():
 class launch_sink:
     """``with launch_sink(fn):`` launches on this thread call ``fn(kernel, grid, args, kwargs)``
     instead of compiling and running (``kwargs`` still holds the launch options). For callers
-    that trace a FlyDSL API into another framework's graph (torch_flydsl under torch.compile);
+    that put a FlyDSL API's launches into another framework's graph (torch_flydsl under
+    torch.compile);
     nested sinks restore the outer one on exit."""
 
     def __init__(self, fn):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_core import cdiv
+
 from .. import registry
 from .._target import check_device, check_target
 from . import configs, plan, reference
@@ -102,13 +104,21 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
             for t in (q, k, v):
                 t.requires_grad_()
         out = flash_attn_func(
-            q, k, v, sinks=sinks, softcap=p.softcap, target=check_target(device),
-            table=_check_table(device, target), **kw,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            sinks=sinks,
+            softcap=p.softcap,
+            target=check_target(device),
+            table=_check_table(device, target),
+            **kw,
+        )
         ref, _ = reference.attention(
-            *(t.detach().double().requires_grad_(grad) for t in (q, k, v)), sinks=sinks,
-            softcap=p.softcap, **kw,
-        )  # fmt: skip
+            *(t.detach().double().requires_grad_(grad) for t in (q, k, v)),
+            sinks=sinks,
+            softcap=p.softcap,
+            **kw,
+        )
         err = _err(out, ref)
         if grad:
             do = torch.randn_like(out)
@@ -193,7 +203,7 @@ def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
     def inputs(device, bb, cc, seed=0):
         g = torch.Generator().manual_seed(seed)
         q = torch.randn(bb, 1, h, d, generator=g).to(torch.bfloat16).to(device)
-        npg = -(-cc // page)
+        npg = cdiv(cc, page)
         kc = torch.randn(bb * npg, page, hk, d, generator=g).to(torch.bfloat16).to(device)
         vc = torch.randn(bb * npg, page, hk, d, generator=g).to(torch.bfloat16).to(device)
         table = torch.randperm(bb * npg, generator=g).view(bb, npg).to(torch.int32).to(device)

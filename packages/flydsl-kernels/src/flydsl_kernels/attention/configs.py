@@ -119,8 +119,8 @@ _GFX950 = {
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
 #: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
 #: threads there), dK/dV 16 query rows per step; untimed
-_SM90 = dict(_GFX950)
-_SM90.update({
+_SM90 = {
+    **_GFX950,
     ("fwd", "d64"): _c(128, 64, 8, 2, 32, False),
     ("fwd", "d128"): _c(128, 64, 8, 2, 32, False),
     ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
@@ -133,27 +133,27 @@ _SM90.update({
     ("bwd_dq", "d64"): _c(64, 32, 4, 1, 32, True),
     ("bwd_dq", "d128"): _c(64, 32, 4, 1, 32, True),
     ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
-})  # fmt: skip
+}
 
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
 #: d128: 128x64 with 4 warps spilled 2 SGPRs without the causal mask and needed AGPRs (one wave
 #: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
-_GFX942 = dict(_GFX950)
-_GFX942.update({
+_GFX942 = {
+    **_GFX950,
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, False),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
-})  # fmt: skip
+}
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
-_GFX1250 = dict(_GFX950)
-_GFX1250.update({
+_GFX1250 = {
+    **_GFX950,
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
-})  # fmt: skip
+}
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {

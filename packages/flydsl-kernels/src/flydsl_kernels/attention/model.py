@@ -19,6 +19,8 @@ compile; survivors are ranked (``score``) by
 
 from __future__ import annotations
 
+from flydsl_core import cdiv
+
 from ..gemm.model import k_loop_body
 from . import plan
 from .configs import TABLES, Config
@@ -39,8 +41,9 @@ def model_problem(kind: str, dcls: str, *, causal: bool = True):
     """The ``plan.Problem`` a config of ``kind`` is compiled at (the model, the compile tests)."""
     b, s, d = MODEL_SHAPES[dcls]
     if kind == "decode":
-        return plan.Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=64,
-                       decode=True)  # fmt: skip
+        return plan.Problem(
+            64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=64, decode=True
+        )
     return plan.Problem(b, s, s, 32, 8, d, d, causal=causal)
 
 
@@ -80,7 +83,7 @@ def forward_launches(fp: plan.FwdPlan):
     if p.seqused:
         extra["seqused_k"] = TensorSpec("int32", (p.batch,))
     if p.page_size:
-        extra["block_table"] = TensorSpec("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
+        extra["block_table"] = TensorSpec("int32", (p.batch, cdiv(p.seqlen_k, p.page_size)))
     if fp.splits > 1:
         s, G = fp.splits, p.group
         extra["o_part"] = TensorSpec("fp32", (s, p.batch, p.seqlen_q, p.heads_k, G, p.head_dim_v))
@@ -100,9 +103,18 @@ def backward_launch(p: plan.Problem, target, which, config=None):
     ld = TensorSpec("fp32", (p.batch, p.heads_k, p.group, 2, p.seqlen_q))
     alibi = TensorSpec("fp32", (p.batch, p.heads_k, p.group)) if p.alibi else None
     ls = bp.launches(
-        q=sp["q"], k=sp["k"], v=sp["v"], o=sp["o"], do=sp["o"], lse=lse, ld=ld, dq=sp["q"],
-        dk=sp["k"], dv=sp["v"], alibi=alibi,
-    )  # fmt: skip
+        q=sp["q"],
+        k=sp["k"],
+        v=sp["v"],
+        o=sp["o"],
+        do=sp["o"],
+        lse=lse,
+        ld=ld,
+        dq=sp["q"],
+        dk=sp["k"],
+        dv=sp["v"],
+        alibi=alibi,
+    )
     return {"bwd_preprocess": ls[0], "bwd_dkdv": ls[1], "bwd_dq": ls[2]}[which]
 
 
@@ -173,14 +185,29 @@ def figures(ck, kind=None, cfg: Config | None = None, problem=None) -> dict:
 
 #: tile shapes (BM, BN, warps) the model tries, per kind and head-dim class
 TILES = {
-    "fwd": [(128, 64, 4), (128, 32, 4), (64, 64, 4), (64, 32, 4), (256, 64, 8), (256, 32, 8),
-            (128, 128, 4), (128, 64, 8)],
+    "fwd": [
+        (128, 64, 4),
+        (128, 32, 4),
+        (64, 64, 4),
+        (64, 32, 4),
+        (256, 64, 8),
+        (256, 32, 8),
+        (128, 128, 4),
+        (128, 64, 8),
+    ],
     "fwd_d256": [(64, 32, 4), (128, 32, 4), (64, 64, 4), (128, 64, 8), (256, 32, 8), (128, 32, 8)],
-    "decode": [(16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 32, 2), (16, 64, 2), (16, 64, 4),
-               (16, 128, 4)],
+    "decode": [
+        (16, 32, 1),
+        (16, 64, 1),
+        (16, 128, 1),
+        (16, 32, 2),
+        (16, 64, 2),
+        (16, 64, 4),
+        (16, 128, 4),
+    ],
     "bwd_dkdv": [(32, 64, 4), (64, 64, 4), (32, 128, 4), (64, 128, 8), (16, 64, 4), (32, 32, 4)],
     "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4)],
-}  # fmt: skip
+}
 
 
 def space(kind: str, dcls: str) -> list[Config]:

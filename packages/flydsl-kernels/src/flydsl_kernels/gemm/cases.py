@@ -60,9 +60,12 @@ def _dense_case(cls, m, n, k, model):
         a, b = _nt(mm, nn, kk, "cpu" if _cpu(device) else device, seed=1)
         # on a GPU the API picks the device's own table, as a user's call does
         out = gemm(
-            a, b, out_dtype=torch.float32, config=cfg if _cpu(device) else None,
+            a,
+            b,
+            out_dtype=torch.float32,
+            config=cfg if _cpu(device) else None,
             target=_check_target(device),
-        )  # fmt: skip
+        )
         return _err(out, reference.gemm(a, b, out_dtype=torch.float32))
 
     def run(device):
@@ -175,9 +178,13 @@ def _grouped_case(tokens, experts, n, k, model):
         else:
             a, w, offs = inputs(device, tokens, experts, n, k, seed=1)
         out = grouped_mm(
-            a, w, offs, out_dtype=torch.float32, target=_check_target(device),
+            a,
+            w,
+            offs,
+            out_dtype=torch.float32,
+            target=_check_target(device),
             config=cfg_of(target) if _cpu(device) else None,
-        )  # fmt: skip
+        )
         return _err(out, reference.grouped_mm(a, w, offs, out_dtype=torch.float32))
 
     def run(device):

@@ -14,7 +14,7 @@ of M. ``select`` takes the class tile of ``target``'s table:
 * ``"grouped"``: the class tile of the rows a group has on average (MoE: tokens per expert).
 
 ``m_choice`` gives the same choice over M with its breakpoints (``choice.MChoice``): what the
-function API launches and torch-flydsl's traced path cuts a symbolic M by.
+function API launches and what torch-flydsl's compiled graphs cut a symbolic M by.
 ``Config.options(target)`` gives only the options that target's compiler takes. Grids (grid
 fill, split-K, the persistent grouped grid) use the target's CUs / SMs.
 """
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+
+from flydsl_core import cdiv
 
 from .._target import compiler_options, lane_factor, num_cus, table_for
 from ..choice import Choice, MChoice
@@ -201,10 +203,10 @@ def fill_rows(N: int, batch: int = 1, target=None) -> int | None:
     tiles) still leaves CUs / SMs without a tile: above it the large tile fills the GPU (None:
     no M fills it, an empty N or batch)."""
     large = table(target)["large"]
-    per_row = -(-N // large.BN) * batch  # tiles per row of tiles
+    per_row = cdiv(N, large.BN) * batch  # tiles per row of tiles
     if per_row <= 0:
         return None
-    need = -(-num_cus(target) // per_row)  # rows of tiles that fill the GPU
+    need = cdiv(num_cus(target), per_row)  # rows of tiles that fill the GPU
     return large.BM * (need - 1)
 
 

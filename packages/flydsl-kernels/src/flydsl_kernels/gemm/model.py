@@ -84,8 +84,14 @@ def _space_gfx942() -> list[Config]:
     grid minus what cannot fit, a few per class)."""
     out = [Config(16, 64, 128, 1, 4, 2, 16, 1), Config(16, 128, 64, 1, 4, 2, 16, 1)]
     out += [Config(16, 64, 64, 1, 4, 2, 16, 1), Config(16, 256, 32, 1, 4, 2, 16, 1)]
-    for bm, bn, bk in ((64, 128, 64), (64, 256, 32), (128, 128, 32), (128, 256, 32),
-                       (256, 128, 32), (128, 64, 64)):  # fmt: skip
+    for bm, bn, bk in (
+        (64, 128, 64),
+        (64, 256, 32),
+        (128, 128, 32),
+        (128, 256, 32),
+        (256, 128, 32),
+        (128, 64, 64),
+    ):
         for w in (4, 8):
             out.append(Config(bm, bn, bk, 8, w, 2, 16 if bm * bn >= 256 * 128 else 32, 1))
     return [c for c in out if c.BK * (c.BM + c.BN) * 2 * 2 <= 64 * 1024]
@@ -95,8 +101,14 @@ def _space_gfx1250() -> list[Config]:
     """gfx1250 (wave32, 16x16 WMMA only, 320 KiB LDS): gfx950's class tiles with nonkdim 16,
     and a few neighbours."""
     out = [Config(16, 128, 128, 1, 4, 2, 16, 1), Config(16, 256, 128, 1, 4, 2, 16, 1)]
-    for bm, bn, bk, w in ((64, 256, 64, 8), (64, 128, 64, 4), (128, 128, 64, 4),
-                          (128, 256, 64, 8), (256, 256, 64, 8), (256, 128, 64, 8)):  # fmt: skip
+    for bm, bn, bk, w in (
+        (64, 256, 64, 8),
+        (64, 128, 64, 4),
+        (128, 128, 64, 4),
+        (128, 256, 64, 8),
+        (256, 256, 64, 8),
+        (256, 128, 64, 8),
+    ):
         out.append(Config(bm, bn, bk, 8, w, 2, 16, 1))
     return out
 
@@ -107,10 +119,19 @@ def _space_sm90() -> list[Config]:
     mma.sync (a 16-row tile cannot feed wgmma, and decode is weight-bandwidth-bound). Bounded
     to the shapes Triton's own Hopper matmul configs use, a few per class."""
     out = [Config(16, bn, bk, 1, 4, 3, 16, 1) for bn in (64, 128) for bk in (128, 256)]
-    for bm, bn, bk, w, st in ((64, 128, 64, 4, 3), (64, 256, 64, 4, 3), (64, 128, 128, 4, 3),
-                              (64, 256, 64, 8, 4), (128, 128, 64, 4, 3), (128, 128, 64, 4, 4),
-                              (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
-                              (128, 128, 128, 8, 3), (128, 64, 64, 4, 4)):  # fmt: skip
+    for bm, bn, bk, w, st in (
+        (64, 128, 64, 4, 3),
+        (64, 256, 64, 4, 3),
+        (64, 128, 128, 4, 3),
+        (64, 256, 64, 8, 4),
+        (128, 128, 64, 4, 3),
+        (128, 128, 64, 4, 4),
+        (128, 128, 64, 8, 3),
+        (128, 256, 64, 8, 3),
+        (128, 256, 64, 8, 4),
+        (128, 128, 128, 8, 3),
+        (128, 64, 64, 4, 4),
+    ):
         out.append(Config(bm, bn, bk, 8, w, st, 16, 1))
     return out
 

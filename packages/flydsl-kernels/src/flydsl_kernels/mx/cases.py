@@ -123,8 +123,10 @@ def _mx_operands(a_shape, w_shape, fa, fb, device, seed):
     """``(a_q, a_scale, w_q, w_scale)`` of random activations and 0.05-scaled weights."""
     a = _randn(a_shape, device, seed)
     w = _randn(w_shape, device, seed + 1).mul_(0.05)
-    return (*to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
-            *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None))  # fmt: skip
+    return (
+        *to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
+        *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None),
+    )
 
 
 def _check_error(got, want):
@@ -197,9 +199,14 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         shape = _CHECK_GROUPED if cpu else (rows, experts, n, k)
         ops, offs = inputs(_dev(device), *shape, seed=3)
         got = mx_grouped_mm(
-            *ops, fa, fb, offs, out_dtype=torch.bfloat16, target=_check_target(device),
+            *ops,
+            fa,
+            fb,
+            offs,
+            out_dtype=torch.bfloat16,
+            target=_check_target(device),
             config=cfg_of(target) if cpu else None,
-        )  # fmt: skip
+        )
         # the reference where the operands are: float64 on the GPU at the case's full shape
         want = reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
         return _check_error(got, want)

@@ -68,9 +68,17 @@ def compile_dequant(m, k, elem, cfg: DequantConfig | None = None, out_dtype="bf1
 
 
 def model_grouped(
-    tokens, experts, n, k, a_format, b_format, cfg: GemmConfig, out_dtype="bf16",
-    ragged_k=False, target=TARGET,
-):  # fmt: skip
+    tokens,
+    experts,
+    n,
+    k,
+    a_format,
+    b_format,
+    cfg: GemmConfig,
+    out_dtype="bf16",
+    ragged_k=False,
+    target=TARGET,
+):
     """The ``plan.plan_grouped`` launch with ``TensorSpec`` operands, no bias: ragged M (2-D a
     ``(tokens, k)``, 3-D weights ``(experts, n, k)``), or with ``ragged_k`` the weight gradient
     (``a (tokens, k)``, ``b (n, k)``, ``experts`` K groups, out ``(experts, tokens, n)``)."""
@@ -82,15 +90,32 @@ def model_grouped(
     out = TensorSpec(out_dtype, (experts if ragged_k else 1, tokens, n))
     offs = TensorSpec("int32", (experts,))
     return plan_grouped(
-        a, sa, b, sb, out, offs, None, a_format, b_format, RAGGED_K if ragged_k else RAGGED_M,
-        config=cfg, target=target,
-    )  # fmt: skip
+        a,
+        sa,
+        b,
+        sb,
+        out,
+        offs,
+        None,
+        a_format,
+        b_format,
+        RAGGED_K if ragged_k else RAGGED_M,
+        config=cfg,
+        target=target,
+    )
 
 
 def compile_grouped(
-    tokens, experts, n, k, a_format, b_format, cfg: GemmConfig | None = None, target=TARGET,
+    tokens,
+    experts,
+    n,
+    k,
+    a_format,
+    b_format,
+    cfg: GemmConfig | None = None,
+    target=TARGET,
     ragged_k=False,
-):  # fmt: skip
+):
     cfg = cfg or select(
         "grouped", max(1, tokens // experts), n, k, a_format, b_format, target=target
     )
@@ -120,10 +145,17 @@ GEMM_MODEL_SHAPES = {"decode": (32, 4096, 4096), "large": (1024, 8192, 8192)}
 #: the bounded candidates of the targets that only emulate MX (Triton upcasts the operands to
 #: bf16 in registers, so tiles that fit gfx950's scaled MFMA spill there): smaller BN / BK
 _EMULATED_TILES = (
-    (16, 256, 128, 8), (16, 128, 128, 4), (64, 128, 128, 4), (64, 256, 64, 4), (64, 128, 64, 4),
-    (128, 128, 128, 8), (128, 128, 64, 8), (128, 64, 128, 4), (64, 128, 128, 8),
+    (16, 256, 128, 8),
+    (16, 128, 128, 4),
+    (64, 128, 128, 4),
+    (64, 256, 64, 4),
+    (64, 128, 64, 4),
+    (128, 128, 128, 8),
+    (128, 128, 64, 8),
+    (128, 64, 128, 4),
+    (64, 128, 128, 8),
     (256, 128, 64, 8),
-)  # fmt: skip
+)
 
 
 def space(kind: str, cls: str | None = None, target: str = TARGET) -> list[GemmConfig]:
@@ -163,11 +195,23 @@ def _gemm_space(cls: str, target: str = TARGET) -> list[GemmConfig]:
     """Bounded dense MX GEMM candidates of a class (decode: BM <= 32; large: BM >= 64)."""
     st = 3 if target == "sm90" else 2
     if cls == "decode":
-        tiles = ((32, 64, 256, 4), (32, 64, 128, 4), (32, 64, 64, 4), (32, 128, 128, 8),
-                 (16, 64, 128, 4), (32, 64, 128, 8))  # fmt: skip
+        tiles = (
+            (32, 64, 256, 4),
+            (32, 64, 128, 4),
+            (32, 64, 64, 4),
+            (32, 128, 128, 8),
+            (16, 64, 128, 4),
+            (32, 64, 128, 8),
+        )
     else:
-        tiles = ((64, 128, 256, 4), (64, 128, 128, 4), (64, 128, 64, 4), (128, 128, 64, 8),
-                 (64, 128, 128, 8), (128, 64, 128, 8))  # fmt: skip
+        tiles = (
+            (64, 128, 256, 4),
+            (64, 128, 128, 4),
+            (64, 128, 64, 4),
+            (128, 128, 64, 8),
+            (64, 128, 128, 8),
+            (128, 64, 128, 8),
+        )
     return [GemmConfig(BM=m, BN=n, BK=k, STAGES=st, num_warps=w) for m, n, k, w in tiles]
 
 

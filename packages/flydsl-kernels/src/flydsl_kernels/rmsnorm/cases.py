@@ -128,9 +128,14 @@ def _backward_case(m, n, dtype):
         bwd = configs.select("bwd", n, dtype, target=target)
         cfgs = (*bwd, configs.select("dw_reduce", n, dtype, target=target))
         dx, dw = rms_norm_backward(
-            g, x, rstd, w, deterministic=True, target=_check_target(device),
+            g,
+            x,
+            rstd,
+            w,
+            deterministic=True,
+            target=_check_target(device),
             config=cfgs if cpu else None,
-        )  # fmt: skip
+        )
         dxr, dwr = reference.rms_norm_backward(g, x, w, 1e-6)
         # dweight sums `rows` products: its rounding grows with them (fp32 accumulation)
         return max(_err(dx, dxr, dtype), _err(dw, dwr, dtype) / max(1.0, rows / 64))

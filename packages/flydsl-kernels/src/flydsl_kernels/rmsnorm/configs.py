@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flydsl_core import cdiv
+
 from .._target import TUNED_TARGETS, lane_factor, num_cus, resident_warps, table_target
 from ..choice import Choice, MChoice
 
@@ -334,7 +336,7 @@ def _rows_steps(cfg: Config, target) -> list[tuple[int, tuple[int, int]]]:
     r, w, b = cfg.R, cfg.num_warps, cfg.BLOCK
     out, bound = [], None
     while r > 1:
-        t = r * (-(-full // w) - 1)
+        t = r * (cdiv(full, w) - 1)
         bound = t if bound is None else min(bound, t)
         r //= 2
         if r * b < lanes * w and w > 1:

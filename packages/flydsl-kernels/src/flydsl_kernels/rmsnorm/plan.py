@@ -14,15 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flydsl_core import cdiv
+
 from ..launch import Launch
 from . import configs
 from .configs import Config
 from .kernels import KERNELS, MODE_ATEN
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 # -- forward ---------------------------------------------------------------------------------------
 
@@ -50,7 +47,7 @@ class ForwardPlan:
         kern = KERNELS[cfg.kernel]
         if cfg.kernel == "fwd_rows":
             args = (*flat, self.M, float(self.eps))
-            grid = (_cdiv(self.M, cfg.R),)
+            grid = (cdiv(self.M, cfg.R),)
             return [Launch(kern, grid, args, {**cx, "SX": self.SX, "SR": self.SR}, opts)]
         if cfg.kernel == "fwd_row":
             stride, const = configs.row_stride_args(self.SX, self.SR, n, self.nbytes)
@@ -117,15 +114,42 @@ class BackwardPlan:
         rows = dict(M=self.M, N=self.N, SG=self.SG, SX=self.SX)
         out = []
         if self.kernels[0].kernel == "bwd_rows":
-            out.append(bwd_rows_launch(self.kernels[0], self.grid, self.chunk, g=g, x=x, rstd=rstd,
-                                   w=w, dx=dx, part=part, acc=acc, **rows))  # fmt: skip
+            out.append(
+                bwd_rows_launch(
+                    self.kernels[0],
+                    self.grid,
+                    self.chunk,
+                    g=g,
+                    x=x,
+                    rstd=rstd,
+                    w=w,
+                    dx=dx,
+                    part=part,
+                    acc=acc,
+                    **rows,
+                )
+            )
         else:
             if coef is not None:
                 out.append(
                     bwd_rowdot_launch(self.kernels[0], g=g, x=x, rstd=rstd, w=w, coef=coef, **rows)
                 )
-            out.append(bwd_cols_launch(self.kernels[1], self.grid, self.chunk, g=g, x=x, rstd=rstd,
-                                   coef=coef, w=w, dx=dx, part=part, acc=acc, **rows))  # fmt: skip
+            out.append(
+                bwd_cols_launch(
+                    self.kernels[1],
+                    self.grid,
+                    self.chunk,
+                    g=g,
+                    x=x,
+                    rstd=rstd,
+                    coef=coef,
+                    w=w,
+                    dx=dx,
+                    part=part,
+                    acc=acc,
+                    **rows,
+                )
+            )
         if dw is not None and part is not None:
             out.append(dw_reduce_launch(self.reduce, part=part, dw=dw, P=self.programs, N=self.N))
         return out
@@ -187,6 +211,9 @@ def bwd_cols_launch(
 def dw_reduce_launch(cfg: Config, *, part, dw, P: int, N: int) -> Launch:
     """The fixed-order sum of ``P`` fp32 partial rows of ``N`` (``part``) into ``dw``."""
     return Launch(
-        KERNELS["dw_reduce"], (_cdiv(N, cfg.BLOCK),), (part, dw, P), {"N": N, **cfg.constexprs()},
+        KERNELS["dw_reduce"],
+        (cdiv(N, cfg.BLOCK),),
+        (part, dw, P),
+        {"N": N, **cfg.constexprs()},
         cfg.options(),
-    )  # fmt: skip
+    )

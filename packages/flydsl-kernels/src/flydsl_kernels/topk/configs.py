@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flydsl_core import cdiv
+
 from .._target import TUNED_TARGETS, lane_factor, num_cus, table_target
 from ..choice import Choice, MChoice
 
@@ -81,9 +83,9 @@ class Config:
 
     def slices(self, n: int) -> tuple[int, int]:
         """(programs per row, elements per program) for radix_split; spans are whole chunks."""
-        chunks = -(-n // self.BLOCK)
-        per = -(-chunks // max(1, self.split))
-        return -(-chunks // per), per * self.BLOCK
+        chunks = cdiv(n, self.BLOCK)
+        per = cdiv(chunks, max(1, self.split))
+        return cdiv(chunks, per), per * self.BLOCK
 
     def as_dict(self) -> dict:
         d = {"kernel": self.kernel, "num_warps": self.num_warps, "BLOCK": self.BLOCK}
@@ -309,7 +311,7 @@ def _topk(
             sw = entry("merge", (MERGE_B,), target)["num_warps"]
     split = 1
     if method == "radix_split":
-        split = max(1, min(-(-n // cfg["BLOCK"]), cus // max(1, m)))
+        split = max(1, min(cdiv(n, cfg["BLOCK"]), cus // max(1, m)))
     return Config(
         method,
         BLOCK=cfg["BLOCK"],

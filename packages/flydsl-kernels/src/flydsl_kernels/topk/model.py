@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_core import cdiv
+
 from . import plan as P
 from .configs import BUCKETS, SMALL_K_MAX, TARGET, entry
 
@@ -85,8 +87,12 @@ def model_launch(kernel: str, bucket: tuple, config: dict | None = None):
         return P.radix_launch(x, v, i, w, _spec(i32, (_M, k)), k, **sel), block
     if kernel == "sort_tile":
         (kp,) = bucket
-        x, w, v, i = (_spec(f32, (_M, 32768)), _spec(i32, (_M, kp)), _spec(f32, (_M, kp)),
-                      _spec(i64, (_M, kp)))  # fmt: skip
+        x, w, v, i = (
+            _spec(f32, (_M, 32768)),
+            _spec(i32, (_M, kp)),
+            _spec(f32, (_M, kp)),
+            _spec(i64, (_M, kp)),
+        )
         return P.sort_tile_launch(x, w, _spec(i32, (_M, kp)), v, i, kp, KP=kp, options=opts), kp
     if kernel == "merge":
         (b,) = bucket
@@ -95,11 +101,21 @@ def model_launch(kernel: str, bucket: tuple, config: dict | None = None):
         (block,) = bucket
         ng = 8 if block >= 64 else 1
         rp = P.plan_router(
-            block, 8, scoring="sigmoid", renormalize=True, has_bias=True, n_group=ng,
-            topk_group=4 if ng > 1 else 1, routed_scaling_factor=2.5,
-        )  # fmt: skip
-        args = (_spec(torch.bfloat16, (_M, block)), _spec(f32, (block,)), _spec(f32, (_M, 8)),
-                _spec(i64, (_M, 8)))  # fmt: skip
+            block,
+            8,
+            scoring="sigmoid",
+            renormalize=True,
+            has_bias=True,
+            n_group=ng,
+            topk_group=4 if ng > 1 else 1,
+            routed_scaling_factor=2.5,
+        )
+        args = (
+            _spec(torch.bfloat16, (_M, block)),
+            _spec(f32, (block,)),
+            _spec(f32, (_M, 8)),
+            _spec(i64, (_M, 8)),
+        )
         return P.router_launch(*args, rp.constexprs, opts), block
     raise ValueError(f"unknown kernel {kernel!r}")
 
@@ -110,7 +126,7 @@ def _merge_launch(b: int, final: bool, opts: dict):
     w = [_spec(torch.int32, (_M, k)) for _ in range(4)]
     v, i = _spec(torch.float32, (_M, k)), _spec(torch.int64, (_M, k))
     x = _spec(torch.float32, (_M, 262144))
-    return P.merge_pass_launch(x, *w, v, i, k, 4 * b, -(-k // b), B=b, FINAL=final, options=opts)
+    return P.merge_pass_launch(x, *w, v, i, k, 4 * b, cdiv(k, b), B=b, FINAL=final, options=opts)
 
 
 # -- the ranking -----------------------------------------------------------------------------------
@@ -235,7 +251,7 @@ def _companion_launch(name: str, bucket: tuple, config: dict):
     (b,) = bucket
     if name == "sort_runs":
         w = _spec(i32, (_M, 65536))
-        return P.sort_runs_launch(w, w, w, w, -(-65536 // b), B=b, options=opts)
+        return P.sort_runs_launch(w, w, w, w, cdiv(65536, b), B=b, options=opts)
     return _merge_launch(b, False, opts)
 
 

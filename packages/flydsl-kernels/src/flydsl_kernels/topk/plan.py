@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flydsl_core import cdiv
+
 from .._target import is_cpu_target
 from ..launch import Launch
 from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Config, m_choice, next_pow2, select
@@ -67,14 +69,34 @@ def count_split_launch(x, hist, counts, k, span, slices, *, BLOCK, LARGEST, KEY_
 
 
 def compact_split_launch(
-    x, vals, idx, wkey, widx, hist, counts, k, span, slices, *,
-    BLOCK, SP, LARGEST, KEY_BITS, SORTED, DETERMINISTIC, options,
-):  # fmt: skip
+    x,
+    vals,
+    idx,
+    wkey,
+    widx,
+    hist,
+    counts,
+    k,
+    span,
+    slices,
+    *,
+    BLOCK,
+    SP,
+    LARGEST,
+    KEY_BITS,
+    SORTED,
+    DETERMINISTIC,
+    options,
+):
     """``radix_compact_split``: the survivors of each slice."""
     cx = dict(
-        BLOCK=BLOCK, SP=SP, LARGEST=LARGEST, KEY_BITS=KEY_BITS, SORTED=SORTED,
+        BLOCK=BLOCK,
+        SP=SP,
+        LARGEST=LARGEST,
+        KEY_BITS=KEY_BITS,
+        SORTED=SORTED,
         DETERMINISTIC=DETERMINISTIC,
-    )  # fmt: skip
+    )
     args = (x, vals, idx, wkey, widx, hist, counts, k, span, slices)
     return Launch(KERNELS["radix_compact_split"], (x.shape[0], slices), args, cx, options)
 
@@ -174,9 +196,21 @@ class TopkPlan:
             if p.deterministic:
                 out.append(count_split_launch(x, hist, counts, k, span, s, **sel))
             compact = compact_split_launch(
-                x, vals, idx, wkey, widx, hist, counts, k, span, s, SP=next_pow2(s),
-                SORTED=srt, DETERMINISTIC=p.deterministic, **sel,
-            )  # fmt: skip
+                x,
+                vals,
+                idx,
+                wkey,
+                widx,
+                hist,
+                counts,
+                k,
+                span,
+                s,
+                SP=next_pow2(s),
+                SORTED=srt,
+                DETERMINISTIC=p.deterministic,
+                **sel,
+            )
             out.append(compact)
         else:
             raise ValueError(f"unknown topk kernel {p.kernel!r}")
@@ -191,7 +225,7 @@ class TopkPlan:
             kp = max(p.SORT_KP, next_pow2(k))
             return [sort_tile_launch(x, wkey, widx, vals, idx, k, KP=kp, options=opts)]
         b = p.MERGE_B
-        nb = -(-k // b)
+        nb = cdiv(k, b)
         okey, oidx = ws["okey"], ws["oidx"]
         out = [sort_runs_launch(wkey, widx, okey, oidx, nb, B=b, options=opts)]
         src, dst = (okey, oidx), (wkey, widx)
@@ -218,21 +252,30 @@ def plan_topk(
     sorted: bool = True,
     deterministic: bool = True,
     method: str | None = None,
-    plan: Config | None = None,
+    config: Config | None = None,
     target=None,
     table=None,
+    plan: Config | None = None,
 ) -> TopkPlan:
-    """The top-k of ``M`` rows of ``N`` elements of ``dtype``, ``1 <= k <= N``: ``plan`` (default
-    ``configs.m_choice`` on ``table``'s table, with ``method``) names the kernel and its config;
-    ``target`` is the launch's (the CPU backends take no warps)."""
-    p = plan
+    """The top-k of ``M`` rows of ``N`` elements of ``dtype``, ``1 <= k <= N``: ``config``
+    (default ``configs.m_choice`` on ``table``'s table, with ``method``) names the kernel and
+    its config; ``target`` is the launch's (the CPU backends take no warps). ``plan``: the
+    deprecated name of ``config``."""
+    p = config if config is not None else plan
     if p is None:
         kw = dict(sorted=sorted, deterministic=deterministic, method=method, target=table)
         p = m_choice("topk", N, k, dtype, **kw).choose(M).config
     return TopkPlan(
-        p, M, N, k, KEY_BITS[dtype], bool(largest), bool(sorted) and k > 1,
-        options(p.num_warps, target), options(p.sort_warps, target),
-    )  # fmt: skip
+        p,
+        M,
+        N,
+        k,
+        KEY_BITS[dtype],
+        bool(largest),
+        bool(sorted) and k > 1,
+        options(p.num_warps, target),
+        options(p.sort_warps, target),
+    )
 
 
 # -- the MoE router ----------------------------------------------------------------------------------

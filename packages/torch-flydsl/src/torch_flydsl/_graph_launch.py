@@ -1,4 +1,4 @@
-"""Tracing FlyDSL launches into a torch graph as Triton kernels (``wrap_triton``).
+"""FlyDSL launches as Triton kernels of a torch graph (``wrap_triton``), and the choice by M.
 
 ``with sink(t):`` around a ``flydsl_kernels`` API call on FakeTensors (the ``flydsl::`` ops'
 traced path) takes its launches over (``flydsl_core.launch_sink``). Each launch becomes
