@@ -585,3 +585,23 @@ def test_schema_inference_failures_name_the_problem(fn_src, match):
     ) as e:
         _define(fn=ns["f"])
     assert e.match(match)
+
+
+def test_the_readme_example_runs():
+    """README.md's example, as written there, against PyTorch (eager and compiled)."""
+    import pathlib
+    import re
+
+    readme = pathlib.Path(__file__).parents[2] / "README.md"
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", readme.read_text(), re.S) if "custom_op(" in b
+    ]
+    ns: dict = {}
+    exec(compile(block, str(readme), "exec"), ns)
+    x = _rand(9, 130)
+    _close(ns["scale_rows_op"](x), ref_scale(x))
+    with _no_compile_caches():
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        _close(torch.compile(ns["scale_rows_op"], fullgraph=True)(x), ref_scale(x))
