@@ -189,6 +189,7 @@ class _OpSpec:
         self.fn = fn
         self.mutated = mutated
         self.sig = inspect.signature(fn)
+        self.params = tuple(self.sig.parameters)
         from .stats import get
 
         self.stats = get(name)
@@ -256,11 +257,11 @@ def _tensors(v):
 
 
 def _storage(t):
-    from torch.multiprocessing.reductions import StorageWeakRef
-
+    """The identity of ``t``'s storage (shared by its views; FakeTensors and functional
+    tensors have one too), or None."""
     try:
-        return StorageWeakRef(t.untyped_storage())
-    except (RuntimeError, NotImplementedError, TypeError):
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return None
 
 
@@ -268,7 +269,7 @@ def _storage(t):
 
 _CACHE_SIZE = 4096
 _written: dict = {}  # (kernel, specialization key) -> written parameter names
-_fast: dict = {}  # (kernel, the launch's fast-path key) -> ((parameter, position or keyword), ...)
+_fast: dict = {}  # _launch_key -> ((parameter, position or keyword), ...)
 _lock = threading.Lock()
 
 
@@ -302,6 +303,46 @@ def written_params(kernel, spec) -> frozenset[str]:
     return _remember(_written, key, frozenset(out))
 
 
+_TENSOR = object()
+_kernel_info: dict = {}  # kernel -> (parameter names, constexpr names, launch option names)
+
+
+def _launch_key(kernel, args, kwargs):
+    """What decides which parameters a launch writes: the kernel, where the tensors are, and
+    the compile-time values (constexprs, None, bools); not sizes, strides or numbers (which
+    change no store). None where a constexpr does not hash (the launch itself will say)."""
+    info = _kernel_info.get(kernel)
+    if info is None:
+        from flydsl_core.runtime.kernel import LAUNCH_OPTIONS
+
+        names = tuple(kernel.signature.parameters)
+        info = (names, kernel.constexpr_params, frozenset(LAUNCH_OPTIONS) - set(names))
+        _kernel_info[kernel] = info
+    names, consts, options = info
+    key = [kernel, len(args)]
+    for n, v in zip(names, args):
+        if isinstance(v, torch.Tensor):
+            key.append(_TENSOR)
+        elif v is None or v is True or v is False or n in consts:
+            key.append(v)
+        else:
+            key.append(type(v))
+    for k, v in kwargs.items():  # a call site passes its keywords in one order
+        if k not in options:
+            if isinstance(v, torch.Tensor):
+                key.append((k, _TENSOR))
+            elif v is None or v is True or v is False or k in consts:
+                key.append((k, v))
+            else:
+                key.append((k, type(v)))
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _kernel_kwargs(kernel, kwargs) -> dict:
     from flydsl_core.runtime.kernel import LAUNCH_OPTIONS
 
@@ -312,6 +353,8 @@ def _kernel_kwargs(kernel, kwargs) -> dict:
 class _Writes:
     """One call of the op: each launch's writes are checked against ``mutates_args``."""
 
+    __slots__ = ("_protected", "args", "kwargs", "spec")
+
     def __init__(self, spec: _OpSpec, args, kwargs):
         self.spec = spec
         self.args, self.kwargs = args, kwargs
@@ -320,26 +363,24 @@ class _Writes:
     def protected(self) -> dict:
         if self._protected is None:
             prot: dict = {}
-            if self.spec.mutated is not None:  # "unknown": every argument may be written
-                bound = self.spec.sig.bind(*self.args, **self.kwargs)
-                for name, v in bound.arguments.items():
-                    if name not in self.spec.mutated:
+            mutated = self.spec.mutated
+            if mutated is not None:  # "unknown": every argument may be written
+                items = (*zip(self.spec.params, self.args), *self.kwargs.items())
+                for name, v in items:
+                    if name not in mutated:
                         for t in _tensors(v):
                             s = _storage(t)
                             if s is not None:
-                                prot.setdefault(s.cdata, name)
+                                prot.setdefault(s, name)
             self._protected = prot
         return self._protected
 
     def _written(self, kernel, args, kwargs, traced: bool):
         """``((parameter, value), ...)`` of the tensors this launch writes."""
         fk = None
-        if not traced:  # the launch's own fast-path key: no bind, no specialization
-            try:
-                fk = (kernel, kernel._key_fn(*args, **kwargs))
-                hit = _fast.get(fk)
-            except (TypeError, AttributeError):
-                fk = hit = None
+        if not traced:  # cached by what decides the writes: no bind, no specialization
+            fk = _launch_key(kernel, args, kwargs)
+            hit = _fast.get(fk) if fk is not None else None
             if hit is not None:
                 return [(n, args[w] if type(w) is int else kwargs[w]) for n, w in hit]
         bound = kernel.bind(args, _kernel_kwargs(kernel, kwargs))
@@ -369,7 +410,7 @@ class _Writes:
         prot = self.protected()
         for pname, t in written:
             s = _storage(t) if isinstance(t, torch.Tensor) else None
-            arg = prot.get(s.cdata) if s is not None else None
+            arg = prot.get(s) if s is not None else None
             if arg is not None:
                 raise RuntimeError(
                     f"torch_flydsl.custom_op({self.spec.name!r}): kernel {kernel.name} writes its "
@@ -399,6 +440,8 @@ class _Writes:
                 f"torch_flydsl.custom_op({self.spec.name!r}): kernel {kernel.name} was launched "
                 "with no tensor argument; a traced launch takes its device from its tensors"
             )
+        if callable(grid):  # a grid rule of the bound arguments, as the launcher takes it
+            grid = grid(kernel.bind(args, _kernel_kwargs(kernel, kwargs)))
         # the traced device's target, whatever the body asked for (FlyDSL generates Triton
         # for it; the body's target is an eager choice)
         _trace.launch(kernel, grid, args, {**kwargs, "target": _trace.target_for(t)})
