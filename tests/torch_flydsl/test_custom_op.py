@@ -340,6 +340,59 @@ def test_traced_for_gfx950_on_fake_cuda_tensors():
     assert node.kwargs["tensors_to_clone"] == ["out_ptr"]
 
 
+def test_compile_caches_key_on_the_flydsl_sources():
+    """AOTAutograd's cache hashes a triton_op's kernels' sources; ours stand for the body's
+    FlyDSL kernels and the compiler, so another kernel behind the same body is another key."""
+    from torch._inductor.codegen.wrapper import (
+        user_defined_triton_kernel_transitive_closure_source_code as source_of,
+    )
+    from torch._library.triton import get_triton_kernels_for_op
+
+    def key(name):
+        (jit,) = list(get_triton_kernels_for_op(name))
+        return source_of(jit)
+
+    @fly.kernel
+    def other(x: fly.Tensor, out: fly.Tensor, BLOCK: fly.constexpr):
+        out[fly.program_id(0), fly.ds(0, BLOCK)].store(x[fly.program_id(0), fly.ds(0, BLOCK)].load())
+
+    def body(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        k[(x.shape[0],)](x, out, BLOCK=64)
+        return out
+
+    k = scale_rows
+    torch_flydsl.custom_op("flydsl_test::keyed_a", body, mutates_args=())
+    a = key("flydsl_test::keyed_a")
+    assert a == key("flydsl_test::keyed_a") and "flydsl_custom_op_" in a
+    k = other  # the same body over another kernel  # noqa: F841
+    torch_flydsl.custom_op("flydsl_test::keyed_b", body, mutates_args=())
+    b = key("flydsl_test::keyed_b")
+    assert a.split("def ")[1] != b.split("def ")[1]
+
+
+def test_compiled_graphs_with_the_op_are_cached(monkeypatch, tmp_path):
+    """With AOTAutograd's and Inductor's caches on, a second compile of the same program is a
+    cache hit (the key above is computed, the op is cacheable) and still computes right."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    x = _rand(6, 70)
+    with (
+        functorch_config.patch(enable_autograd_cache=True),
+        inductor_config.patch(fx_graph_cache=True),
+    ):
+        for _ in range(2):
+            torch._dynamo.reset()
+            counters.clear()
+            out = torch.compile(lambda t: scale_rows_op(t) - 1, fullgraph=True)(x)
+            _close(out, ref_scale(x) - 1)
+        assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+
+
 # -- torch.export and AOTInductor ---------------------------------------------------------------------
 
 

@@ -79,6 +79,9 @@ def custom_op(
         from torch._subclasses.functional_tensor import FunctionalTensorMode
 
         op.register_torch_dispatch(FunctionalTensorMode, spec.functional)
+        from torch._library.triton import triton_ops_to_kernels
+
+        triton_ops_to_kernels[name] = _CacheIdentity(name, fn)
         return op
 
     if fn is None:
@@ -176,6 +179,42 @@ def _infer(name, fn, mutates_args) -> str:
             f"annotations of {fn.__name__}: {e} Annotate every parameter and the return value "
             "with types torch.library supports, or pass schema=..."
         ) from None
+
+
+class _CacheIdentity:
+    """Stands in torch's list of a ``triton_op``'s Triton kernels
+    (``torch._library.triton.triton_ops_to_kernels``), whose sources AOTAutograd's cache puts
+    in its key: the kernels FlyDSL generates are known only when traced, so the list is one
+    ``@triton.jit`` function named after the fingerprint of the body, the FlyDSL kernels and
+    helpers it reaches (``source_fingerprint``) and the compiler. Editing a kernel changes the
+    key, so a cached compile holding the old kernel is not served. Built on first use."""
+
+    def __init__(self, name: str, fn: Callable):
+        self.name, self.fn = name, fn
+        self._jit = None
+
+    def __iter__(self):
+        if self._jit is None:
+            self._jit = self._make()
+        yield self._jit
+
+    def _make(self):
+        import hashlib
+
+        from flydsl_core.backends.triton.codegen import GeneratedKernel
+        from flydsl_core.backends.triton.compiler import import_source, write_source
+        from flydsl_core.cache.keys import compiler_fingerprint, source_fingerprint
+
+        digest = hashlib.sha256(
+            f"{self.name}|{compiler_fingerprint()}|{source_fingerprint(self.fn)}".encode()
+        ).hexdigest()[:24]
+        fname = f"flydsl_custom_op_{digest}"
+        source = (
+            f'"""The identity of torch_flydsl.custom_op {self.name!r} in compile caches."""\n\n'
+            f"import triton\n\n\n@triton.jit\ndef {fname}():\n    pass\n"
+        )
+        gen = GeneratedKernel(fname, source, [], "cpu-interpret", True)
+        return getattr(import_source(write_source(gen)), fname)
 
 
 # -- what runs ---------------------------------------------------------------------------------------
