@@ -192,23 +192,26 @@ def _cu_host(c: list, name: str, total, max_name: str, max_s: int, what: str) ->
     return lens
 
 
-def _capacity_host(lens: list, snew: int, cap: int, paged: bool, what: str) -> None:
+def _capacity_host(lens: list, snew: int, cap: int, paged: bool, what: str, scalar=False):
+    """``lens`` (per sequence, or ``scalar``: one int for all) >= 0 and ``+ snew <= cap``."""
     if lens and min(lens) < 0:
         b = next(b for b, n in enumerate(lens) if n < 0)
-        raise ValueError(f"{what}: cache_seqlens must be >= 0, got cache_seqlens[{b}] = {lens[b]}")
+        name = "cache_seqlens" if scalar else f"cache_seqlens[{b}]"
+        raise ValueError(f"{what}: cache_seqlens must be >= 0, got {name} = {lens[b]}")
     top = max(lens, default=0) + snew
     if top > cap:
         b = lens.index(top - snew)
-        plus = f" + {snew} appended tokens" if snew else ""
+        name = "cache_seqlens" if scalar else f"cache_seqlens[{b}]"
+        got = f"{name} = {top - snew}" + (f" + {snew} appended tokens = {top}" if snew else "")
         if paged:
             raise RuntimeError(
-                f"{what}: paged KV cache: cache_seqlens[{b}] = {top - snew}{plus} = {top} "
-                f"exceeds the capacity addressable by block_table ({cap} = max_pages * "
-                f"page_size); allocate more columns in block_table"
+                f"{what}: paged KV cache: {got} exceeds the capacity addressable by "
+                f"block_table ({cap} = max_pages * page_size); allocate more columns in "
+                "block_table"
             )
         raise RuntimeError(
-            f"{what}: cache_seqlens[{b}] = {top - snew}{plus} = {top} exceeds the capacity of "
-            f"k_cache / v_cache ({cap} positions per sequence, their dimension 1)"
+            f"{what}: {got} exceeds the capacity of k_cache / v_cache ({cap} positions per "
+            "sequence, their dimension 1)"
         )
 
 
@@ -273,7 +276,8 @@ def _settle(flags, sync: bool, recheck, what: str) -> None:
     if not flags:
         return
     bad = torch.stack([f.reshape(()) for f in flags]).any()
-    if sync and not torch.cuda.is_current_stream_capturing():
+    capturing = bad.is_cuda and torch.cuda.is_current_stream_capturing()
+    if sync and not capturing:
         if bool(bad):
             recheck()
             raise AssertionError("unreachable: the device and host checks disagree")
@@ -334,8 +338,9 @@ def kvcache(seqlens, snew, cap, what, *, block_table=None, page=0, pool=0, batch
         return
 
     def host(seqlens=seqlens, block_table=block_table, batch_idx=batch_idx):
-        lens = [seqlens] * batch if isinstance(seqlens, int) else seqlens.tolist()
-        _capacity_host(lens, snew, cap, paged, what)
+        scalar = isinstance(seqlens, int)
+        lens = [seqlens] * batch if scalar else seqlens.tolist()
+        _capacity_host(lens, snew, cap, paged, what, scalar)
         if paged:
             _pages_host(block_table, [n + snew for n in lens], page, pool, what)
         if batch_idx is not None:
@@ -347,7 +352,7 @@ def kvcache(seqlens, snew, cap, what, *, block_table=None, page=0, pool=0, batch
     flags: list = []
     if isinstance(seqlens, int):
         if batch:
-            _capacity_host([seqlens], snew, cap, paged, what)
+            _capacity_host([seqlens], snew, cap, paged, what, True)
     elif seqlens.numel():
         lo, hi = torch.aminmax(seqlens)
         flags += [lo < 0, hi > cap - snew]
