@@ -331,13 +331,13 @@ def test_device_checks_agree_with_host_checks(monkeypatch, cq, lens, table, bidx
     message as a RuntimeError."""
 
     def host_then_device(fn):
-        monkeypatch.setattr(validate, "HOST_DEVICES", frozenset({"cpu"}))
+        monkeypatch.setattr(validate, "HOST_VALUES", True)
         try:
             fn()
             host = None
         except ERRORS as e:
             host = e
-        monkeypatch.setattr(validate, "HOST_DEVICES", frozenset())
+        monkeypatch.setattr(validate, "HOST_VALUES", False)
         try:
             fn()
             dev = None
@@ -588,3 +588,20 @@ def test_meta_tensors_give_meta_outputs_of_the_right_shape():
         qd, kc, kc, cache_seqlens=cu[:2], block_table=bt, return_softmax_lse=True
     )
     assert o.is_meta and o.shape == (2, 1, 4, 16) and lse.shape == (2, 4, 1)
+
+
+@pytest.mark.parametrize("rows", [4, 64])  # a small table (Python) and a big one (tensor ops)
+def test_padded_page_tables_are_checked_entry_by_entry(rows):
+    """A table padded with -1 past each row's pages fails the whole-table range test and takes
+    the exact check: only the entries a sequence reads count, and the first bad one is named."""
+    cols, pool = 100, 5000
+    g = torch.Generator().manual_seed(rows)
+    lens = torch.randint(1, 40 * PAGE, (rows,), generator=g).to(torch.int32)
+    need = (lens + PAGE - 1) // PAGE
+    table = torch.randint(0, pool, (rows, cols), generator=g).to(torch.int32)
+    table[torch.arange(cols)[None, :] >= need[:, None]] = -1
+    validate.kvcache(lens, 0, cols * PAGE, "f", block_table=table, page=PAGE, pool=pool)
+    b = rows // 2
+    table[b, int(need[b]) - 1] = pool
+    with pytest.raises(IndexError, match=rf"block_table\[{b}, {int(need[b]) - 1}\] = {pool}"):
+        validate.kvcache(lens, 0, cols * PAGE, "f", block_table=table, page=PAGE, pool=pool)

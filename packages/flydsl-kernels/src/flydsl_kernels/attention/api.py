@@ -476,7 +476,7 @@ def flash_attn_varlen_func(
     paged = block_table is not None
     _check_qkv(q, k if not paged else k[0], v if not paged else v[0], what, 3)
     for n, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        V.int32_tensor(c, n, what, (None,), q.device)
+        V.int32_tensor(c, n, what, (None,), q.device, "(batch + 1,)")
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.numel() < 1:
         raise ValueError(
             f"{what}: cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got "
@@ -552,7 +552,7 @@ def _page_size(k_cache, v_cache, block_table, batch, device, what) -> int:
             f"{what}: a paged v_cache has k_cache's pages and page size, (num_pages, "
             f"page_size) = {tuple(k_cache.shape[:2])}; got {list(v_cache.shape)}"
         )
-    V.int32_tensor(block_table, "block_table", what, (batch, None), device)
+    V.int32_tensor(block_table, "block_table", what, (batch, None), device, "(batch, max_pages)")
     P = k_cache.shape[1]
     if P < 1 or P & (P - 1):
         raise ValueError(
@@ -572,7 +572,7 @@ def _cache_seqlens(cache_seqlens, B, sk_max, snew, device, what):
             )
         n = sk_max
     elif isinstance(cache_seqlens, torch.Tensor):
-        return V.int32_tensor(cache_seqlens, "cache_seqlens", what, (B,), device), None
+        return V.int32_tensor(cache_seqlens, "cache_seqlens", what, (B,), device, "(batch,)"), None
     else:
         n = V.integer(cache_seqlens, "cache_seqlens", what)
     return torch.full((B,), n, dtype=torch.int32, device=device), n
@@ -657,7 +657,7 @@ def flash_attn_with_kvcache(
     seqlens, n_int = _cache_seqlens(cache_seqlens, B, sk_max, snew, q.device, what)
     bidx = None
     if cache_batch_idx is not None:
-        bidx = V.int32_tensor(cache_batch_idx, "cache_batch_idx", what, (B,), q.device)
+        bidx = V.int32_tensor(cache_batch_idx, "cache_batch_idx", what, (B,), q.device, "(batch,)")
     elif not paged and k_cache.shape[0] < B:
         raise ValueError(
             f"{what}: k_cache has {k_cache.shape[0]} sequences for a batch of {B}; give "

@@ -30,7 +30,6 @@ stream with a device-side assert before any attention kernel reads it. Meta and 
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 
@@ -38,8 +37,8 @@ import torch
 
 from . import configs
 
-#: devices whose index tensors are read on the host (tests empty it to run the device path)
-HOST_DEVICES = frozenset({"cpu"})
+#: read CPU index tensors on the host (tests turn it off to run the device path on the CPU)
+HOST_VALUES = True
 _INT32_MAX = 2**31 - 1
 
 
@@ -137,30 +136,35 @@ def config(cfg, what: str, *, forward_only: bool = False):
 # -- index tensors: structure ------------------------------------------------------------------------
 
 
-def int32_tensor(t, name: str, what: str, shape: tuple, device) -> torch.Tensor:
-    """``t`` an int32 tensor of ``shape`` (entries None: any size) on ``device``."""
+def int32_tensor(t, name: str, what: str, shape: tuple, device, desc: str) -> torch.Tensor:
+    """``t`` an int32 tensor of ``shape`` (entries None: any size) on ``device``; ``desc``
+    names the dimensions in the message."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: {name} must be an int32 tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:
         raise TypeError(f"{what}: {name} must be an int32 tensor, got {t.dtype}")
     if t.dim() != len(shape) or any(n is not None and t.shape[i] != n for i, n in enumerate(shape)):
         want = ", ".join("*" if n is None else str(n) for n in shape)
-        raise ValueError(f"{what}: {name} must have shape ({want}), got {list(t.shape)}")
+        raise ValueError(
+            f"{what}: {name} must have shape {desc} = ({want}{',' * (len(shape) == 1)}), got "
+            f"{list(t.shape)}"
+        )
     if t.device != device:
         raise ValueError(f"{what}: {name} is on {t.device}, the inputs on {device}")
     return t
 
 
 def _has_values(t: torch.Tensor) -> bool:
-    if t.is_meta:
-        return False
+    """Not a meta or fake tensor (shape propagation: there are no values to check)."""
+    if type(t) is torch.Tensor:  # the common case, without the fake-tensor test's 2 us
+        return not t.is_meta
     from torch._subclasses.fake_tensor import is_fake
 
-    return not is_fake(t)
+    return not (t.is_meta or is_fake(t))
 
 
 def _on_host(t: torch.Tensor) -> bool:
-    return t.device.type in HOST_DEVICES
+    return HOST_VALUES and t.is_cpu
 
 
 # -- index tensors: values on the host ---------------------------------------------------------------
@@ -170,9 +174,8 @@ def _cu_host(c: list, name: str, total, max_name: str, max_s: int, what: str) ->
     """The per-sequence lengths of cumulative offsets ``c`` (a list), after flash-attn's rules."""
     if c[0] != 0:
         raise ValueError(f"{what}: {name}[0] must be 0 (cumulative sequence offsets), got {c[0]}")
-    lens = [b - a for a, b in itertools.pairwise(c)]
-    if lens and min(lens) < 0:
-        i = next(i for i, n in enumerate(lens) if n < 0) + 1
+    if c != sorted(c):  # linear on sorted input, in C: the cheapest full check
+        i = next(i for i in range(1, len(c)) if c[i] < c[i - 1])
         raise ValueError(
             f"{what}: {name} must be non-decreasing (cumulative sequence offsets); "
             f"{name}[{i}] = {c[i]} is below {name}[{i - 1}] = {c[i - 1]}"
@@ -182,6 +185,7 @@ def _cu_host(c: list, name: str, total, max_name: str, max_s: int, what: str) ->
             f"{what}: {name}[-1] must equal the total tokens {total} (the inputs' first "
             f"dimension), got {c[-1]}"
         )
+    lens = list(map(operator.sub, c[1:], c))
     longest = max(lens, default=0)
     if longest > max_s:
         b = lens.index(longest)
@@ -221,18 +225,28 @@ def _pages_host(bt: torch.Tensor, lens: list, page: int, pool: int, what: str) -
     per-row check."""
     if bt.numel() == 0 or not lens:
         return
-    lo, hi = (int(x) for x in torch.aminmax(bt))
-    if lo >= 0 and hi < pool:
+    lo, hi = torch.aminmax(bt)
+    if lo.item() >= 0 and hi.item() < pool:
         return
     need = [-(-n // page) for n in lens]
-    for b, row in enumerate(bt.tolist()):
-        for j, pid in enumerate(row[: need[b]]):
-            if not 0 <= pid < pool:
-                raise IndexError(
-                    f"{what}: block_table[{b}, {j}] = {pid} is not a page of the cache (page "
-                    f"ids are 0 to {pool - 1}: the first dimension of k_cache / v_cache); "
-                    f"sequence {b} reads its first {need[b]} entries"
-                )
+    hit = None
+    if bt.numel() <= 4096:  # Python over the rows' used entries: a few us
+        hit = next(
+            ((b, j) for b, row in enumerate(bt.tolist()) for j, pid in enumerate(row[: need[b]])
+             if not 0 <= pid < pool),
+            None,
+        )  # fmt: skip
+    else:  # a big padded table: a handful of tensor ops instead of a Python loop over it
+        cols = torch.arange(bt.shape[1])[None, :] < torch.tensor(need)[:, None]
+        bad = (cols & ((bt < 0) | (bt >= pool))).nonzero()
+        hit = tuple(bad[0].tolist()) if bad.numel() else None
+    if hit is not None:
+        b, j = hit
+        raise IndexError(
+            f"{what}: block_table[{b}, {j}] = {int(bt[b, j])} is not a page of the cache "
+            f"(page ids are 0 to {pool - 1}: the first dimension of k_cache / v_cache); "
+            f"sequence {b} reads its first {need[b]} entries"
+        )
 
 
 def _batch_idx_host(idx: list, n: int, what: str) -> None:
