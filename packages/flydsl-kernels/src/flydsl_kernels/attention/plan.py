@@ -173,7 +173,7 @@ def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=Non
         SINKS=p.sinks, VARLEN=p.varlen, SEQUSED=p.seqused, PAGE=p.page_size,
         BATCH_IDX=p.batch_idx, LSE=p.lse, LSE_LOG2=p.lse_log2, score_mod=p.score_mod,
         mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
-        SPARSE_FULL=p.sparse_full,
+        SPARSE_FULL=p.sparse_full, FOLD_SCALE=scale_of(p) > 0,
     )  # fmt: skip
     BMS = C.BMS
     NG = _cdiv(G, GP)
