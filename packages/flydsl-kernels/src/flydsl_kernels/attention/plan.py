@@ -14,10 +14,11 @@ Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._target import table_target
+from ..launch import Launch as _Launch
 from . import configs
 from .kernels import (
     Bwd,
@@ -77,26 +78,15 @@ class Problem:
         return int(left), int(right)
 
 
-@dataclass
-class Launch:
-    """One kernel launch: call ``run(target)``, or ``compile(target)`` without running."""
-
-    kernel: Any
-    grid: tuple
-    args: tuple
-    constexprs: dict
-    options: dict = field(default_factory=dict)
+class Launch(_Launch):
+    """``launch.Launch`` whose ``run`` skips an empty grid (the attention APIs launch with
+    zero-size grids where a problem is empty)."""
 
     def run(self, target):
         g = self.grid
         if any(x == 0 for x in g):
             return None
         return self.kernel[g](*self.args, **self.constexprs, target=target, options=self.options)
-
-    def compile(self, target):
-        return self.kernel.compile(
-            *self.args, target=target, options=self.options, **self.constexprs
-        )
 
 
 def _cdiv(a, b):
