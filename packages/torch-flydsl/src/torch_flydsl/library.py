@@ -19,7 +19,7 @@ Each is a ``torch.library.triton_op`` whose body calls the ``flydsl_kernels`` fu
 * **traced GPU tensors** (AOTAutograd's functionalization, the pass's ``decompose``): the
   same API runs on the FakeTensors with its launches taken over by ``launch_sink``: each
   becomes ``torch.library.wrap_triton(<FlyDSL's generated @triton.jit>)[grid](...)``, so
-  Inductor sees, schedules and packages real Triton kernels (``_graph_launch.py``). A symbolic M
+  Inductor sees, schedules and packages real Triton kernels (``_trace.py``). A symbolic M
   becomes a ``cond`` over the M ranges where the eager config choice changes, so one graph
   picks each call's config at run time;
 * **traced CPU tensors**: Inductor generates C++ for CPU graphs and cannot launch Triton
@@ -36,7 +36,7 @@ import torch
 from torch.library import custom_op, triton_op
 
 from . import _runtime
-from ._graph_launch import (
+from ._trace import (
     by_m,
     dense_ranges,
     grouped_ranges,

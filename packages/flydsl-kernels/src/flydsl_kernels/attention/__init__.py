@@ -6,13 +6,13 @@ FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods
 
 Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels``, ``configs``
 (``Config``, per-target tables ``TABLES``, ``select``, the schedule rules), ``model`` (config
-spaces and the static model that chose the tables), ``api``, ``reference``, ``mods``, and the
-report cases (``cases``).
+spaces and the static model that chose the tables), ``api``, ``validate`` (the checks of the
+API's numbers and index tensors), ``reference``, ``mods``, and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, model, mods, plan, reference
+from . import configs, model, mods, plan, reference, validate
 from .api import (
     SUPPORTED_DTYPES,
     BlockSparse,
@@ -42,4 +42,5 @@ __all__ = [
     "mods",
     "plan",
     "reference",
+    "validate",
 ]

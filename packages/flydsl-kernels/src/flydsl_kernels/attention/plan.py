@@ -222,6 +222,7 @@ def plan_forward(
         SPARSE_Q=p.sparse[0],
         SPARSE_KV=p.sparse[1],
         SPARSE_FULL=p.sparse_full,
+        FOLD_SCALE=scale_of(p) > 0,
     )
     BMS = C.BMS
     NG = cdiv(G, GP)

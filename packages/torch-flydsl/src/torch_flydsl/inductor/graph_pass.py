@@ -127,7 +127,7 @@ def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list
 
     from torch._inductor.decomposition import select_decomp_table
 
-    from .._graph_launch import assume_arch
+    from .._trace import assume_arch
 
     mode = detect_fake_mode(vals)
     body = dispatch_functionalize(traced) if decompose else traced
@@ -226,7 +226,7 @@ def _vals(args):
 
 
 def _decompose(settings: Settings, val) -> bool:
-    from .._graph_launch import traces_cpu
+    from .._trace import traces_cpu
 
     return settings.kernels == "triton" and (val.device.type == "cuda" or traces_cpu())
 
