@@ -185,7 +185,23 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("pkg", PACKAGES)
+#: cycles that exist on this branch, each with who removes it; strict, so the test fails (XPASS)
+#: once the cycle is gone and the entry must go too
+KNOWN_CYCLES = {
+    "torch_flydsl": "flex._eager imports torch_flydsl.enabled, and torch_flydsl imports flex: "
+    "the torch-flydsl restructuring (issue 22, item 5) removes it",
+}
+
+
+@pytest.mark.parametrize(
+    "pkg",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CYCLES[p]))
+        if p in KNOWN_CYCLES
+        else p
+        for p in PACKAGES
+    ],
+)
 def test_no_import_cycles(pkg):
     """docs/architecture.md's rule: no import cycle, lazy imports included, in the whole graph
     of the four packages (a cycle through another package is reported for each package)."""
