@@ -93,14 +93,14 @@ VARIABLES = {
 )
 def test_bad_settings_name_the_variable(monkeypatch, var, value):
     import torch_flydsl
-    from torch_flydsl import _runtime
+    from torch_flydsl import _runtime, eligibility
 
     monkeypatch.setenv(var, value)
     readers = {
         "FLYDSL_TORCH": lambda: __import__("flydsl_core.settings").settings.get(var),
         "FLYDSL_TORCH_DEVICE": lambda: _runtime.normalize_device(None),
         "FLYDSL_TORCH_PRECEDENCE": lambda: torch_flydsl._precedence_of(None),
-        "FLYDSL_TORCH_CPU_TARGET": _runtime.cpu_target,
+        "FLYDSL_TORCH_CPU_TARGET": eligibility.cpu_target,
     }
     got = outcome(readers[var])
     good = value.strip() == "" or value.strip().lower() in VARIABLES[var]

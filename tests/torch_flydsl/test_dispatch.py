@@ -339,16 +339,25 @@ def test_bad_local_table_is_ignored(cpu_backend, monkeypatch, tmp_path, caplog):
 
 
 def test_arch_gate_on_gpu_backend(monkeypatch):
-    """The CUDA backend's arch check: allowed list from FLYDSL_TORCH_ARCHS, cached per index."""
-    monkeypatch.setattr(dispatch._runtime, "resolve_arch", lambda idx: "gfx942")
+    """The GPU arch check (``eligibility``): allowed list from FLYDSL_TORCH_ARCHS, names and
+    aliases alike, cached per index; the CUDA backend asks it."""
+    from torch_flydsl import _runtime, eligibility
+
+    monkeypatch.setattr(_runtime, "resolve_arch", lambda idx: "gfx942")
+    monkeypatch.delenv("FLYDSL_TARGET", raising=False)
     monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx950,sm90")
-    b = dispatch.Backend("cuda", gates.GateTable())
-    x = torch.empty(0)
-    assert b.arch(x) == ""
-    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx942")
-    b = dispatch.Backend("cuda", gates.GateTable())
-    assert b.arch(x) == "gfx942"
-    assert topk_spec.reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
+    eligibility.clear_caches()
+    try:
+        assert eligibility.device_arch("cuda", 0) == ""
+        monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "mi300x")  # an alias of gfx942
+        assert eligibility.device_arch("cuda", 0) == ""  # cached per index
+        eligibility.clear_caches()
+        assert eligibility.device_arch("cuda", 0) == "gfx942"
+        b = dispatch.Backend("cuda", gates.GateTable())
+        monkeypatch.setattr(b, "arch", lambda t: eligibility.device_arch("cuda", 0))
+        assert topk_spec.reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
+    finally:
+        eligibility.clear_caches()
 
 
 # -- rms_norm -------------------------------------------------------------------------------------

@@ -106,7 +106,8 @@ _VARS = (
     Var("FLYDSL_TORCH_ARCHS", "list", "GPU archs the overrides dispatch to (default gfx950)",
         package="torch-flydsl"),
     Var("FLYDSL_TORCH_CPU_TARGET", "str", "the CPU target of the CPU test backend: cpu-reference "
-        "or cpu-interpret (or an alias)", "cpu-reference", package="torch-flydsl"),
+        "or cpu-interpret (or an alias); default: $FLYDSL_TARGET where it names a CPU target, "
+        "else cpu-reference", package="torch-flydsl"),
     Var("FLYDSL_TORCH_GATES", "path", "the local gate table (default <cache dir>/torch_gates.json)",
         package="torch-flydsl"),
 )  # fmt: skip

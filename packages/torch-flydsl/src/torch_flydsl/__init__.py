@@ -39,14 +39,16 @@ from flydsl_core import settings as _settings
 # name on the package: a first load later would rebind the package attribute to the module.
 from . import stats as _stats_module
 from .flex import flex_attention
+from .ops import EAGER as _EAGER
 
 __version__ = "0.1.0"
 
 log = logging.getLogger("torch_flydsl")
 
-#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides), in status() order;
-#: ``enable()`` without ``ops`` takes those whose spec is ``default`` (all but ``sdpa``)
-OPS = ("rms_norm", "topk", "grouped_mm", "scaled_mm", "scaled_grouped_mm", "sdpa")
+#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides, ``ops.SPECS``), in
+#: status() order; ``enable()`` without ``ops`` takes those whose spec is ``default`` (all but
+#: ``sdpa``)
+OPS: tuple[str, ...] = _EAGER
 PRECEDENCES = ("ours", "upstream")
 
 _installed: dict[tuple[str, str], object] = {}  # (device, group) -> dispatch.Installed
@@ -184,14 +186,15 @@ def status(device=None) -> dict:
     ``device`` as ``enable()``'s (None: the enabled device, if any); resolving the arch of a GPU reads its
     properties (status() is the one place besides eligible calls that does).
     """
-    from . import _runtime, dispatch, gates
+    from . import _runtime, dispatch, eligibility, gates
     from .ops import SPECS
 
     if device is None and _installed:  # the device something is enabled on
         device = next(iter(_installed))[0]
     dev = _runtime.normalize_device(device)
     why = _unusable.get(dev) or _runtime.device_unusable(dev)
-    arch = _runtime.CPU_ARCH if dev == "cpu" else _runtime.resolve_arch(None)
+    cpu = dev == "cpu"
+    arch = eligibility.CPU_ARCH if cpu else _runtime.resolve_arch(None)
     backend = _backends.get(dev)
     table = backend.table if backend is not None else gates.load()
     ops = {}
@@ -217,8 +220,10 @@ def status(device=None) -> dict:
         "device": dev,
         "dispatch_key": _runtime.dispatch_key(dev),
         "arch": arch,
-        "allowed_archs": sorted(_runtime.allowed_archs()) if dev != "cpu" else [_runtime.CPU_ARCH],
-        "cpu_target": _runtime.cpu_target() if dev == "cpu" else None,
+        "allowed_archs": [eligibility.CPU_ARCH] if cpu else sorted(eligibility.allowed_archs()),
+        # the target launches compile for (``eligibility.target``'s rule), None without a GPU
+        "target": eligibility.cpu_target() if cpu else eligibility.gpu_target(None),
+        "cpu_target": eligibility.cpu_target() if cpu else None,
         "enabled": [g for g in OPS if (dev, g) in _installed],
         "ops": ops,
         "precedence": _precedence.get(dev, _precedence_of(None)),

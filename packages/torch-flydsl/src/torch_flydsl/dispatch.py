@@ -26,52 +26,42 @@ import warnings
 
 import torch
 
-from . import _runtime, gates
+from . import _runtime, eligibility, gates
 from .spec import OpSpec, Overload
 from .stats import OpStats
 from .stats import get as _stat
 
 log = logging.getLogger("torch_flydsl")
 
-#: plain tensor types: anything else (FakeTensor, subclasses) goes to the captured kernel
-PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-
 
 class Backend:
     """What a registered kernel needs about its device: the arch check, the target, the gates.
 
-    The eager ``ctx`` of the spec predicates (``spec.py``).
+    The eager ``ctx`` of the spec predicates (``spec.py``); its answers are ``eligibility``'s.
     """
+
+    plain = staticmethod(eligibility.plain)
 
     def __init__(self, device: str, table: gates.GateTable):
         self.device = device
         self.cpu = device == "cpu"
         self.table = table
-        self.target = _runtime.cpu_target() if self.cpu else None
-        self.allowed = _runtime.allowed_archs()
+        #: the CPU target, read once per enable() (``eligibility.cpu_target``)
+        self.target = eligibility.cpu_target() if self.cpu else None
+        eligibility.allowed_archs()  # a bad $FLYDSL_TORCH_ARCHS is an error at enable()
         #: the keyset the captured kernels are called with (kernels registered without one
         #: are cheaper to enter: about 0.6 us a call on the CPU here)
         self.keyset = torch._C.DispatchKeySet(
             torch._C.DispatchKey.CPU if self.cpu else torch._C.DispatchKey.CUDA
         )
-        self._arch: dict[int | None, str] = {}  # device index -> arch, "" when not allowed
-
-    @staticmethod
-    def plain(t) -> bool:
-        return type(t) in PLAIN
 
     def arch(self, t: torch.Tensor) -> str:
         """The arch name for ``t``'s device, or "" when FlyDSL may not run there."""
-        if self.cpu:
-            return _runtime.CPU_ARCH
-        idx = t.device.index
-        a = self._arch.get(idx)
-        if a is None:
-            a = _runtime.resolve_arch(idx) or ""
-            if a not in self.allowed:
-                a = ""
-            self._arch[idx] = a
-        return a
+        return eligibility.CPU_ARCH if self.cpu else eligibility.arch(t)
+
+    def target_of(self, t: torch.Tensor) -> str | None:
+        """The FlyDSL target a launch on ``t`` compiles for (``eligibility.target``)."""
+        return self.target if self.cpu else eligibility.gpu_target(t.device.index)
 
     def run(self, t: torch.Tensor, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` under a device guard: Python kernels get none."""

@@ -41,20 +41,13 @@ from pathlib import Path
 
 import torch
 
+from .ops import GATES
+
 FORMAT = "torch_flydsl.gates/1"
-#: gate ops: the eager norms and TopK, and the GEMMs (``m`` rows, or rows per group for the
-#: grouped ones, ``n`` columns, ``k`` the contraction; MX keys are the A element dtype)
-OPS = (
-    "rms_norm",
-    "rms_norm_backward",
-    "topk",
-    "gemm",
-    "grouped_mm",
-    "mx_gemm",
-    "mx_grouped_mm",
-)
-GEMM_OPS = ("gemm", "grouped_mm")
-MX_OPS = ("mx_gemm", "mx_grouped_mm")
+#: gate ops, from the op specs (``Overload.gate``): the eager norms and TopK, and the GEMMs
+#: (``m`` rows, or rows per group for the grouped ones, ``n`` columns, ``k`` the contraction;
+#: MX keys are the A element dtype)
+OPS = tuple(GATES)
 DTYPE_NAMES = {
     torch.float32: "float32",
     torch.bfloat16: "bfloat16",
@@ -184,17 +177,14 @@ def _shipped() -> list[Rule]:
                 Rule("gfx950", op, dt, m=(4096, None), n=(8192, 16383), source=src),
                 Rule("gfx950", op, dt, m=(2048, None), n=(16384, 114688), source=src),
             ]
-        for op in OPS:
-            if op not in MX_OPS:
-                rules.append(Rule("cpu", op, dt, source=SRC_CPU))
     for dt in ("bfloat16", "float16"):
         rules.append(Rule("gfx950", "gemm", dt, m=(1, 2048), source=SRC_GEMM))
         rules.append(Rule("gfx950", "grouped_mm", dt, source=SRC_GROUPED))
     for dt in MX_DTYPES:
         rules.append(Rule("gfx950", "mx_gemm", dt, source=SRC_MX))
         rules.append(Rule("gfx950", "mx_grouped_mm", dt, source=SRC_MX_GROUPED))
-        for op in MX_OPS:
-            rules.append(Rule("cpu", op, dt, source=SRC_CPU))
+    for op, dts in GATES.items():  # the CPU test backend: every gate op, in its dtypes
+        rules += [Rule("cpu", op, DTYPE_NAMES[dt], source=SRC_CPU) for dt in dts]
     fp32 = dict(arch="gfx950", op="topk", dtype="float32", m=(GFX950_CUS, None))
     fp32.update(largest=True, sorted=True)
     rules.append(
@@ -287,9 +277,9 @@ class GateTable:
 def open_table() -> GateTable:
     """Every (arch, op, dtype) open, for every arch the overrides may run on: benchmarks and
     the GPU tests use it to run FlyDSL wherever it applies (``gates="open"``)."""
-    from . import _runtime
+    from . import eligibility
 
-    archs = sorted(_runtime.allowed_archs() | {"cpu"})
+    archs = sorted(eligibility.allowed_archs() | {eligibility.CPU_ARCH})
     src = "open table (gates='open'): every shape, no performance claim"
     rules = [Rule(a, op, dt, source=src) for a in archs for op in OPS for dt in _DTYPES]
     return GateTable(shipped=(), local=rules, local_source="open")

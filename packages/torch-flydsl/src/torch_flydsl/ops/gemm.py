@@ -132,15 +132,16 @@ def _make(dt, m, n, k, device):
     return (lambda: kernel("gemm")(a, b)), (lambda: torch.mm(a, b))
 
 
+_GATE = {"gate": "gemm", "dtypes": DTYPES}
+
 SPEC = OpSpec(
     name="gemm",
     overloads=(
-        Overload("mm", mm_reason, lower=mm_lower, eager=False),
-        Overload("addmm", addmm_reason, lower=addmm_lower, eager=False),
-        Overload("bmm", bmm_reason, lower=bmm_lower, eager=False),
-        Overload("baddbmm", baddbmm_reason, lower=baddbmm_lower, eager=False),
+        Overload("mm", mm_reason, lower=mm_lower, eager=False, **_GATE),
+        Overload("addmm", addmm_reason, lower=addmm_lower, eager=False, key=1, **_GATE),
+        Overload("bmm", bmm_reason, lower=bmm_lower, eager=False, **_GATE),
+        Overload("baddbmm", baddbmm_reason, lower=baddbmm_lower, eager=False, key=1, **_GATE),
     ),
-    gate_ops=("gemm",),
     calibration=(Calibration("gemm", _cases, _make, dtypes=("bfloat16", "float16")),),
     aliases=("mm", "linear", "bmm"),
     summary="mm / addmm / bmm / baddbmm / F.linear under torch.compile (+ epilogue, SwiGLU)",

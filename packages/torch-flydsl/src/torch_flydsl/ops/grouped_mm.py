@@ -90,7 +90,7 @@ def reason(ctx, a, b, offs=None, bias=None, out_dtype=None) -> str | None:
 
 
 def impl(ctx, a, b, offs=None, bias=None, out_dtype=None):
-    return ctx.run(a, kernel("grouped_mm"), a, b, offs, bias, out_dtype, target=ctx.target)
+    return ctx.run(a, kernel("grouped_mm"), a, b, offs, bias, out_dtype, target=ctx.target_of(a))
 
 
 def _build(a, b, offs=None, bias=None, out_dtype=None):
@@ -126,8 +126,9 @@ def _make(dt, m, n, k, device):
 
 SPEC = OpSpec(
     name="grouped_mm",
-    overloads=(Overload("_grouped_mm", reason, impl, lower=lower),),
-    gate_ops=("grouped_mm",),
+    overloads=(
+        Overload("_grouped_mm", reason, impl, lower=lower, gate="grouped_mm", dtypes=DTYPES),
+    ),
     calibration=(Calibration("grouped_mm", _cases, _make, dtypes=("bfloat16", "float16")),),
     summary="torch._grouped_mm (MoE experts), eager and torch.compile",
 )

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import torch
 
+from ..eligibility import PLAIN
 from ..spec import Calibration, OpSpec, Overload
 from ._kernels import kernel
 
 _SPAN = (1 << 32) - 1
 _I32 = (1 << 31) - 1
-_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = frozenset(DTYPES)
 _FP32 = torch.float32
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _rows(x, ns) -> tuple[int, int] | None:
@@ -44,7 +45,7 @@ def _rows(x, ns) -> tuple[int, int] | None:
 def _weight_reason(x, w, ns) -> str | None:
     if w is None:
         return None
-    if type(w) not in _PLAIN:
+    if type(w) not in PLAIN:
         return "subclass"
     if w.dtype != x.dtype:
         return "dtype"
@@ -58,7 +59,7 @@ def _weight_reason(x, w, ns) -> str | None:
 
 
 def _reason(b, op, x, ns, w, eps) -> str | None:
-    if type(x) not in _PLAIN:
+    if type(x) not in PLAIN:
         return "subclass"
     arch = b.arch(x)
     if not arch:
@@ -90,7 +91,7 @@ def reason(b, x, ns, w, eps) -> str | None:
 
 
 def impl(b, x, ns, w, eps):
-    return b.run(x, kernel("rms_norm"), x, ns, w, eps, target=b.target)
+    return b.run(x, kernel("rms_norm"), x, ns, w, eps, target=b.target_of(x))
 
 
 def _n(ns) -> int:
@@ -101,7 +102,7 @@ def _n(ns) -> int:
 
 
 def backward_reason(b, g, x, ns, rstd, w, mask) -> str | None:
-    if type(g) not in _PLAIN or type(rstd) not in _PLAIN:
+    if type(g) not in PLAIN or type(rstd) not in PLAIN:
         return "subclass"
     if g.dtype != x.dtype or rstd.dtype != _FP32:
         return "dtype"
@@ -128,7 +129,7 @@ def backward_impl(b, g, x, ns, rstd, w, mask):
         torch.are_deterministic_algorithms_enabled(),
         normalized_shape=ns,
         output_mask=mask,
-        target=b.target,
+        target=b.target_of(x),
     )
 
 
@@ -183,15 +184,17 @@ def _make_bwd(dt, m, n, k, device):
 SPEC = OpSpec(
     name="rms_norm",
     overloads=(
-        Overload("_fused_rms_norm", reason, impl),
+        Overload("_fused_rms_norm", reason, impl, gate="rms_norm", dtypes=DTYPES),
         Overload(
             "_fused_rms_norm_backward",
             backward_reason,
             backward_impl,
             fallback=backward_decomposition,
+            gate="rms_norm_backward",
+            dtypes=DTYPES,
+            key=1,  # the input x (argument 0 is the gradient)
         ),
     ),
-    gate_ops=("rms_norm", "rms_norm_backward"),
     calibration=(
         Calibration("rms_norm", _cases, _make_fwd),
         Calibration("rms_norm_backward", _cases, _make_bwd),

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import torch
 
+from ..eligibility import PLAIN
 from ..spec import Calibration, OpSpec, Overload
 from ._kernels import kernel
 
 _SPAN = (1 << 32) - 1  # bytes one AMD buffer descriptor addresses
 _I32 = (1 << 31) - 1  # int32 element offsets
-_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = frozenset(DTYPES)
 _INT64 = torch.int64
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def reason(b, x, k, dim, largest, sorted_) -> str | None:
-    if type(x) not in _PLAIN:
+    if type(x) not in PLAIN:
         return "subclass"
     arch = b.arch(x)
     if not arch:
@@ -54,14 +55,16 @@ def reason(b, x, k, dim, largest, sorted_) -> str | None:
 def impl(b, x, k, dim, largest, sorted_):
     """The FlyDSL topk for an eligible call (deterministic variant under torch's flag)."""
     det = torch.are_deterministic_algorithms_enabled()
-    return b.run(x, kernel("topk"), x, k, dim, largest, sorted_, deterministic=det, target=b.target)
+    return b.run(
+        x, kernel("topk"), x, k, dim, largest, sorted_, deterministic=det, target=b.target_of(x)
+    )
 
 
 def out_reason(b, x, k, dim, largest, sorted_, values, indices) -> str | None:
     r = reason(b, x, k, dim, largest, sorted_)
     if r is None and (
-        type(values) not in _PLAIN
-        or type(indices) not in _PLAIN
+        type(values) not in PLAIN
+        or type(indices) not in PLAIN
         or values.dtype != x.dtype
         or indices.dtype != _INT64
         or values.device != x.device
@@ -116,10 +119,9 @@ def _extra(k):
 SPEC = OpSpec(
     name="topk",
     overloads=(
-        Overload("topk", reason, impl),
-        Overload("topk.values", out_reason, out_impl),
+        Overload("topk", reason, impl, gate="topk", dtypes=DTYPES),
+        Overload("topk.values", out_reason, out_impl, gate="topk", dtypes=DTYPES),
     ),
-    gate_ops=("topk",),
     calibration=(Calibration("topk", _cases, _make, rule_extra=_extra),),
     summary="torch.topk / Tensor.topk (out= too)",
 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..eligibility import device_reason, target
 from . import _ops
 
 NAME = "flydsl"
@@ -63,9 +64,7 @@ def _reason(module, hidden_states, mx: bool) -> str | None:
     if getattr(module, "_is_expert_parallel", False):
         return "params"  # EP sentinels: transformers' own implementations handle them
     if mx:
-        why = _ops._device_reason(hidden_states) or _ops._grad_reason(
-            hidden_states, *_weights(module)
-        )
+        why = device_reason(hidden_states) or _ops._grad_reason(hidden_states, *_weights(module))
         if why:
             return why
         return "dtype" if hidden_states.dtype not in (torch.bfloat16, torch.float16) else None
@@ -149,9 +148,9 @@ def quantize_mx(module) -> float:
     worst = 0.0
     for which, w in enumerate(_weights(module)):
         nt = (w.transpose(-2, -1) if module.is_transposed else w).detach().contiguous()
-        target = _ops._target(nt)
-        q, s = to_mx(nt, fp4, target=target)
-        back = from_mx(q, s, fp4, out_dtype=torch.float32, target=target)
+        tgt = target(nt)
+        q, s = to_mx(nt, fp4, target=tgt)
+        back = from_mx(q, s, fp4, out_dtype=torch.float32, target=tgt)
         worst = max(worst, float((back - nt.float()).abs().max()) if nt.numel() else 0.0)
         module.register_buffer(MX_BUFFERS[2 * which], q, persistent=False)
         module.register_buffer(MX_BUFFERS[2 * which + 1], s, persistent=False)

@@ -26,7 +26,7 @@ import logging
 
 import torch
 
-from .. import _runtime
+from ..eligibility import PLAIN, device_reason, target
 from ..stats import get as _stat
 
 log = logging.getLogger("torch_flydsl")
@@ -51,13 +51,6 @@ MODES = {"aten": MODE_ATEN, "llama": MODE_LLAMA, "gemma": MODE_GEMMA}
 
 _FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
 _GEMM_DTYPES = frozenset({torch.bfloat16, torch.float16})
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-_arch_ok: dict[int | None, bool] = {}
-
-
-def _target(t: torch.Tensor):
-    """The FlyDSL target for ``t``: the CPU test backend's on the CPU, the device's own on a GPU."""
-    return _runtime.cpu_target() if t.device.type == "cpu" else None
 
 
 def _grad_reason(*ts) -> str | None:
@@ -67,34 +60,18 @@ def _grad_reason(*ts) -> str | None:
     return None
 
 
-def _device_reason(t: torch.Tensor) -> str | None:
-    """``subclass`` / ``arch`` when FlyDSL may not run on ``t`` (FakeTensor, DTensor, other GPUs)."""
-    if type(t) not in _PLAIN:
-        return "subclass"
-    dev = t.device.type
-    if dev == "cpu":
-        return None
-    if dev != "cuda":
-        return "arch"
-    idx = t.device.index
-    ok = _arch_ok.get(idx)
-    if ok is None:
-        ok = _arch_ok[idx] = _runtime.resolve_arch(idx) in _runtime.allowed_archs()
-    return None if ok else "arch"
-
-
 def _norm_reason(x, weight) -> str | None:
-    why = _device_reason(x) or _grad_reason(x, weight)
+    why = device_reason(x) or _grad_reason(x, weight)
     if why:
         return why
     if x.dtype not in _FLOATS or (weight is not None and weight.dtype not in _FLOATS):
         return "dtype"
     if weight is not None and (
-        type(weight) not in _PLAIN
+        type(weight) not in PLAIN
         or weight.device != x.device
         or tuple(weight.shape) != (x.shape[-1],)
     ):
-        return "params" if type(weight) in _PLAIN else "subclass"
+        return "params" if type(weight) in PLAIN else "subclass"
     if x.dim() == 0 or x.numel() == 0:
         return "empty"
     if x.stride(-1) != 1 and x.shape[-1] > 1:
@@ -117,7 +94,7 @@ def why_not_add_norm(x, residual, weight) -> str | None:
 
 
 def why_not_router(logits, top_k: int) -> str | None:
-    why = _device_reason(logits) or _grad_reason(logits)
+    why = device_reason(logits) or _grad_reason(logits)
     if why:
         return why
     if logits.dtype not in _FLOATS:
@@ -130,11 +107,11 @@ def why_not_router(logits, top_k: int) -> str | None:
 
 
 def why_not_experts(hidden, *weights) -> str | None:
-    why = _device_reason(hidden) or _grad_reason(hidden, *weights)
+    why = device_reason(hidden) or _grad_reason(hidden, *weights)
     if why:
         return why
     for w in weights:
-        if type(w) not in _PLAIN:
+        if type(w) not in PLAIN:
             return "subclass"
         if w.dtype not in _GEMM_DTYPES or w.dtype != hidden.dtype:
             return "dtype"
@@ -208,7 +185,7 @@ def hf_rms_norm(
             eps,
             llama_numerics=mode == MODE_LLAMA,
             gemma=mode == MODE_GEMMA,
-            target=_target(x),
+            target=target(x),
         )[0]
     except Exception as e:
         _failed(RMS_NORM, e)
@@ -237,7 +214,7 @@ def hf_add_rms_norm(
             eps,
             llama_numerics=mode == MODE_LLAMA,
             gemma=mode == MODE_GEMMA,
-            target=_target(x),
+            target=target(x),
         )
     except Exception as e:
         _failed(ADD_RMS_NORM, e)
@@ -279,7 +256,7 @@ def moe_router(
 
     try:
         w, i = kernel(
-            logits, top_k, scoring=scoring, renormalize=renormalize, target=_target(logits)
+            logits, top_k, scoring=scoring, renormalize=renormalize, target=target(logits)
         )
     except Exception as e:
         _failed(ROUTER, e)
@@ -322,7 +299,7 @@ def grouped_mm(
     from flydsl_kernels.gemm import grouped_mm as kernel
 
     try:
-        out = kernel(a, b, offs, bias, target=_target(a))
+        out = kernel(a, b, offs, bias, target=target(a))
     except Exception as e:
         _failed(EXPERTS, e)
         return grouped_reference(a, b, offs, bias)
@@ -352,7 +329,7 @@ def mx_grouped_mm(
     from flydsl_kernels.mx import to_mx
 
     try:
-        t = _target(a)
+        t = target(a)
         aq, sa = to_mx(a, torch.float8_e4m3fn, target=t)
         out = kernel(
             aq, sa, b_q, b_scale, "e4m3", "e2m1", offs, bias=bias, out_dtype=a.dtype, target=t
@@ -361,7 +338,7 @@ def mx_grouped_mm(
         _failed(MX_EXPERTS, e)
         from flydsl_kernels.mx import from_mx
 
-        w = from_mx(b_q, b_scale, torch.float4_e2m1fn_x2, out_dtype=a.dtype, target=_target(a))
+        w = from_mx(b_q, b_scale, torch.float4_e2m1fn_x2, out_dtype=a.dtype, target=target(a))
         return grouped_reference(a, w.transpose(1, 2), offs, bias)
     _hit(MX_EXPERTS)
     return out
