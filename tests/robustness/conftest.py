@@ -57,6 +57,7 @@ def torch_cpu_overrides(monkeypatch, tmp_path):
     monkeypatch.delenv("FLYDSL_TORCH_PRECEDENCE", raising=False)
     torch_flydsl.disable()
     torch_flydsl.enable(device="cpu")
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")  # opt-in on the CPU key
     torch.manual_seed(0)
     yield torch_flydsl
     torch_flydsl.disable()

@@ -13,6 +13,7 @@ def cpu_backend(monkeypatch, tmp_path):
     monkeypatch.delenv("FLYDSL_TORCH_PRECEDENCE", raising=False)
     torch_flydsl.disable()
     torch_flydsl.enable(device="cpu")
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")  # opt-in on the CPU key
     torch_flydsl.reset_stats()
     torch.manual_seed(0)
     yield torch_flydsl

@@ -116,8 +116,27 @@ def test_env_enables_at_import():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     enabled, st = json.loads(out.stdout.strip().splitlines()[-1])
-    assert enabled == [g for g in torch_flydsl.OPS if g != "sdpa"]  # sdpa is opt-in
+    # sdpa is opt-in; rms_norm is opt-in on the CPU (stock CPU decomposes F.rms_norm)
+    assert enabled == [g for g in torch_flydsl.OPS if g not in ("sdpa", "rms_norm")]
     assert st["hits"] == 1
+
+
+def test_enable_on_cpu_leaves_rms_norm_to_stock_torch(cpu_backend):
+    """``enable(device="cpu")`` does not reroute F.rms_norm through ``_fused_rms_norm`` (stock
+    CPU decomposes it); ``ops=["rms_norm"]`` opts in."""
+    torch_flydsl.disable()
+    torch_flydsl.enable(device="cpu")
+    assert torch_flydsl.enabled("topk") and not torch_flydsl.enabled("rms_norm")
+    assert "CompositeImplicitAutograd" in _kernel_of("_fused_rms_norm")
+    st = torch_flydsl.status("cpu")["ops"]["rms_norm"]
+    assert st["state"] == "off" and "opt-in on cpu" in st["why"]
+    x = torch.randn(3, 8, requires_grad=True)
+    y = torch.nn.functional.rms_norm(x, (8,))
+    assert type(y.grad_fn).__name__ != "FusedRmsNormBackward0"  # stock CPU's decomposition
+    assert _s("_fused_rms_norm")["calls"] == 0
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")
+    y = torch.nn.functional.rms_norm(x, (8,))
+    assert type(y.grad_fn).__name__ == "FusedRmsNormBackward0"
 
 
 def test_calibrate_refuses_without_gpu():
@@ -569,7 +588,7 @@ def test_precedence_ours_wraps_prior(cpu_backend, fake_upstream):
 
 def test_precedence_upstream_defers(cpu_backend, fake_upstream, monkeypatch):
     monkeypatch.setenv("FLYDSL_TORCH_PRECEDENCE", "upstream")
-    torch_flydsl.enable(device="cpu")
+    torch_flydsl.enable(ops=["topk", "rms_norm"], device="cpu")
     st = torch_flydsl.status("cpu")
     assert st["ops"]["topk"]["state"] == "deferred"
     assert "aten::topk@CPU" in st["ops"]["topk"]["why"]

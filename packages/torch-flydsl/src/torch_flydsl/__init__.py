@@ -6,10 +6,11 @@ Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm
 ``F.scaled_mm`` / ``F.scaled_grouped_mm``::
 
     import torch_flydsl
-    torch_flydsl.enable()                  # every op group, on the GPU (ROCm gfx950 by default)
+    torch_flydsl.enable()                  # the default op groups, on the GPU (gfx950 by default)
     torch_flydsl.enable(ops=["grouped_mm", "scaled_mm"])
     torch_flydsl.enable(ops=["sdpa"])      # opt-in: F.scaled_dot_product_attention's kernels
     torch_flydsl.enable(device="cpu")      # the CPU test backend (FlyDSL reference backend)
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")   # opt-in there (ops/rms_norm.py)
     with torch_flydsl.disabled():
         ...                                # plain ATen here
     torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
@@ -46,8 +47,8 @@ __version__ = "0.1.0"
 log = logging.getLogger("torch_flydsl")
 
 #: op groups ``enable(ops=...)`` accepts (the specs with eager overrides, ``ops.SPECS``), in
-#: status() order; ``enable()`` without ``ops`` takes those whose spec is ``default`` (all but
-#: ``sdpa``)
+#: status() order; ``enable()`` without ``ops`` takes those whose spec's ``default`` names the
+#: device (all but ``sdpa``; on the CPU also not ``rms_norm``)
 OPS: tuple[str, ...] = _EAGER
 PRECEDENCES = ("ours", "upstream")
 
@@ -67,11 +68,12 @@ def _precedence_of(value) -> str:
     return p
 
 
-def _groups(ops, defaults: bool = False) -> tuple[str, ...]:
+def _groups(ops, device: str | None = None) -> tuple[str, ...]:
+    """The groups ``ops`` names; None: every group, or with ``device`` its default groups."""
     from .ops import NAMES, SPECS
 
     if ops is None:
-        return tuple(g for g in OPS if SPECS[g].default) if defaults else OPS
+        return OPS if device is None else tuple(g for g in OPS if device in SPECS[g].default)
     if isinstance(ops, str):
         ops = [ops]
 
@@ -87,8 +89,8 @@ def _groups(ops, defaults: bool = False) -> tuple[str, ...]:
 
 
 def enable(ops=None, device=None, *, precedence=None) -> None:
-    """Register the overrides of ``ops`` (default: the default groups of ``OPS``, all but the
-    opt-in ``sdpa``) for ``device``.
+    """Register the overrides of ``ops`` (default: the default groups of ``OPS`` for the device:
+    all but the opt-in ``sdpa``, and on the CPU not ``rms_norm`` either) for ``device``.
 
     ``device``: ``"cuda"`` (ROCm or CUDA builds; the default) or ``"cpu"``
     (the test backend); None reads ``$FLYDSL_TORCH_DEVICE``. ``precedence``
@@ -103,7 +105,7 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
 
     dev = _runtime.normalize_device(device)
     prec = _precedence_of(precedence)
-    groups = _groups(ops, defaults=True)
+    groups = _groups(ops, dev)
     why = _runtime.backend_unusable(dev)
     if why:
         _unusable[dev] = why
@@ -213,6 +215,8 @@ def status(device=None) -> dict:
             entry["why"] = _deferred[(dev, g)]
         else:
             entry["state"] = "off"
+            if dev not in SPECS[g].default:
+                entry["why"] = f"opt-in on {dev}: enable(ops=[{g!r}], device={dev!r})"
         ops[g] = entry
     return {
         "usable": why is None,

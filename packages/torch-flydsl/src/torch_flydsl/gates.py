@@ -95,6 +95,8 @@ SRC_MX_GROUPED = (
     f"assumption: the upstream MX GEMM region ({_UPSTREAM}) reused for the grouped MX GEMM "
     "(upstream published no grouped MX figure); replace with `torch_flydsl calibrate`"
 )
+#: shape classes a table remembers the answer for (``GateTable.allows``); cleared when full
+MEMO_SIZE = 4096
 #: gfx950 compute units: the upstream TopK regions need a full wave of rows
 GFX950_CUS = 256
 
@@ -130,6 +132,14 @@ class Rule:
         if self.largest is not None and largest != self.largest:
             return False
         return self.sorted is None or sorted_ == self.sorted
+
+    @property
+    def empty(self) -> bool:
+        """Whether no shape satisfies the rule (a ``closed`` entry: ``m`` = [1, 0])."""
+        for lo, hi in (self.m, self.n, self.k):
+            if lo is not None and hi is not None and lo > hi:
+                return True
+        return self.k_in is not None and not self.k_in
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -254,12 +264,27 @@ class GateTable:
             idx.update(fresh)
             self.local_keys = set(fresh)
         self._idx = {k: tuple(v) for k, v in idx.items()}
+        self._memo: dict[tuple, bool] = {}
 
     def rules(self, arch: str, op: str, dtype: torch.dtype) -> tuple[Rule, ...]:
         return self._idx.get((arch, op, dtype), ())
 
+    def closed(self, arch: str, op: str, dtype: torch.dtype) -> bool:
+        """Whether no call of ``(arch, op, dtype)`` is inside the gate, whatever its shape."""
+        return all(r.empty for r in self._idx.get((arch, op, dtype), ()))
+
     def allows(self, arch, op, dtype, m, n, k=0, largest=True, sorted_=True) -> bool:
-        return any(r.holds(m, n, k, largest, sorted_) for r in self._idx.get((arch, op, dtype), ()))
+        """Whether a call is inside the gate; answers are kept per shape class (the rule
+        fields), so a repeated shape costs one dict lookup."""
+        key = (arch, op, dtype, m, n, k, largest, sorted_)
+        hit = self._memo.get(key)
+        if hit is None:
+            rules = self._idx.get((arch, op, dtype), ())
+            hit = any(r.holds(m, n, k, largest, sorted_) for r in rules)
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = hit
+        return hit
 
     def summary(self) -> dict:
         out: dict[str, list] = {}

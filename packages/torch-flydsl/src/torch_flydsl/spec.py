@@ -90,8 +90,9 @@ class OpSpec:
     calibration: tuple[Calibration, ...] = ()
     aliases: tuple[str, ...] = ()
     summary: str = ""
-    #: in ``enable()`` / the compile pass when no ``ops=`` is given
-    default: bool = True
+    #: the devices where ``enable()`` without ``ops=`` takes this group (``sdpa``: none, it is
+    #: opt-in; ``rms_norm``: the GPU only, see ``ops/rms_norm.py``)
+    default: tuple[str, ...] = ("cuda", "cpu")
     extra: dict = field(default_factory=dict)
 
     @property

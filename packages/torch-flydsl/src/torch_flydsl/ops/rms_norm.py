@@ -7,8 +7,17 @@ stock CPU has none and decomposes) and the weight's dtype matches. Autograd is
 ``_fused_rms_norm_backward``. ATen has no CPU kernel for that one: the CPU fallback is torch's
 registered decomposition (``torch._decomp``), the same math.
 
-Predicate order: subclass, arch, dtype, params (``normalized_shape`` a suffix, weight of that
-shape, ``eps >= 0``), empty, layout (contiguous), span, gate.
+On the CPU key the group is opt-in (``enable(ops=["rms_norm"], device="cpu")``; ``enable()``
+without ``ops=`` leaves it off there, ``OpSpec.default``): registering ``_fused_rms_norm`` at
+the CPU key reroutes every CPU ``F.rms_norm`` through it, and its fallbacks through the
+composite ``_fused_rms_norm`` and the Python backward decomposition, where stock CPU torch
+decomposes ``rms_norm`` itself: a cost on every CPU call that FlyDSL does not take. The test
+backend opts in to exercise the GPU's dispatch path.
+
+Predicate order (the gate before the weight, stride and span checks): subclass, arch, dtype,
+params (``normalized_shape`` a suffix), empty, gate, params (weight of that shape, ``eps >= 0``),
+layout (contiguous), span. The eager wrapper decides subclass / arch / dtype / a closed gate
+before calling it (``dispatch.make_kernel``).
 """
 
 from __future__ import annotations
@@ -69,20 +78,20 @@ def _reason(b, op, x, ns, w, eps) -> str | None:
     mn = _rows(x, ns)
     if mn is None:
         return "params"
+    m, n = mn
+    if m == 0 or n == 0:
+        return "empty"
+    if not b.table.allows(arch, op, x.dtype, m, n):
+        return "gate"
     r = _weight_reason(x, w, ns)
     if r is not None:
         return r
     if eps is not None and not eps >= 0.0:  # NaN and negative eps stay on ATen
         return "params"
-    m, n = mn
-    if m == 0 or n == 0:
-        return "empty"
     if not x.is_contiguous() or (w is not None and not w.is_contiguous()):
         return "layout"
     if m * n * x.element_size() > _SPAN or n > _I32 or m > _I32:
         return "span"
-    if not b.table.allows(arch, op, x.dtype, m, n):
-        return "gate"
     return None
 
 
@@ -201,4 +210,5 @@ SPEC = OpSpec(
     ),
     aliases=("rmsnorm",),
     summary="F.rms_norm / torch.rms_norm (aten::_fused_rms_norm and its backward)",
+    default=("cuda",),  # opt-in on the CPU key (the module docstring)
 )

@@ -236,5 +236,5 @@ SPEC = OpSpec(
     ),
     aliases=("scaled_dot_product_attention", "attention"),
     summary="F.scaled_dot_product_attention's flash / efficient kernels and backwards",
-    default=False,
+    default=(),
 )

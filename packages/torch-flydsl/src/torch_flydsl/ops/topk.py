@@ -1,7 +1,9 @@
 """``topk``: ``torch.topk`` / ``Tensor.topk`` (``aten::topk``, ``aten::topk.values``) on FlyDSL's TopK.
 
-Predicate order (cost order): subclass, arch, dtype, params (dim, ``0 < k <= N``), empty,
-layout (contiguous, last dim), span (32-bit buffer descriptors), gate. ``out=``: the out
+Predicate order (cost order, the gate before the stride and span checks): subclass, arch,
+dtype, params (dim, ``0 < k <= N``), layout (last dim), empty, gate, layout (contiguous), span
+(32-bit buffer descriptors). The eager wrapper decides subclass / arch / dtype / a closed
+gate before calling it (``dispatch.make_kernel``). ``out=``: the out
 tensors must have exactly the result's shape and dtypes (ATen's resize-and-warn stays ATen's).
 Under ``torch.use_deterministic_algorithms(True)`` the kernel runs its deterministic variant.
 """
@@ -29,26 +31,29 @@ def reason(b, x, k, dim, largest, sorted_) -> str | None:
         return "arch"
     if x.dtype not in _DTYPES:
         return "dtype"
-    nd = x.dim()
+    shape = x.shape
+    nd = len(shape)
     if nd == 0:
         return "empty"
     if dim < 0:
         dim += nd
     if not 0 <= dim < nd:
         return "params"
-    n = x.shape[dim]
+    n = shape[dim]
     if not 0 < k <= n:
         return "params"
-    if dim != nd - 1 or not x.is_contiguous():
+    if dim != nd - 1:
         return "layout"
     numel = x.numel()
     if numel == 0:
         return "empty"
     m = numel // n
-    if numel * x.element_size() > _SPAN or m * k * 8 > _SPAN or n > _I32 or m > _I32:
-        return "span"
     if not b.table.allows(arch, "topk", x.dtype, m, n, k, largest, sorted_):
         return "gate"
+    if not x.is_contiguous():
+        return "layout"
+    if numel * x.element_size() > _SPAN or m * k * 8 > _SPAN or n > _I32 or m > _I32:
+        return "span"
     return None
 
 
