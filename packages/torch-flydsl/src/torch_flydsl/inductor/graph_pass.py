@@ -1,4 +1,4 @@
-"""The post-grad pass: eligible GEMM nodes become ``flydsl::`` ops (``library.py``).
+"""The post-grad pass: eligible GEMM nodes become ``flydsl::`` ops (``library/gemm.py``).
 
 For every node whose target is a compile overload of an enabled spec (``ops/``), the spec's
 predicate runs on the node's FakeTensors (``CompileContext`` is its ``ctx``). A rejected

@@ -1,7 +1,7 @@
 """``gemm``: dense GEMMs under torch.compile (``aten.mm``, ``addmm``, ``bmm``, ``baddbmm``).
 
 Compile-only (no eager override of ``aten::mm``): the pass rewrites eligible nodes into
-``flydsl::gemm`` (``library.py``) and extends them with the epilogue chain that follows and
+``flydsl::gemm`` (``library/gemm.py``) and extends them with the epilogue chain that follows and
 the SwiGLU pattern (``inductor.epilogue``). ``F.linear`` reaches the post-grad graph as
 ``addmm`` / ``mm`` of a ``permute``d weight.
 

@@ -1,23 +1,22 @@
-"""The FlyDSL launches of the transformers routes, as ``torch_flydsl::*`` custom ops.
+"""The ``flydsl::hf_*`` ops: the FlyDSL launches of the transformers routes
+(``torch_flydsl.transformers``).
 
-Each route's kernel call is one ``torch.library.custom_op`` with a fake
-(meta) implementation, for two reasons:
+Each route's kernel call is one ``torch.library.custom_op`` with a fake (meta)
+implementation, for two reasons:
 
-* torch.compile sees an opaque node with known output shapes instead of
-  tracing into a FlyDSL launch (which it cannot), so patched models compile
-  without graph breaks at the routes;
-* the op's name (``torch_flydsl::hf_rms_norm`` ...) is what torch.profiler
-  records around the launch, on the CPU and on a GPU, so a profile tells
-  FlyDSL time from ATen time by the namespace alone (``PROFILE_PREFIXES``).
+* torch.compile sees an opaque node with known output shapes instead of tracing into a FlyDSL
+  launch, so patched models compile without graph breaks at the routes;
+* the op's name (``flydsl::hf_rms_norm`` ...) is what torch.profiler records around the
+  launch, on the CPU and on a GPU, so a profile tells FlyDSL time from ATen time by the
+  namespace alone (``PROFILE_PREFIXES``).
 
-Eligibility is decided before the op is called (``why_not_*``, a reason
-from ``torch_flydsl.stats.REASONS`` or ``autograd``, or None: the ops are
-forward-only, so a call that autograd records, grad mode on and an input or
-weight requiring grad, takes the module's own forward); the ops count their hits in
-``torch_flydsl.stats`` (keys ``STAT_KEYS``) every time they run, compiled or
-not. A kernel that raises inside an op is logged at warning, counted as an
-``error`` fallback, and answered by the PyTorch formula of the same route,
-so a FlyDSL exception never reaches the user.
+The ops count their hits in ``torch_flydsl.stats`` (keys ``STAT_KEYS``) every time they run,
+compiled or not. A kernel that raises inside an op is logged at warning, counted as an
+``error`` fallback, and answered by the PyTorch formula of the same route, so a FlyDSL
+exception never reaches the user. ``hf_grouped_mm`` is the experts route's form of
+``flydsl::grouped_mm`` (2-D x 3-D with a per-group bias; same kernel and output shape rule,
+``gemm.grouped_mm_meta``), kept as its own op for the route's opaque node, counters and error
+formula.
 """
 
 from __future__ import annotations
@@ -26,14 +25,15 @@ import logging
 
 import torch
 
-from ..eligibility import PLAIN, device_reason, target
+from ..eligibility import target
 from ..stats import get as _stat
+from .gemm import NAMESPACE, grouped_mm_meta
 
 log = logging.getLogger("torch_flydsl")
 
-#: profiler event names that mark FlyDSL work: these ops, and ``record_function`` ranges
-#: named ``flydsl::...`` (for launches outside this module)
-PROFILE_PREFIXES = ("torch_flydsl::", "flydsl::")
+#: profiler event names that mark FlyDSL work: the ``flydsl::`` ops, and ``record_function``
+#: ranges named ``flydsl::...`` (for launches outside them)
+PROFILE_PREFIXES = ("flydsl::",)
 
 #: stats keys of the routes (``torch_flydsl.stats()``)
 RMS_NORM, ADD_RMS_NORM, ROUTER, EXPERTS, MX_EXPERTS = (
@@ -45,83 +45,9 @@ RMS_NORM, ADD_RMS_NORM, ROUTER, EXPERTS, MX_EXPERTS = (
 )
 STAT_KEYS = (RMS_NORM, ADD_RMS_NORM, ROUTER, EXPERTS, MX_EXPERTS)
 
-#: RMSNorm numerics (transformers' module forwards; see _forms.py)
+#: RMSNorm numerics (transformers' module forwards; see transformers/_forms.py)
 MODE_ATEN, MODE_LLAMA, MODE_GEMMA = 0, 1, 2
 MODES = {"aten": MODE_ATEN, "llama": MODE_LLAMA, "gemma": MODE_GEMMA}
-
-_FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
-_GEMM_DTYPES = frozenset({torch.bfloat16, torch.float16})
-
-
-def _grad_reason(*ts) -> str | None:
-    """``autograd`` when a backward may follow: the routes are forward-only kernels."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
-        return "autograd"
-    return None
-
-
-def _norm_reason(x, weight) -> str | None:
-    why = device_reason(x) or _grad_reason(x, weight)
-    if why:
-        return why
-    if x.dtype not in _FLOATS or (weight is not None and weight.dtype not in _FLOATS):
-        return "dtype"
-    if weight is not None and (
-        type(weight) not in PLAIN
-        or weight.device != x.device
-        or tuple(weight.shape) != (x.shape[-1],)
-    ):
-        return "params" if type(weight) in PLAIN else "subclass"
-    if x.dim() == 0 or x.numel() == 0:
-        return "empty"
-    if x.stride(-1) != 1 and x.shape[-1] > 1:
-        return "layout"
-    return None
-
-
-def why_not_norm(x, weight) -> str | None:
-    """Why ``x`` (with ``weight``) cannot take the FlyDSL RMSNorm, or None."""
-    return _norm_reason(x, weight)
-
-
-def why_not_add_norm(x, residual, weight) -> str | None:
-    why = _norm_reason(x, weight) or _norm_reason(residual, None)
-    if why:
-        return why
-    if residual.shape != x.shape or residual.dtype != x.dtype:
-        return "params"
-    return None
-
-
-def why_not_router(logits, top_k: int) -> str | None:
-    why = device_reason(logits) or _grad_reason(logits)
-    if why:
-        return why
-    if logits.dtype not in _FLOATS:
-        return "dtype"
-    if logits.dim() != 2 or not 1 <= top_k <= logits.shape[1] or logits.shape[1] > 4096:
-        return "params"
-    if logits.shape[0] == 0:
-        return "empty"
-    return None
-
-
-def why_not_experts(hidden, *weights) -> str | None:
-    why = device_reason(hidden) or _grad_reason(hidden, *weights)
-    if why:
-        return why
-    for w in weights:
-        if type(w) not in PLAIN:
-            return "subclass"
-        if w.dtype not in _GEMM_DTYPES or w.dtype != hidden.dtype:
-            return "dtype"
-        if w.device != hidden.device:
-            return "params"
-    if hidden.dtype not in _GEMM_DTYPES:
-        return "dtype"
-    if hidden.shape[0] == 0:
-        return "empty"
-    return None
 
 
 def _failed(key: str, e: Exception) -> None:
@@ -136,13 +62,6 @@ def _failed(key: str, e: Exception) -> None:
 
 def _hit(key: str) -> None:
     _stat(key).hits += 1
-
-
-def count_fallback(key: str, reason: str, n: int = 1) -> None:
-    """Count ``n`` calls of a route that went to the PyTorch path, for ``reason``."""
-    st = _stat(key)
-    for _ in range(n):
-        st.fallback(reason)
 
 
 # -- RMSNorm ------------------------------------------------------------------------------------
@@ -170,7 +89,7 @@ def _norm_dtype(x, weight, mode: int):
     return x.dtype
 
 
-@torch.library.custom_op("torch_flydsl::hf_rms_norm", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_rms_norm", mutates_args=())
 def hf_rms_norm(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> torch.Tensor:
@@ -199,7 +118,7 @@ def _(x, weight, eps, mode):
     return torch.empty(x.shape, dtype=_norm_dtype(x, weight, mode), device=x.device)
 
 
-@torch.library.custom_op("torch_flydsl::hf_add_rms_norm", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_add_rms_norm", mutates_args=())
 def hf_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +166,7 @@ def router_reference(logits, top_k: int, scoring: str, renormalize: bool):
     return v, i
 
 
-@torch.library.custom_op("torch_flydsl::hf_moe_router", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_moe_router", mutates_args=())
 def moe_router(
     logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +210,7 @@ def grouped_reference(a, b, offs, bias):
     return out
 
 
-@torch.library.custom_op("torch_flydsl::hf_grouped_mm", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_grouped_mm", mutates_args=())
 def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -309,10 +228,10 @@ def grouped_mm(
 
 @grouped_mm.register_fake
 def _(a, b, offs, bias):
-    return a.new_empty((a.shape[0], b.shape[-1]))
+    return grouped_mm_meta(a, b, offs, bias, None)
 
 
-@torch.library.custom_op("torch_flydsl::hf_mx_grouped_mm", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_mx_grouped_mm", mutates_args=())
 def mx_grouped_mm(
     a: torch.Tensor,
     b_q: torch.Tensor,

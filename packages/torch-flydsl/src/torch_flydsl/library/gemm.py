@@ -1,4 +1,4 @@
-"""The ``flydsl::`` operators: what the torch.compile pass rewrites GEMMs into.
+"""The GEMM ``flydsl::`` operators: what the torch.compile pass rewrites GEMMs into.
 
 ================  =========================================================================
 op                computes
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op, triton_op
 
-from ._trace import (
+from .._trace import (
     by_m,
     dense_ranges,
     grouped_ranges,
@@ -44,12 +44,13 @@ from ._trace import (
     sink,
     traces_cpu,
 )
-from .eligibility import plain, target
-from .ops._kernels import kernel
-from .stats import get as _stat
+from ..eligibility import plain, target
+from ..ops._kernels import kernel
+from ..stats import get as _stat
 
-NAMESPACE = "flydsl"
 ACTIVATIONS = ("", "relu", "gelu", "gelu_tanh", "silu")
+#: the namespace of every torch_flydsl custom op (``torch_flydsl.library``)
+NAMESPACE = "flydsl"
 Tensor = torch.Tensor
 
 
