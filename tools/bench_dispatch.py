@@ -94,14 +94,11 @@ def _table_file(tmp: Path, name: str, rules: list[dict], closed: list[dict]) -> 
     return str(p)
 
 
-def _enabler(ops, table: str | None):
+def _enabler(ops, table: str):
     """(on, off): register ``ops`` on the CPU key under gate table file ``table``."""
 
     def on():
-        if table is None:
-            os.environ.pop("FLYDSL_TORCH_GATES", None)
-        else:
-            os.environ["FLYDSL_TORCH_GATES"] = table
+        os.environ["FLYDSL_TORCH_GATES"] = table
         torch_flydsl.enable(ops=ops, device="cpu")
 
     return on, torch_flydsl.disable
@@ -127,6 +124,13 @@ def _floor(op: str):
 
 
 def main(argv=None):
+    from unittest import mock
+
+    with mock.patch.dict(os.environ):  # the gate table variable is set per case; restored
+        return _main(argv)
+
+
+def _main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=41)
     p.add_argument("--calls", type=int, default=1000)
@@ -140,7 +144,6 @@ def main(argv=None):
         a.rounds, a.calls = 7, 200
     torch.set_num_threads(1)
     torch_flydsl.disable()
-    saved_gates = os.environ.get("FLYDSL_TORCH_GATES")
     tmp = Path(tempfile.mkdtemp(prefix="bench_dispatch_"))
 
     def closed(op, dt):
@@ -150,6 +153,7 @@ def main(argv=None):
         rule = {"arch": "cpu", "op": op, "dtype": dt, "m": [1 << 30, None], "source": "bench"}
         return _table_file(tmp, f"shape_{op}_{dt}", [rule], [])
 
+    shipped = _table_file(tmp, "shipped", [], [])  # no local rules: the shipped (open) CPU ones
     x32, x64 = torch.randn(4, 64), torch.randn(4, 64, dtype=torch.float64)
     w32, w64 = torch.randn(64), torch.randn(64, dtype=torch.float64)
     vo, io = torch.empty(4, 8), torch.empty(4, 8, dtype=torch.int64)
@@ -171,7 +175,7 @@ def main(argv=None):
          _enabler(["topk"], closed("topk", "float32")), "fallback"),
         ("topk", "gate closed, this shape (fp32)", topk,
          _enabler(["topk"], other_shapes("topk", "float32")), "fallback"),
-        ("topk", "dtype (float64)", lambda: torch.topk(x64, 8), _enabler(["topk"], None),
+        ("topk", "dtype (float64)", lambda: torch.topk(x64, 8), _enabler(["topk"], shipped),
          "fallback"),
         ("topk.values", "gate closed, every shape (fp32, out=)",
          lambda: torch.topk(x32, 8, out=(vo, io)), _enabler(["topk"], closed("topk", "float32")),
@@ -191,7 +195,7 @@ def main(argv=None):
          _enabler(["rms_norm"], other_shapes("rms_norm", "float32")), "fallback"),
         ("_fused_rms_norm", "dtype (float64)",
          lambda: torch.ops.aten._fused_rms_norm(x64, [64], w64, 1e-6),
-         _enabler(["rms_norm"], None), "fallback"),
+         _enabler(["rms_norm"], shipped), "fallback"),
         ("_fused_rms_norm", "floor: bare Python kernel", fused, _floor("_fused_rms_norm"),
          "floor"),
         ("_grouped_mm", "gate closed, every shape (bf16)", grouped,
@@ -199,12 +203,12 @@ def main(argv=None):
         ("_grouped_mm", "gate closed, this shape (bf16)", grouped,
          _enabler(["grouped_mm"], other_shapes("grouped_mm", "bfloat16")), "fallback"),
         ("_grouped_mm", "dtype (fp32)", lambda: torch._grouped_mm(ga32, gb32, goffs),
-         _enabler(["grouped_mm"], None), "fallback"),
+         _enabler(["grouped_mm"], shipped), "fallback"),
         ("_grouped_mm", "floor: bare Python kernel", grouped, _floor("_grouped_mm"), "floor"),
-        ("topk", "eligible, up to launch (no-op kernel)", topk, _enabler(["topk"], None),
+        ("topk", "eligible, up to launch (no-op kernel)", topk, _enabler(["topk"], shipped),
          "eligible"),
         ("_fused_rms_norm", "eligible, up to launch (no-op kernel)", fused,
-         _enabler(["rms_norm"], None), "eligible"),
+         _enabler(["rms_norm"], shipped), "eligible"),
     ]  # fmt: skip
 
     table = Table(
@@ -240,10 +244,6 @@ def main(argv=None):
         _kernels.K.clear()
         _kernels.K.update(saved)
         torch_flydsl.disable()
-        if saved_gates is None:
-            os.environ.pop("FLYDSL_TORCH_GATES", None)
-        else:
-            os.environ["FLYDSL_TORCH_GATES"] = saved_gates
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"torch": torch.__version__, "clock": a.clock, "rounds": a.rounds,

@@ -39,6 +39,9 @@ from flydsl_core import settings as _settings
 # The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
 # name on the package: a first load later would rebind the package attribute to the module.
 from . import stats as _stats_module
+
+# our FLYDSL_* variables, declared before anything reads one
+from . import variables as _variables  # noqa: F401
 from .flex import flex_attention
 from .ops import EAGER as _EAGER
 
