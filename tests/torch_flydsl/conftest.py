@@ -9,7 +9,11 @@ import torch_flydsl
 @pytest.fixture
 def cpu_backend(monkeypatch, tmp_path):
     """torch_flydsl enabled on the CPU key (reference backend), stats reset; off afterwards."""
-    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "no_local_table.json"))
+    # an empty local table: the shipped rules only, whatever the user's cache holds
+    from torch_flydsl import gates
+
+    gates.write_table(tmp_path / "no_local_rules.json", [])
+    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "no_local_rules.json"))
     monkeypatch.delenv("FLYDSL_TORCH_PRECEDENCE", raising=False)
     torch_flydsl.disable()
     torch_flydsl.enable(device="cpu")

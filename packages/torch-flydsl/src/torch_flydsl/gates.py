@@ -36,6 +36,7 @@ closes the gate there (a calibration where FlyDSL never won).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -228,6 +229,30 @@ def local_path() -> Path:
     return settings.get("FLYDSL_TORCH_GATES") or settings.default_cache_dir() / "torch_gates.json"
 
 
+class GateTableWarning(UserWarning):
+    """The local gate table named by ``$FLYDSL_TORCH_GATES`` is missing or unreadable: the
+    shipped table is used."""
+
+
+_WARNED: set[str] = set()
+
+
+def _explicit_missing(path: Path) -> None:
+    """Warn once per path where ``$FLYDSL_TORCH_GATES`` names a file that is not there."""
+    from flydsl_core import settings
+
+    if settings.get("FLYDSL_TORCH_GATES") is None or str(path) in _WARNED:
+        return
+    _WARNED.add(str(path))
+    what = "a folder" if path.is_dir() else "no such file"
+    warnings.warn(
+        f"FLYDSL_TORCH_GATES={str(path)!r}: {what}; the shipped gate table is used "
+        "(`torch_flydsl calibrate` writes a table there)",
+        GateTableWarning,
+        stacklevel=3,
+    )
+
+
 def read_table(path: Path) -> list[Rule]:
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT:
@@ -328,6 +353,10 @@ def load(source: str | None = None) -> GateTable:
             import logging
 
             logging.getLogger("torch_flydsl").warning(
-                "ignoring the local gate table %s: %s", path, e
+                "ignoring the local gate table %s (FLYDSL_TORCH_GATES or the cache dir): %s",
+                path,
+                e,
             )
+    else:
+        _explicit_missing(path)
     return GateTable()
