@@ -13,8 +13,10 @@ Rows (each an op and a case):
 * gate closed, every shape: an eligible input (fp32 topk / RMSNorm, bf16 ``_grouped_mm``) under
   a gate table that closes the op's (cpu, op, dtype) key; the wrapper decides from one dict
   lookup per (device, dtype), the predicate does not run;
-* gate closed, this shape: the table has a rule for the key, but not for this shape; the
-  predicate runs up to its gate check, whose answer is kept per shape class;
+* gate closed below every rule's m * n (RMSNorm, TopK): the key tensor is smaller than every
+  rule's lowest corner; one ``numel()`` against the (device, dtype) decision;
+* gate closed, this shape: the table has a rule the input reaches only in the predicate's gate
+  check (the predicate runs; the gate's answer is kept per shape class);
 * dtype: an input dtype the kernel does not take (float64 / fp32 grouped);
 * ``F.rms_norm`` under ``enable(device="cpu")`` with its gate closed: the rms_norm group is
   opt-in on the CPU key, so nothing is registered and F.rms_norm keeps stock CPU's
@@ -149,8 +151,14 @@ def _main(argv=None):
     def closed(op, dt):
         return _table_file(tmp, f"closed_{op}_{dt}", [], [{"arch": "cpu", "op": op, "dtype": dt}])
 
-    def other_shapes(op, dt):  # a rule for the key that excludes the benchmark's shapes
+    def large_only(op, dt):  # a rule whose lowest corner (m * n) is above the bench's inputs
         rule = {"arch": "cpu", "op": op, "dtype": dt, "m": [1 << 30, None], "source": "bench"}
+        return _table_file(tmp, f"large_{op}_{dt}", [rule], [])
+
+    def other_shapes(op, dt):  # a rule the bench's inputs reach only in the predicate's check
+        rule = {"arch": "cpu", "op": op, "dtype": dt, "n": [128, None], "source": "bench"}
+        if op == "grouped_mm":
+            rule = {**rule, "n": [None, None], "m": [1 << 30, None]}
         return _table_file(tmp, f"shape_{op}_{dt}", [rule], [])
 
     shipped = _table_file(tmp, "shipped", [], [])  # no local rules: the shipped (open) CPU ones
@@ -173,7 +181,9 @@ def _main(argv=None):
     cases = [
         ("topk", "gate closed, every shape (fp32)", topk,
          _enabler(["topk"], closed("topk", "float32")), "fallback"),
-        ("topk", "gate closed, this shape (fp32)", topk,
+        ("topk", "gate closed, below every rule's m*n (fp32)", topk,
+         _enabler(["topk"], large_only("topk", "float32")), "fallback"),
+        ("topk", "gate closed, this shape (fp32, the predicate runs)", topk,
          _enabler(["topk"], other_shapes("topk", "float32")), "fallback"),
         ("topk", "dtype (float64)", lambda: torch.topk(x64, 8), _enabler(["topk"], shipped),
          "fallback"),
@@ -185,13 +195,15 @@ def _main(argv=None):
          _enabler(None, closed("rms_norm", "float32")), "fallback"),
         ("F.rms_norm", "opted in, gate closed, every shape (fp32)", rms,
          _enabler(["rms_norm"], closed("rms_norm", "float32")), "opt-in"),
-        ("F.rms_norm", "opted in, gate closed, this shape (fp32)", rms,
+        ("F.rms_norm", "opted in, gate closed, this shape (fp32, the predicate runs)", rms,
          _enabler(["rms_norm"], other_shapes("rms_norm", "float32")), "opt-in"),
         ("F.rms_norm", "floor: bare Python kernel at _fused_rms_norm", rms,
          _floor("_fused_rms_norm"), "floor"),
         ("_fused_rms_norm", "gate closed, every shape (fp32)", fused,
          _enabler(["rms_norm"], closed("rms_norm", "float32")), "fallback"),
-        ("_fused_rms_norm", "gate closed, this shape (fp32)", fused,
+        ("_fused_rms_norm", "gate closed, below every rule's m*n (fp32)", fused,
+         _enabler(["rms_norm"], large_only("rms_norm", "float32")), "fallback"),
+        ("_fused_rms_norm", "gate closed, this shape (fp32, the predicate runs)", fused,
          _enabler(["rms_norm"], other_shapes("rms_norm", "float32")), "fallback"),
         ("_fused_rms_norm", "dtype (float64)",
          lambda: torch.ops.aten._fused_rms_norm(x64, [64], w64, 1e-6),
@@ -200,7 +212,7 @@ def _main(argv=None):
          "floor"),
         ("_grouped_mm", "gate closed, every shape (bf16)", grouped,
          _enabler(["grouped_mm"], closed("grouped_mm", "bfloat16")), "fallback"),
-        ("_grouped_mm", "gate closed, this shape (bf16)", grouped,
+        ("_grouped_mm", "gate closed, this shape (bf16, the predicate runs)", grouped,
          _enabler(["grouped_mm"], other_shapes("grouped_mm", "bfloat16")), "fallback"),
         ("_grouped_mm", "dtype (fp32)", lambda: torch._grouped_mm(ga32, gb32, goffs),
          _enabler(["grouped_mm"], shipped), "fallback"),

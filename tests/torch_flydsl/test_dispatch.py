@@ -642,3 +642,52 @@ def test_calibration_plan_covers_every_gate_op():
     assert {gates.DTYPE_NAMES[c[1]] for c in cases if c[0].op == "gemm"} == {"bfloat16", "float16"}
     narrowed = plan(["gemm"], dtypes=["bfloat16"], quick=True)
     assert narrowed and all(c[1] == torch.bfloat16 for c in narrowed)
+
+
+# -- the cheap decisions before the predicate -----------------------------------------------------
+
+
+def test_gate_corners_and_closed_keys():
+    f32 = torch.float32
+    t = gates.GateTable(
+        local=[
+            gates.Rule("cpu", "topk", "float32", m=(256, None), n=(1024, 8192)),
+            gates.Rule("cpu", "topk", "float32", m=(64, None), n=(8192, None)),
+            gates.Rule("cpu", "rms_norm", "float32", m=(1, 0)),  # a closed entry
+        ]
+    )
+    assert t.min_mn("cpu", "topk", f32) == 256 * 1024  # the smaller of the two corners
+    assert t.closed("cpu", "rms_norm", f32) and not t.closed("cpu", "topk", f32)
+    assert t.closed("cpu", "gemm", f32)  # no rule at all
+    assert t.allows("cpu", "topk", f32, 300, 2048) and t.allows("cpu", "topk", f32, 300, 2048)
+    assert not t.allows("cpu", "topk", f32, 3, 2048)
+
+
+def test_decisions_before_the_predicate(cpu_backend, monkeypatch, tmp_path):
+    """dtype / closed gate per (device, dtype), then the gate's smallest corner, then the
+    predicate: each gives the same answer the predicate would."""
+    p = tmp_path / "t.json"
+    rule = {"arch": "cpu", "op": "rms_norm", "dtype": "float32", "m": [8, None], "n": [64, None]}
+    gates.write_table(p, [gates.Rule.from_json(rule)], [
+        {"arch": "cpu", "op": "rms_norm", "dtype": "bfloat16"},
+    ])  # fmt: skip
+    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(p))
+    torch_flydsl.disable()
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")
+    torch_flydsl.reset_stats()
+    cases = [
+        (torch.randn(4, 64, dtype=torch.float64), "dtype"),
+        (torch.randn(4, 64, dtype=torch.bfloat16), "gate"),  # closed for bf16
+        (torch.randn(4, 64), "gate"),  # 256 elements: below the rule's corner (8 x 64)
+        (torch.randn(64, 8), "gate"),  # 512 elements, but n = 8: the predicate's gate check
+        (torch.randn(8, 64), None),  # inside: FlyDSL
+    ]
+    for x, want in cases:
+        torch_flydsl.reset_stats()
+        y = F.rms_norm(x, (x.shape[-1],), None, 1e-6)
+        with torch_flydsl.disabled():
+            ref = F.rms_norm(x, (x.shape[-1],), None, 1e-6)
+        torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)
+        st = _s("_fused_rms_norm")
+        assert st["fallbacks"] == ({want: 1} if want else {}), (x.shape, x.dtype, st)
+        assert st["hits"] == (0 if want else 1)

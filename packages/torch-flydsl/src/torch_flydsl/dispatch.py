@@ -95,17 +95,23 @@ def _default(arg) -> str:
     return "=" + repr(v)
 
 
-def first_reason(b: Backend, ov: Overload, t) -> str | None:
+def first_reason(b: Backend, ov: Overload, t) -> str | int | None:
     """The decision for every call of ``ov`` whose key tensor has ``t``'s device and dtype:
-    ``arch``, ``dtype``, ``gate`` (the gate is closed for every shape there) or None (the
-    predicate decides per call). The generated wrapper caches it per (device, dtype)."""
+    ``arch``, ``dtype``, ``gate`` (the gate is closed for every shape there), None (the
+    predicate decides per call) or, for ``numel_mn`` overloads, the least key-tensor numel any
+    gate rule takes (below it: ``gate``; else the predicate). The generated wrapper caches it
+    per (device, dtype)."""
     arch = b.arch(t)
     if not arch:
         return "arch"
     if ov.dtypes and t.dtype not in ov.dtypes:
         return "dtype"
-    if ov.gate is not None and b.table.closed(arch, ov.gate, t.dtype):
-        return "gate"
+    if ov.gate is not None:
+        if b.table.closed(arch, ov.gate, t.dtype):
+            return "gate"
+        if ov.numel_mn:
+            low = b.table.min_mn(arch, ov.gate, t.dtype)
+            return low if low > 1 else None
     return None
 
 
@@ -146,8 +152,10 @@ def make_kernel(ov: Overload, b: Backend, orig):
         f"        _fly_r = _fly_first.get(_fly_k, False)\n"
         f"        if _fly_r is False:\n"
         f"            _fly_r = _fly_first[_fly_k] = _fly_first_reason(_fly_b, _fly_ov, {t})\n"
-        f"        if _fly_r is None:\n"
+        f"        if _fly_r is None or (type(_fly_r) is int and {t}.numel() >= _fly_r):\n"
         f"            _fly_r = _fly_reason(_fly_b, {every})\n"
+        f"        elif type(_fly_r) is int:\n"
+        f"            _fly_r = 'gate'\n"
         f"    else:\n"
         f"        _fly_r = 'subclass'\n"
         f"    if _fly_r is None:\n"

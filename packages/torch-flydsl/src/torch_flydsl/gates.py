@@ -298,6 +298,16 @@ class GateTable:
         """Whether no call of ``(arch, op, dtype)`` is inside the gate, whatever its shape."""
         return all(r.empty for r in self._idx.get((arch, op, dtype), ()))
 
+    def min_mn(self, arch: str, op: str, dtype: torch.dtype) -> int:
+        """The least ``m * n`` any rule of ``(arch, op, dtype)`` takes (its lowest corner): a
+        call with fewer is outside the gate whatever its shape; 1 where a rule has no corner."""
+        low = None
+        for r in self._idx.get((arch, op, dtype), ()):
+            if not r.empty:
+                mn = max(r.m[0] or 1, 1) * max(r.n[0] or 1, 1)
+                low = mn if low is None else min(low, mn)
+        return low or 1
+
     def allows(self, arch, op, dtype, m, n, k=0, largest=True, sorted_=True) -> bool:
         """Whether a call is inside the gate; answers are kept per shape class (the rule
         fields), so a repeated shape costs one dict lookup."""

@@ -17,8 +17,9 @@ options={"ops": [...]})`` accept) and lists its ATen overloads. Each ``Overload`
 * ``gate``, ``dtypes``, ``key``: the gate-table op the predicate consults (None: none), the
   dtypes it takes for its key tensor (argument ``key``). The eager wrapper decides these
   first, once per (device, dtype) of the key tensor (``dispatch.make_kernel``): a dtype the
-  op does not take (``dtype``), a device FlyDSL does not run on (``arch``) and a gate closed
-  for every shape (``gate``) fall back before the predicate runs.
+  op does not take (``dtype``), a device FlyDSL does not run on (``arch``), a gate closed
+  for every shape and, with ``numel_mn``, a key tensor smaller than every gate rule
+  (``gate``) fall back before the predicate runs.
 
 ``ctx`` is the eager ``dispatch.Backend`` or the pass's ``inductor.CompileContext``: both
 answer ``arch(t)`` ("" where FlyDSL may not run), ``table`` (the gates), ``target_of(t)`` and
@@ -55,6 +56,9 @@ class Overload:
     gate: str | None = None
     dtypes: tuple = ()  # torch dtypes of the key tensor the predicate takes
     key: int = 0
+    #: the key tensor's numel is the gate's ``m * n`` (RMSNorm, TopK): a call smaller than
+    #: every rule's lowest corner is outside the gate before the predicate runs
+    numel_mn: bool = False
 
     @property
     def name(self) -> str:

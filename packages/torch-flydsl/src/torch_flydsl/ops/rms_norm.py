@@ -193,7 +193,7 @@ def _make_bwd(dt, m, n, k, device):
 SPEC = OpSpec(
     name="rms_norm",
     overloads=(
-        Overload("_fused_rms_norm", reason, impl, gate="rms_norm", dtypes=DTYPES),
+        Overload("_fused_rms_norm", reason, impl, gate="rms_norm", dtypes=DTYPES, numel_mn=True),
         Overload(
             "_fused_rms_norm_backward",
             backward_reason,
@@ -202,6 +202,7 @@ SPEC = OpSpec(
             gate="rms_norm_backward",
             dtypes=DTYPES,
             key=1,  # the input x (argument 0 is the gradient)
+            numel_mn=True,
         ),
     ),
     calibration=(

@@ -124,8 +124,8 @@ def _extra(k):
 SPEC = OpSpec(
     name="topk",
     overloads=(
-        Overload("topk", reason, impl, gate="topk", dtypes=DTYPES),
-        Overload("topk.values", out_reason, out_impl, gate="topk", dtypes=DTYPES),
+        Overload("topk", reason, impl, gate="topk", dtypes=DTYPES, numel_mn=True),
+        Overload("topk.values", out_reason, out_impl, gate="topk", dtypes=DTYPES, numel_mn=True),
     ),
     calibration=(Calibration("topk", _cases, _make, rule_extra=_extra),),
     summary="torch.topk / Tensor.topk (out= too)",
