@@ -16,6 +16,8 @@ Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm
     torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
     torch_flydsl.disable()
 
+``torch_flydsl.custom_op``: ``torch.library.triton_op`` for FlyDSL kernels (``custom_ops.py``).
+
 ``torch_flydsl.flex_attention``: torch's ``flex_attention`` (same signature) on FlyDSL's
 attention kernels, its mods translated from PyTorch (``torch_flydsl.flex``).
 
@@ -42,6 +44,7 @@ from . import stats as _stats_module
 
 # our FLYDSL_* variables, declared before anything reads one
 from . import variables as _variables  # noqa: F401
+from .custom_ops import custom_op
 from .flex import flex_attention
 from .ops import EAGER as _EAGER
 
@@ -244,6 +247,7 @@ def status(device=None) -> dict:
 
 __all__ = [
     "OPS",
+    "custom_op",
     "disable",
     "disabled",
     "enable",

@@ -1,8 +1,9 @@
 """The ``flydsl::hf_*`` ops: the FlyDSL launches of the transformers routes
 (``torch_flydsl.transformers``).
 
-Each route's kernel call is one ``torch.library.custom_op`` with a fake (meta)
-implementation, for two reasons:
+Each route's kernel call is one custom op with a fake (meta) implementation
+(``torch_flydsl.custom_op`` for the RMSNorms, whose launches then trace into Inductor's graph
+as Triton kernels; ``torch.library.custom_op`` for the others), for two reasons:
 
 * torch.compile sees an opaque node with known output shapes instead of tracing into a FlyDSL
   launch, so patched models compile without graph breaks at the routes;
@@ -25,6 +26,7 @@ import logging
 
 import torch
 
+from ..custom_ops import custom_op
 from ..eligibility import target
 from ..stats import get as _stat
 from .gemm import NAMESPACE, grouped_mm_meta
@@ -89,7 +91,7 @@ def _norm_dtype(x, weight, mode: int):
     return x.dtype
 
 
-@torch.library.custom_op(f"{NAMESPACE}::hf_rms_norm", mutates_args=())
+@custom_op(f"{NAMESPACE}::hf_rms_norm", mutates_args=())
 def hf_rms_norm(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> torch.Tensor:
@@ -118,7 +120,7 @@ def _(x, weight, eps, mode):
     return torch.empty(x.shape, dtype=_norm_dtype(x, weight, mode), device=x.device)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::hf_add_rms_norm", mutates_args=())
+@custom_op(f"{NAMESPACE}::hf_add_rms_norm", mutates_args=())
 def hf_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
