@@ -34,6 +34,8 @@ def test_every_custom_op_is_in_one_namespace_and_one_home():
     root = pathlib.Path(torch_flydsl.library.__file__).resolve().parents[1]
     where = {}
     for p in root.rglob("*.py"):
+        if p.name == "custom_ops.py":  # the public factory: its examples are users' namespaces
+            continue
         for ns, name in re.findall(
             r"(?:custom_op|triton_op)\(\s*f?\"(\{?\w+\}?)::(\w+)", p.read_text()
         ):
