@@ -188,8 +188,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 #: cycles that exist on this branch, each with who removes it; strict, so the test fails (XPASS)
 #: once the cycle is gone and the entry must go too
 KNOWN_CYCLES = {
-    "torch_flydsl": "flex._eager imports torch_flydsl.enabled, and torch_flydsl imports flex: "
-    "the torch-flydsl restructuring (issue 22, item 5) removes it",
+    "torch_flydsl": "_runtime and eligibility import each other (function-level imports): "
+    "torch-flydsl's to fix",
 }
 
 
