@@ -298,7 +298,7 @@ def test_every_path_takes_the_same_cpu_target(monkeypatch, env, cpu):
     else:
         want = "cpu-reference"
     x = torch.empty(2)
-    assert dispatch.Backend("cpu", gates.GateTable()).target_of(x) == want
+    assert dispatch.EagerContext("cpu", gates.GateTable()).target_of(x) == want
     assert eligibility.target(x) == _eager._target(x) == want
     assert _checks.device_reason(x) is None and _attention.target(x) == want
     torch_flydsl.disable()

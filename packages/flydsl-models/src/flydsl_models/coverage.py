@@ -75,16 +75,15 @@ _ATTENTION_MARKS = (
 @functools.cache
 def flydsl_kernel_names() -> frozenset[str]:
     """The names FlyDSL kernels carry on a GPU (the generated Triton function is named after the
-    kernel): every ``flydsl_core`` kernel defined in a shipped family's ``kernels`` module."""
+    kernel): every kernel a shipped family lists in its public ``KERNELS``."""
     import importlib
 
     import flydsl_kernels
-    from flydsl_core import Kernel
 
     names = set()
     for fam in flydsl_kernels.FAMILIES:
-        mod = importlib.import_module(f"flydsl_kernels.{fam}.kernels")
-        names.update(v.name for v in vars(mod).values() if isinstance(v, Kernel))
+        kernels = importlib.import_module(f"flydsl_kernels.{fam}").KERNELS
+        names.update(k.name for k in kernels.values())
     return frozenset(names)
 
 

@@ -59,7 +59,7 @@ def _pair(ours, aten, reps: int) -> tuple[float, float]:
     return statistics.median(to), statistics.median(ta)
 
 
-def plan(ops, dtypes=None, quick=False) -> list[tuple]:
+def buckets(ops, dtypes=None, quick=False) -> list[tuple]:
     """``[(Calibration, torch dtype, m, n, k)]``: every bucket of the specs named by ``ops``
     (spec names or aliases), in their own dtypes (narrowed to ``dtypes`` names if given)."""
     from .ops import spec
@@ -93,7 +93,7 @@ def calibrate(args) -> int:
     name = torch.cuda.get_device_name(dev)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
-    cases = plan(ops, dtypes, args.quick)
+    cases = buckets(ops, dtypes, args.quick)
     day = datetime.date.today().isoformat()
     rules, tried, errors = [], set(), 0
     console = Console(stderr=True)

@@ -74,12 +74,12 @@ def flydsl_wins(ov, vals, settings) -> bool:
         return True
     if not isinstance(vals[0], torch.Tensor) or vals[0].device.type != "cuda" or not _static(vals):
         return True
-    from .. import _runtime
+    from .. import eligibility
     from ..calibrate import _pair
     from ..dispatch import aten_overload
     from ..ops._kernels import kernel
 
-    arch = _runtime.resolve_arch(vals[0].device.index)
+    arch = eligibility.resolve_arch(vals[0].device.index)
     desc = [(tuple(v.shape), tuple(v.stride()), str(v.dtype)) if isinstance(v, torch.Tensor)
             else repr(v) for v in vals]  # fmt: skip
     key = json.dumps([arch, ov.op, desc])

@@ -135,7 +135,7 @@ def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list
 
     from torch._inductor.decomposition import select_decomp_table
 
-    from .._trace import assume_arch
+    from ..graph_launch import assume_arch
 
     mode = detect_fake_mode(vals)
     body = dispatch_functionalize(traced) if decompose else traced
@@ -234,7 +234,7 @@ def _vals(args):
 
 
 def _decompose(settings: Settings, val) -> bool:
-    from .._trace import traces_cpu
+    from ..graph_launch import traces_cpu
 
     return settings.kernels == "triton" and (val.device.type == "cuda" or traces_cpu())
 

@@ -19,7 +19,7 @@ Each is a ``torch.library.triton_op`` whose body calls the ``flydsl_kernels`` fu
 * **traced GPU tensors** (AOTAutograd's functionalization, the pass's ``decompose``): the
   same API runs on the FakeTensors with its launches taken over by ``launch_sink``: each
   becomes ``torch.library.wrap_triton(<FlyDSL's generated @triton.jit>)[grid](...)``, so
-  Inductor sees, schedules and packages real Triton kernels (``_trace.py``). A symbolic M
+  Inductor sees, schedules and packages real Triton kernels (``graph_launch.py``). A symbolic M
   becomes a ``cond`` over the M ranges where the eager config choice changes, so one graph
   picks each call's config at run time;
 * **traced CPU tensors**: Inductor generates C++ for CPU graphs and cannot launch Triton
@@ -35,7 +35,8 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op, triton_op
 
-from .._trace import (
+from ..eligibility import plain, target
+from ..graph_launch import (
     by_m,
     dense_ranges,
     grouped_ranges,
@@ -44,7 +45,6 @@ from .._trace import (
     sink,
     traces_cpu,
 )
-from ..eligibility import plain, target
 from ..ops._kernels import kernel
 from ..stats import get as _stat
 

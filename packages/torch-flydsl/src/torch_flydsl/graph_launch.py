@@ -30,7 +30,7 @@ import threading
 
 import torch
 
-from . import _runtime
+from . import eligibility
 
 #: CPU tensors normally decompose into the opaque ``flydsl::<op>_cpu`` twins (library.py);
 #: the tests set this to ``"cpu-interpret"`` to trace them into wrap_triton kernels too (for
@@ -73,7 +73,7 @@ def target_for(t: torch.Tensor) -> str:
 
     if t.device.type == "cpu" and CPU_TRACE_TARGET is not None:
         return CPU_TRACE_TARGET
-    arch = getattr(_ASSUMED, "arch", None) or _runtime.resolve_arch(t.device.index)
+    arch = getattr(_ASSUMED, "arch", None) or eligibility.resolve_arch(t.device.index)
     tgt = lookup_target(arch) if arch else None
     if tgt is None or not tgt.is_gpu or not get_backend(tgt).generates_source:
         known = [x.name for x in all_targets() if x.is_gpu and get_backend(x).generates_source]
@@ -122,7 +122,9 @@ def tensor_spec(t):
     return TensorSpec(t.dtype, shape, stride, aligned=True, index_bits=bits)
 
 
-def _spec_value(v):
+def spec_value(v):
+    """What a launch argument is specialized as when traced: a tensor's ``TensorSpec``, a
+    symbolic int's provable facts (``_fact_int``), any float for a symbolic float."""
     if isinstance(v, torch.Tensor):
         return tensor_spec(v)
     if isinstance(v, torch.SymInt):
@@ -171,7 +173,7 @@ def launch(kernel, grid, args, kwargs):
     if target is None:
         raise RuntimeError(f"{kernel.name}: a traced FlyDSL launch needs an explicit target")
     bound = kernel.bind(args, kwargs)
-    specs = {n: _spec_value(v) for n, v in bound.items()}
+    specs = {n: spec_value(v) for n, v in bound.items()}
     # FlyDSL's code generation is not part of the traced program: outside the tracer's modes
     # (it may use torch itself, e.g. to round a constant to bf16, which a FakeTensor can't)
     with _disable_current_modes():
