@@ -56,8 +56,12 @@ def _store(key: str, wins: bool) -> None:
 def _real(v):
     if not isinstance(v, torch.Tensor):
         return v
-    t = torch.empty_strided(tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()),
-                            dtype=v.dtype, device=v.device)  # fmt: skip
+    t = torch.empty_strided(
+        tuple(int(s) for s in v.shape),
+        tuple(int(s) for s in v.stride()),
+        dtype=v.dtype,
+        device=v.device,
+    )
     return t.normal_() if t.is_floating_point() else t.zero_()
 
 
@@ -80,8 +84,12 @@ def flydsl_wins(ov, vals, settings) -> bool:
     from ..ops._kernels import kernel
 
     arch = eligibility.resolve_arch(vals[0].device.index)
-    desc = [(tuple(v.shape), tuple(v.stride()), str(v.dtype)) if isinstance(v, torch.Tensor)
-            else repr(v) for v in vals]  # fmt: skip
+    desc = [
+        (tuple(v.shape), tuple(v.stride()), str(v.dtype))
+        if isinstance(v, torch.Tensor)
+        else repr(v)
+        for v in vals
+    ]
     key = json.dumps([arch, ov.op, desc])
     with _lock:
         _load()
@@ -102,7 +110,8 @@ def flydsl_wins(ov, vals, settings) -> bool:
                 REPS,
             )
         wins = ours < theirs
-        log.info("torch_flydsl autotune %s %s: FlyDSL %.4f ms, ATen %.4f ms", ov.op, desc, ours,
-                 theirs)  # fmt: skip
+        log.info(
+            "torch_flydsl autotune %s %s: FlyDSL %.4f ms, ATen %.4f ms", ov.op, desc, ours, theirs
+        )
         _store(key, wins)
         return wins

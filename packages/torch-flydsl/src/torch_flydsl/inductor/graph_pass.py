@@ -289,9 +289,13 @@ class Rewriter:
             self._dense(node, low, args, vals)
         elif isinstance(low, Call):
             splice(
-                self.graph, node, low.build, args, _decompose(self.settings, vals[0]),
+                self.graph,
+                node,
+                low.build,
+                args,
+                _decompose(self.settings, vals[0]),
                 self.ctx.assumed_arch,
-            )  # fmt: skip
+            )
         st.hits += 1
         self.rewritten += 1
 
@@ -359,9 +363,13 @@ class Rewriter:
             return out.reshape(shape) if shape is not None else out
 
         out = splice(
-            self.graph, mul, build, [a, wg, wu, shape], _decompose(self.settings, gvals[0]),
+            self.graph,
+            mul,
+            build,
+            [a, wg, wu, shape],
+            _decompose(self.settings, gvals[0]),
             self.ctx.assumed_arch,
-        )  # fmt: skip
+        )
         gate_chain = [found.gate, *found.gate.users, found.up, *found.up.users]
         _repoint_sizes(gate_chain, out, a)
         self.done.update((found.gate, found.up))

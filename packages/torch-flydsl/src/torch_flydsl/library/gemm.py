@@ -78,9 +78,17 @@ def _opt(ts):
 
 def _gemm_call(a, b, bias, c, residual, alpha, beta, activation, out_dtype, **kw):
     return kernel("gemm")(
-        a, b, bias=bias, c=c, residual=residual, alpha=alpha, beta=beta,
-        activation=activation or None, out_dtype=out_dtype, **kw,
-    )  # fmt: skip
+        a,
+        b,
+        bias=bias,
+        c=c,
+        residual=residual,
+        alpha=alpha,
+        beta=beta,
+        activation=activation or None,
+        out_dtype=out_dtype,
+        **kw,
+    )
 
 
 @triton_op(f"{NAMESPACE}::gemm", mutates_args=())
@@ -107,11 +115,9 @@ def gemm(
     def variant(cfg, split):
         def run(*ts):
             a_, b_, bias_, c_, r_ = unpack(ts)
+            opts = {"target": sink.target_of(a_), "config": cfg, "split_k": split}
             with sink(a_):
-                return _gemm_call(
-                    a_, b_, bias_, c_, r_, alpha, beta, activation, out_dtype,
-                    target=sink.target_of(a_), config=cfg, split_k=split,
-                )  # fmt: skip
+                return _gemm_call(a_, b_, bias_, c_, r_, alpha, beta, activation, out_dtype, **opts)
 
         return run
 
@@ -211,11 +217,9 @@ def mx_mm(
     def variant(cfg, _split):
         def run(*ts):
             a_, sa_, b_, sb_, bias_ = unpack(ts)
+            opts = {"out_dtype": out_dtype, "target": sink.target_of(a_), "config": cfg}
             with sink(a_):
-                return kernel("mx_gemm")(
-                    a_, sa_, b_, sb_, a_format, b_format, bias=bias_, out_dtype=out_dtype,
-                    target=sink.target_of(a_), config=cfg,
-                )  # fmt: skip
+                return kernel("mx_gemm")(a_, sa_, b_, sb_, a_format, b_format, bias=bias_, **opts)
 
         return run
 
@@ -256,11 +260,10 @@ def mx_grouped_mm(
     def variant(cfg, _split):
         def run(*ts):
             a_, sa_, b_, sb_, offs_, bias_ = unpack(ts)
+            args_ = (a_, sa_, b_, sb_, a_format, b_format, offs_)
+            opts = {"out_dtype": out_dtype, "target": sink.target_of(a_), "config": cfg}
             with sink(a_):
-                return kernel("mx_grouped_mm")(
-                    a_, sa_, b_, sb_, a_format, b_format, offs_, bias=bias_,
-                    out_dtype=out_dtype, target=sink.target_of(a_), config=cfg,
-                )  # fmt: skip
+                return kernel("mx_grouped_mm")(*args_, bias=bias_, **opts)
 
         return run
 

@@ -68,9 +68,12 @@ def _mask_tensor(mask, B, Sq, Sk):
     """``mask`` as the ``(B, Sq, Sk)`` int8 tensor the mask mod reads, converted once per mask
     object (the version counter catches in-place edits)."""
     hit = _CONVERTED.get(id(mask))
-    if hit is not None and hit[0] is mask and hit[1] == mask._version and hit[2].shape == (
-        B, Sq, Sk,
-    ):  # fmt: skip
+    if (
+        hit is not None
+        and hit[0] is mask
+        and hit[1] == mask._version
+        and hit[2].shape == (B, Sq, Sk)
+    ):
         return hit[2]
     t = mask[:, 0].expand(B, Sq, Sk).to(torch.int8).contiguous()
     if len(_CONVERTED) >= 4:
