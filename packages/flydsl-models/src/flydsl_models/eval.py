@@ -150,7 +150,9 @@ def run(args, console) -> dict:
     arm_names = arms_mod.parse(args.arms)
     mx = {"on": True, "off": False}.get(args.mx_experts)  # None: auto
     if mx is None:
-        mx = models.is_mxfp4(spec.config())
+        from torch_flydsl.transformers import is_mxfp4
+
+        mx = is_mxfp4(spec.config())
     dist = (
         tp.init(args.tp, args.device)
         if args.tp > 1

@@ -192,12 +192,6 @@ def apply_overrides(d: dict, overrides: dict) -> dict:
     return d
 
 
-def is_mxfp4(config) -> bool:
-    q = getattr(config, "quantization_config", None)
-    method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
-    return str(getattr(method, "value", method)).lower() == "mxfp4"
-
-
 def build(spec: ModelSpec, dtype: torch.dtype, device: str, seed: int = 0, *, tp_size: int = 1):
     """The model of ``spec`` in eval mode on ``device``: seeded random weights, or the checkpoint's."""
     from transformers import AutoModelForCausalLM
@@ -212,6 +206,8 @@ def build(spec: ModelSpec, dtype: torch.dtype, device: str, seed: int = 0, *, tp
         if tp_size == 1:
             model = model.to(device)
         return model.eval()
+    from torch_flydsl.transformers import is_mxfp4
+
     config = spec.config()
     mx = is_mxfp4(config)
     if mx:

@@ -49,7 +49,7 @@ def _median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def _pair(ours, aten, reps: int) -> tuple[float, float]:
+def paired_medians(ours, aten, reps: int) -> tuple[float, float]:
     """Medians of ours and ATen, timed interleaved (clock drift hits both alike)."""
     ours(), aten()
     to, ta = [], []
@@ -68,7 +68,7 @@ def buckets(ops, dtypes=None, quick=False) -> list[tuple]:
     for name in ops:
         for cal in spec(name).calibration:
             names = [d for d in cal.dtypes if dtypes is None or d in dtypes]
-            dts = [gates._DTYPES[d] for d in names]
+            dts = [gates.DTYPES_BY_NAME[d] for d in names]
             for dt, m, n, k in cal.cases(dts, quick):
                 out.append((cal, dt, m, n, k))
     return out
@@ -118,7 +118,7 @@ def calibrate(args) -> int:
             tried.add((arch, op, dname))
             try:
                 ours, aten = cal.make(dt, m, n, k, dev)
-                to, ta = _pair(ours, aten, args.reps)
+                to, ta = paired_medians(ours, aten, args.reps)
             except Exception as e:  # a kernel that fails here stays on ATen
                 errors += 1
                 console.print(f"[yellow]{op} {dname} {m[0]}x{n[0]}: {type(e).__name__}: {e}")

@@ -28,7 +28,6 @@ import torch
 
 from . import _runtime, eligibility, gates
 from .spec import OpSpec, Overload
-from .stats import OpStats
 from .stats import get as _stat
 
 log = logging.getLogger("torch_flydsl")
@@ -72,13 +71,6 @@ class EagerContext:
                 with torch.cuda.device(idx):
                     return fn(*args, **kwargs)
         return fn(*args, **kwargs)
-
-
-def error(st: OpStats, e: Exception) -> None:
-    log.warning(
-        "%s: the FlyDSL kernel raised %s: %s; returning ATen's result", st.name, type(e).__name__, e
-    )
-    st.fallback("error")
 
 
 def aten_overload(op: str):
@@ -165,7 +157,7 @@ def make_kernel(ov: Overload, b: EagerContext, orig):
         f"            _fly_st.hits += 1\n"
         f"            return _fly_out\n"
         f"        except Exception as _fly_e:\n"
-        f"            _fly_error(_fly_st, _fly_e)\n"
+        f"            _fly_st.error(_fly_e)\n"
         f"    else:\n"
         f"        _fly_fb[_fly_r] = _fly_fb.get(_fly_r, 0) + 1\n"
         f"        if _fly_debug({logging.DEBUG}):\n"
@@ -188,7 +180,6 @@ def make_kernel(ov: Overload, b: EagerContext, orig):
         "_fly_orig": orig,
         "_fly_keyset": b.keyset,
         "_fly_fallback": ov.fallback,
-        "_fly_error": error,
     }
     exec(compile(src, f"<torch_flydsl dispatch aten::{ov.op}>", "exec"), env)
     fn = env[fn_name]

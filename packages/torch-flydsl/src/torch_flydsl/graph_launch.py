@@ -31,6 +31,7 @@ import threading
 import torch
 
 from . import eligibility
+from .ops import _sym
 
 #: CPU tensors normally decompose into the opaque ``flydsl::<op>_cpu`` twins (library.py);
 #: the tests set this to ``"cpu-interpret"`` to trace them into wrap_triton kernels too (for
@@ -87,19 +88,12 @@ def target_for(t: torch.Tensor) -> str:
 # -- facts of traced values -------------------------------------------------------------------------
 
 
-def _known_int(v):
-    """``v`` as an int when it is one or the shape environment fixes it, else None."""
-    if isinstance(v, int):
-        return v
-    return v.node.maybe_as_int()
-
-
 def _fact_int(v):
     """A stand-in int carrying exactly the facts provable for every value of ``v``: 1, a
     multiple of 16 (16), or none (3); ``v`` itself when it is fixed."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    k = _known_int(v)
+    k = _sym.static(v)
     if k is not None:
         return k
     if statically_known_true(v == 1):
@@ -114,7 +108,7 @@ def tensor_spec(t):
 
     shape = tuple(_fact_int(s) for s in t.shape)
     stride = tuple(_fact_int(s) for s in t.stride())
-    fixed = all(_known_int(s) is not None for s in (*t.shape, *t.stride()))
+    fixed = all(_sym.static(s) is not None for s in (*t.shape, *t.stride()))
     bits = 64
     if fixed:
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride) if s > 0)
@@ -205,7 +199,7 @@ def by_m(M, choice, variant, operands, m_of):
     ``MChoice``): for a fixed M its own; for a symbolic one a ``cond`` chain over the ranges
     ``(.., bounds[0]], (bounds[0], bounds[1]], ...`` (``MChoice.ranges``: each range takes
     ``choose`` at its top)."""
-    m = _known_int(M)
+    m = _sym.static(M)
     if m is not None:
         return variant(*choice.choose(m))(*operands)
     return _chain(choice.ranges(), choice.choose, variant, tuple(operands), m_of)
@@ -224,38 +218,31 @@ def _chain(ranges, choose, variant, operands, m_of):
     return cond_op(m_of(operands) <= hi, run, later, operands)
 
 
-def _hint(v) -> int:
-    k = _known_int(v)
-    if k is not None:
-        return k
-    return int(v.node.hint) if v.node.has_hint() else 1
-
-
 def dense_ranges(M, N, K, batch, swiglu=False, target=None):
     """The dense GEMM's (or fused SwiGLU's) choice over M for ``target``'s table, as the eager
     API makes it: ``flydsl_kernels.gemm.configs.m_choice``."""
     from flydsl_kernels.gemm import configs
 
     kind = "swiglu" if swiglu else "dense"
-    return configs.m_choice(kind, _known_int(N), _known_int(K), _hint(batch), target=target)
+    return configs.m_choice(kind, _sym.static(N), _sym.static(K), _sym.hint(batch), target=target)
 
 
 def grouped_ranges(M, N, K, G, target=None):
     """The grouped GEMM's choice over M (``G`` groups of a ragged M, else 0)."""
     from flydsl_kernels.gemm import configs
 
-    return configs.m_choice("grouped", _known_int(N), _known_int(K), G, target=target)
+    return configs.m_choice("grouped", _sym.static(N), _sym.static(K), G, target=target)
 
 
 def mx_ranges(M, N, K, fa, fb, target=None):
     """The MX GEMM's choice over M."""
     from flydsl_kernels.mx import configs
 
-    return configs.m_choice("gemm", _known_int(N), _known_int(K), fa, fb, target=target)
+    return configs.m_choice("gemm", _sym.static(N), _sym.static(K), fa, fb, target=target)
 
 
 def mx_grouped_ranges(M, N, K, G, fa, fb, target=None):
     """The grouped MX GEMM's choice over M (``G`` groups of a ragged M, else 0)."""
     from flydsl_kernels.mx import configs
 
-    return configs.m_choice("grouped", _known_int(N), _known_int(K), G, fa, fb, target=target)
+    return configs.m_choice("grouped", _sym.static(N), _sym.static(K), G, fa, fb, target=target)

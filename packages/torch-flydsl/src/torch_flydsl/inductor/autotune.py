@@ -4,7 +4,7 @@ Only on a GPU (``torch.cuda.is_available()`` and a CUDA node): on the CPU, or fo
 shape, the gate table alone decides. The two candidates are the ``flydsl_kernels.gemm`` API
 (its own config choice for the shape) and the ATen op on the same random operands (shapes,
 strides and dtypes of the node's inputs), timed interleaved in one process as medians of
-CUDA-event timings (``calibrate._pair``). A node whose ATen time is lower stays ATen's
+CUDA-event timings (``calibrate.paired_medians``). A node whose ATen time is lower stays ATen's
 (``compile:<op>`` fallback ``autotune``). Results are cached per (arch, op, dtype, shapes,
 strides) in memory and in ``<FlyDSL cache dir>/torch_autotune.json``. Tiles are not
 searched: the choice is FlyDSL's default config or ATen.
@@ -79,7 +79,7 @@ def flydsl_wins(ov, vals, settings) -> bool:
     if not isinstance(vals[0], torch.Tensor) or vals[0].device.type != "cuda" or not _static(vals):
         return True
     from .. import eligibility
-    from ..calibrate import _pair
+    from ..calibrate import paired_medians
     from ..dispatch import aten_overload
     from ..ops._kernels import kernel
 
@@ -104,7 +104,7 @@ def flydsl_wins(ov, vals, settings) -> bool:
             c, a, b, beta, alpha = real
         device = vals[0].device
         with torch.cuda.device(device):
-            ours, theirs = _pair(
+            ours, theirs = paired_medians(
                 lambda: kernel("gemm")(a, b, c=c, alpha=alpha, beta=beta),
                 lambda: op(*real),
                 REPS,

@@ -278,22 +278,19 @@ def _empty(shape, dtype, like):
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def _batch(a, b):
-    if a.dim() == 3:
-        return a.shape[0]
-    return b.shape[0] if b.dim() == 3 else None
-
-
-def gemm_meta(a, b, bias, c, residual, alpha, beta, activation, out_dtype):
-    B = _batch(a, b)
+def _product(a, b, out_dtype):
+    """The output of ``a @ b`` (2-D, or batched where either is 3-D)."""
+    B = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else None)
     shape = (a.shape[-2], b.shape[-1]) if B is None else (B, a.shape[-2], b.shape[-1])
     return _empty(shape, out_dtype or a.dtype, a)
 
 
+def gemm_meta(a, b, bias, c, residual, alpha, beta, activation, out_dtype):
+    return _product(a, b, out_dtype)
+
+
 def swiglu_meta(a, w_gate, w_up, out_dtype):
-    B = _batch(a, w_gate)
-    shape = (a.shape[-2], w_gate.shape[-1]) if B is None else (B, a.shape[-2], w_gate.shape[-1])
-    return _empty(shape, out_dtype or a.dtype, a)
+    return _product(a, w_gate, out_dtype)
 
 
 def _grouped_shape(a, b, offs, n):

@@ -22,13 +22,9 @@ padding) give 0 where eager averages every value: they are padding, no logit rea
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ..eligibility import PLAIN, device_reason, target
-
-log = logging.getLogger("torch_flydsl")
 
 NAME = "flydsl"
 STAT = "hf.attention"
@@ -162,9 +158,9 @@ def attention_forward(
             st.hits += 1
             return out, None
         except Exception as e:
-            log.warning("hf attention: the FlyDSL kernel raised %s: %s", type(e).__name__, e)
-            r = "error"
-    st.fallback(r)
+            st.error(e, "torch's attention")
+    else:
+        st.fallback(r)
     out = _torch(module, query, key, value, mask, scale, dropout, softcap, sinks, is_causal)
     return out, None
 
