@@ -254,8 +254,8 @@ class _Stop(Exception):
 
 
 def test_inductor_output_code_holds_the_flydsl_triton_kernel(monkeypatch):
-    """Traced for Triton (here ``cpu-interpret``, as ``graph_launch.CPU_TRACE_TARGET`` does for the
-    GEMM ops), the launch is a user Triton kernel in Inductor's output code: FlyDSL's
+    """Traced for Triton (here ``cpu-interpret``, as ``graph_launch.CPU_TRACE_TARGET`` does for
+    the GEMM ops), the launch is a user Triton kernel in Inductor's output code: FlyDSL's
     generated ``@triton.jit`` source. Inductor then compiles it for the graph's device, which
     a CPU has no Triton backend for: the test stops there."""
     from torch._inductor.graph import GraphLowering

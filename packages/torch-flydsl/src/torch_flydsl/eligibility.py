@@ -1,7 +1,7 @@
 """May this call run on FlyDSL, and for which target: the one rule every torch_flydsl path asks.
 
-The eager overrides (``dispatch.EagerContext``), the torch.compile pass (``inductor.CompileContext``),
-``flex_attention`` and the transformers routes all decide here:
+The eager overrides (``dispatch.EagerContext``), the torch.compile pass
+(``inductor.CompileContext``), ``flex_attention`` and the transformers routes all decide here:
 
 * ``plain(t)``: FlyDSL runs on plain tensors (``torch.Tensor``, ``nn.Parameter``) only;
   subclasses (FakeTensor, DTensor, ...) go to torch (reason ``subclass``);
