@@ -30,7 +30,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_
 
 # registers flydsl::flex_attention(_backward): a graph served from Inductor's FX graph cache
 # calls them without running the pass that would import them
-from ..flex import _compile as _flex_compile
+from ..flex import compile as _flex_compile
 from .settings import Settings
 
 log = logging.getLogger("torch_flydsl")

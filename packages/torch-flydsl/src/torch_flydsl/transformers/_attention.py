@@ -79,7 +79,7 @@ def _mask_tensor(mask, B, Sq, Sk):
 
 
 def _reason(module, query, key, value, mask, dropout) -> str | None:
-    from ..flex._eager import _device_reason
+    from ..flex.call import device_reason as _device_reason
 
     for t in (query, key, value):
         if type(t) not in _PLAIN:
@@ -170,7 +170,7 @@ def attention_forward(
 def _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks):
     from flydsl_kernels.attention import flash_attn_func
 
-    from ..flex._eager import _target
+    from ..flex.call import kernel_target as _target
 
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     kw = {}
