@@ -372,7 +372,7 @@ def evaluate(prog: Program, env: dict, tensors, *, replace=None, upto=None) -> l
         if op == "gather":
             t = tensors[ops[0][1]]
             idx = [get(o).long() for o in ops[1:]]
-            x = t[tuple(idx)] if idx else t
+            x = torch.ops.aten.index.Tensor(t, idx) if idx else t  # traceable on 0-d indices
         elif op == "where":
             x = torch.where(get(ops[0], torch.bool), get(ops[1], d), get(ops[2], d))
         elif op in UNARY:

@@ -574,6 +574,18 @@ class Translator:
                 [self.value(x) for x in a[:3]],
                 shape,
             )
+        if f in (aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default,
+                 aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor):  # fmt: skip
+            name = _name(f)
+            lo = a[1] if name in ("clamp", "clamp_min") and len(a) > 1 else kw.get("min")
+            hi = a[1] if name == "clamp_max" else (a[2] if name == "clamp" and len(a) > 2
+                                                   else kw.get("max"))  # fmt: skip
+            v = self.value(a[0])
+            if lo is not None:
+                v = self.binary(n, "maximum", v, lo, d, shape, values=True)
+            if hi is not None:
+                v = self.binary(n, "minimum", v, hi, d, shape, values=True)
+            return v
         if f in (aten.div.Tensor_mode, aten.div.Scalar_mode):
             mode = kw.get("rounding_mode", a[2] if len(a) > 2 else None)
             op = {None: "div", "floor": "floordiv", "trunc": "truncdiv"}[mode]
@@ -619,13 +631,15 @@ class Translator:
             return self.binary(n, op, x, y, d, shape)
         return self.decompose(n, what)
 
-    def binary(self, n, op, x, y, d, shape):
+    def binary(self, n, op, x, y, d, shape, values=False):
+        """``op`` of ``x`` and ``y`` (nodes or constants; ``values``: ``x`` is already a
+        translated value)."""
         cd = d
         if d == "bool" or op in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor"):
             cd = dname(torch.result_type(self.example(x), self.example(y)))
-        return self.elementwise(
-            lambda u, w: self.emit(op, d, [u, w], cd), [self.value(x), self.value(y)], shape
-        )
+        xv = x if values else self.value(x)
+        return self.elementwise(lambda u, w: self.emit(op, d, [u, w], cd), [xv, self.value(y)],
+                                shape)  # fmt: skip
 
     def decompose(self, n, fn):
         if self.depth > 16:
