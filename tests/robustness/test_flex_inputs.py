@@ -56,7 +56,7 @@ def _torch_error(fn):
         pytest.param(lambda bias: lambda s, b, h, q, kv: s + bias[q - kv + 20], id="rel"),
         pytest.param(
             lambda bias: lambda s, b, h, q, kv: s + bias[torch.abs(q - kv) * 2], id="abs_times_two"
-        ),  # fmt: skip
+        ),
         pytest.param(lambda bias: lambda s, b, h, q, kv: s + bias[(q * q) % 40], id="exact"),
     ],
 )

@@ -185,7 +185,7 @@ def test_data_dependent_branch_is_unsupported():
 
 def test_max_scores_falls_back(cpu_backend):
     q, k, v = qkv(1, 2, 2, 17, 17, 16, seed=11, grad=False)
-    out, aux = cpu_backend.flex_attention(q, k, v, return_aux=AuxRequest(max_scores=True))
+    _, aux = cpu_backend.flex_attention(q, k, v, return_aux=AuxRequest(max_scores=True))
     assert cpu_backend.stats()[STAT]["fallbacks"] == {"params: max_scores": 1}
     assert aux.max_scores is not None
 
