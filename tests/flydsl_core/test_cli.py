@@ -37,6 +37,9 @@ def test_inspect_reports_mfma_for_gfx950(capsys):
         ["inspect", "matmul", "--num-warps", "3"],
         ["compile", "matmul", "--out", __file__],  # a file, not a directory
         ["aot", "vector_add", "--target", "cpu-reference", "--out", "x"],
+        ["export", "softmax", "--target", "cpu-reference", "--out", "x"],
+        ["export", "nosuch_kernel", "--out", "x"],
+        ["export", "softmax"],
         ["cache", "bogus"],
         ["bogus"],
         [],
@@ -74,6 +77,21 @@ def test_aot_writes_a_manifest(tmp_path, capsys):
     assert [e["kernel"] for e in m["kernels"]] == ["vector_add"] and m["kernels"][0][
         "target"
     ] == "gfx942"
+
+
+def test_export_writes_standalone_triton(tmp_path, capsys):
+    """The core's examples export with no other package's help (the families' groups come
+    from flydsl-kernels' entry point: tests/flydsl_kernels/test_export.py)."""
+    assert main(["export", "softmax", "--target", "gfx950", "--out", str(tmp_path)]) == 0
+    assert "wrote 2 kernels for gfx950" in capsys.readouterr().out
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    files = [k["file"] for k in m["groups"]["examples"]["kernels"]]
+    assert files == ["examples/softmax__37x1000_fp32.py", "examples/softmax__37x1000_bf16.py"]
+    src = (tmp_path / files[0]).read_text()
+    assert "\nimport triton\n" in src and "flydsl" not in src.split('"""')[2]
+    assert (tmp_path / "README.md").exists() and not (
+        tmp_path / "examples" / "tuning.json"
+    ).exists()
 
 
 def test_targets_and_cache(capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,8 +36,22 @@ flydsl_argv = st.one_of(
         lambda a: ["cache", a]
     ),
     bad_example.map(lambda c: [c]),
+    bad_target.map(lambda t: ["export", "softmax", "--target", t, "--out", "x"]),
+    st.sampled_from(["cpu", "ref"]).map(lambda t: ["export", "all", "--target", t, "--out", "x"]),
+    word.filter(lambda w: w not in _export_names() and not w.startswith("-")).map(
+        lambda n: ["export", n, "--out", "x"]
+    ),
     word.filter(lambda w: not w.lstrip("-").isdigit()).map(lambda s: ["check", "--seed", s]),
 )
+
+
+@functools.cache
+def _export_names() -> frozenset:
+    """What ``flydsl export`` takes: ``all``, the groups and their kernels."""
+    from flydsl_core import export
+
+    groups = export.groups()
+    return frozenset({"all", *groups, *(c.kernel for g in groups.values() for c in g.cases())})
 
 
 def _one_line_usage_error(rc, err):

@@ -15,6 +15,8 @@ Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm
     torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
     torch_flydsl.disable()
 
+``torch_flydsl.custom_op``: ``torch.library.triton_op`` for FlyDSL kernels (``custom_ops.py``).
+
 ``torch_flydsl.flex_attention``: torch's ``flex_attention`` (same signature) on FlyDSL's
 attention kernels, its mods translated from PyTorch (``torch_flydsl.flex``).
 
@@ -38,6 +40,7 @@ from flydsl_core import settings as _settings
 # The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
 # name on the package: a first load later would rebind the package attribute to the module.
 from . import stats as _stats_module
+from .custom_ops import custom_op
 from .flex import flex_attention
 
 __version__ = "0.1.0"
@@ -232,6 +235,7 @@ def status(device=None) -> dict:
 
 __all__ = [
     "OPS",
+    "custom_op",
     "disable",
     "disabled",
     "enable",

@@ -27,6 +27,7 @@ import logging
 import torch
 
 from .. import _runtime
+from ..custom_ops import custom_op
 from ..stats import get as _stat
 
 log = logging.getLogger("torch_flydsl")
@@ -193,7 +194,7 @@ def _norm_dtype(x, weight, mode: int):
     return x.dtype
 
 
-@torch.library.custom_op("torch_flydsl::hf_rms_norm", mutates_args=())
+@custom_op("torch_flydsl::hf_rms_norm", mutates_args=())
 def hf_rms_norm(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> torch.Tensor:
@@ -222,7 +223,7 @@ def _(x, weight, eps, mode):
     return torch.empty(x.shape, dtype=_norm_dtype(x, weight, mode), device=x.device)
 
 
-@torch.library.custom_op("torch_flydsl::hf_add_rms_norm", mutates_args=())
+@custom_op("torch_flydsl::hf_add_rms_norm", mutates_args=())
 def hf_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
