@@ -184,10 +184,11 @@ def test_data_dependent_branch_is_unsupported():
 
 
 def test_max_scores_falls_back(cpu_backend):
+    # torch's flex_attention decides (on the CPU it refuses max scores itself)
     q, k, v = qkv(1, 2, 2, 17, 17, 16, seed=11, grad=False)
-    _, aux = cpu_backend.flex_attention(q, k, v, return_aux=AuxRequest(max_scores=True))
+    with pytest.raises(NotImplementedError, match="max scores"):
+        cpu_backend.flex_attention(q, k, v, return_aux=AuxRequest(max_scores=True))
     assert cpu_backend.stats()[STAT]["fallbacks"] == {"params: max_scores": 1}
-    assert aux.max_scores is not None
 
 
 # -- output layout -----------------------------------------------------------------------------
@@ -258,7 +259,8 @@ def test_derived_op_table_translates_with_torch_semantics(name):
     kv = torch.arange(97, dtype=torch.int32) % 7
     zero = torch.zeros((), dtype=torch.int32)
     (got,) = evaluate(m.score, {"score": s, "b": zero, "h": zero, "q_idx": q, "kv_idx": kv}, [])
-    torch.testing.assert_close(got, mod(s, zero, zero, q, kv), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, mod(s, zero, zero, q, kv), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)  # fmt: skip
 
 
 def test_derived_op_table_on_the_kernels(cpu_backend):

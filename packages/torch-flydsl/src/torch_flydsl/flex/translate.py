@@ -160,7 +160,7 @@ def _identity_fns():
 
     return {
         "tan": lambda x: torch.sin(x) / torch.cos(x),
-        "reciprocal": lambda x: 1.0 / x,
+        "reciprocal": lambda x: torch.div(torch.ones_like(x), x),  # (1 / x is reciprocal)
         "sign": sign,
         "sgn": sign,
         "signbit": lambda x: x < 0,
@@ -228,6 +228,8 @@ def lowering(f):
         return ("binary", name)
     if ns == "aten" and name in ("maximum", "minimum"):
         return ("binary", name)
+    if ns == "prims" and name in IDENTITIES:  # a prim is as far as torch decomposes
+        return ("decompose", IDENTITIES[name])
     d = _decomposition(f)
     if d is not None:
         return ("decompose", d)
