@@ -109,19 +109,22 @@ def flex_attention_backward_op(
     mask: str,
     block_size: list[int],
     grad_slots: list[int],
+    grad: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """flex_attention's backward on FlyDSL from the forward's ``out`` and base-2 ``lse``:
-    ``(dq, dk, dv, [gradient of buffer s for s in grad_slots])``."""
+    ``(dq, dk, dv, [gradient of buffer s for s in grad_slots])``. ``grad``: the gradient
+    program (``mods.joint``), derived when the graph was rewritten (autograd does not run
+    inside a custom op's body)."""
     m = _mods(score, mask, buffers)
     lists = (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices)
     L = _launchable(q, k, m, lists, block_size, scale)
     slots = tuple(grad_slots)
     sites = m.sites(slots)
-    try:
-        jp = mods.joint(L.score, sites) if L.score is not None else None
-        deps = tuple(mods.site_deps(L.score, i) for i in sites)
-    except Unsupported as e:
-        raise RuntimeError(f"flydsl::flex_attention_backward: {e}") from e
+    jp = None
+    if grad:
+        jp = Program.from_text(grad)
+        jp = Program(jp.inputs, jp.instrs, jp.outputs, L.score.tensors)
+    deps = tuple(mods.site_deps(L.score, i) for i in sites)
     km = mods.kernel_mods(L.score, jp, L.mask, L.layout, sites, deps)
     site_slots = tuple(L.score.instrs[i][2][0][1] for i in sites)
     lse_n = lse.float() * LN2
@@ -133,7 +136,8 @@ def flex_attention_backward_op(
 
 
 @flex_attention_backward_op.register_fake
-def _(q, k, v, out, lse, grad_out, grad_lse, a, b, c, d, buffers, scale, score, mask, bs, slots):
+def _(q, k, v, out, lse, grad_out, grad_lse, a, b, c, d, buffers, scale, score, mask, bs, slots,
+      grad):  # fmt: skip
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format),
@@ -242,14 +246,34 @@ def _plan_bwd(graph, node, ctx):
     if isinstance(r, str):
         return r
     m, lists, block = r
+    try:
+        sites = m.sites(slots)
+        grad = mods.joint(m.score, sites).text() if m.score is not None else ""
+        for i in sites:
+            mods.site_deps(m.score, i)
+    except Unsupported as e:
+        return f"mod: {e}"
     inputs = [q, k, v, out, lse, grad_out, grad_lse, *lists, [*(sbufs or ()), *(mbufs or ())]]
     texts = (m.score.text() if m.score else "", m.mask.text() if m.mask else "")
 
     def build(q, k, v, o, lse, do, dlse, *rest, texts=texts, scale=float(scale), block=block,
-              slots=tuple(slots), ns=ns):  # fmt: skip
+              slots=tuple(slots), ns=ns, grad=grad):  # fmt: skip
         *lists, bufs = rest
         dq, dk, dv, grads = torch.ops.flydsl.flex_attention_backward(
-            q, k, v, o, lse, do, dlse, *lists, list(bufs), scale, *texts, block, list(slots)
+            q,
+            k,
+            v,
+            o,
+            lse,
+            do,
+            dlse,
+            *lists,
+            list(bufs),
+            scale,
+            *texts,
+            block,
+            list(slots),
+            grad,
         )
         per_buffer = [None] * ns
         for s, g in zip(slots, grads):

@@ -257,6 +257,9 @@ def _derive(score: Program, sites) -> Program:
         *[torch.zeros((), dtype=torch.float32) for _ in sites],
         *[torch.zeros(shape, dtype=getattr(torch, d)) for shape, d in metas],
     ]
+    if torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutogradCPU):
+        # below autograd (a custom op's body): the trace would record no gradient
+        raise Unsupported("the gradient program is derived above autograd, not in an op body")
     try:
         gm = make_fx(joint_fn, tracing_mode="fake")(*ex)
     except Exception as e:
