@@ -4,16 +4,11 @@ The graphs come from ``make_fx`` of a callable (eager, ``mods.capture``) or from
 subgraphs under torch.compile (``compile.py``): ATen (and prims) ops on 0-d tensors, captured
 tensors as ``get_attr`` constants or as placeholders after the mod's arguments.
 
-Which ATen op translates how is derived, not listed by hand (``lowering``):
-
-1. ops whose name is one of FlyDSL's elementwise functions (``exp``, ``sin``, ``sigmoid``, ...)
-   or an arithmetic / comparison / bitwise operator run as that instruction;
-2. any other op with a decomposition in torch's tables (Inductor's, then ``torch._decomp``) is
-   traced through it and its pieces translated (``silu``, ``clamp``, ``gelu``, ``softplus``, ...
-   down to prims);
-3. prims FlyDSL has no function for are rewritten through textbook identities written in torch
-   (``IDENTITIES``: ``tan = sin / cos``, ``trunc``, ``sign``, ``expm1`` ...), traced the same way;
-4. anything else is ``Unsupported`` with the op's name.
+Which ATen op translates how is derived from torch, not listed by hand (``lowering.py``:
+FlyDSL's function of the same name, an operator, torch's decomposition traced and translated,
+or a textbook identity for a prim FlyDSL has no function for); anything else is
+``Unsupported`` with the op's name. Index, view, reduction, fill, cast and ``where`` nodes are
+structure, handled here.
 
 Structure beyond scalars, all resolved at translation: indexing a captured tensor (chained and
 nested: ``bias[b][h][which, q]``, ``select``, slices left free) builds a lazy view that becomes
@@ -31,6 +26,8 @@ import operator
 import torch
 from torch import fx
 
+from . import lowering as lowering_
+from .lowering import LOGICAL, OPERATORS, functional, lowering, op_name
 from .program import Program, const
 
 aten = torch.ops.aten
@@ -120,124 +117,6 @@ def _meta(node):
     return tuple(tm.shape), tm.dtype
 
 
-# -- lowering: derived from torch's op tags and decomposition tables --------------------------------
-
-#: FlyDSL's elementwise functions a same-named ATen / prims op runs as
-NATIVE_UNARY = frozenset({"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sqrt", "rsqrt",
-                          "erf", "sin", "cos", "floor", "ceil", "abs", "neg"})  # fmt: skip
-#: operator-like ATen / prims names -> binary instruction
-OPERATORS = {
-    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "true_divide": "div",
-    "pow": "pow", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne",
-    "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "logical_and": "and",
-    "logical_or": "or", "logical_xor": "xor", "maximum": "maximum", "minimum": "minimum",
-    "floor_divide": "floordiv", "remainder": "remainder", "fmod": "fmod",
-    "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq",
-    "not_equal": "ne", "max": "maximum", "min": "minimum",
-}  # fmt: skip
-_LOGICAL = {"logical_and", "logical_or", "logical_xor"}
-
-
-def _identity_fns():
-    """Textbook identities for prims / ATen ops FlyDSL has no function for and torch does not
-    decompose further (each written in ops that translate natively)."""
-
-    def sign(x):
-        if not x.is_floating_point():
-            return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
-        return torch.where(x > 0, 1.0, torch.where(x < 0, -1.0, x * 0)).to(x.dtype)
-
-    def trunc(x):
-        return torch.where(x < 0, torch.ceil(x), torch.floor(x)) if x.is_floating_point() else x
-
-    def round_(x):  # half to even, as torch.round
-        if not x.is_floating_point():
-            return x
-        f = torch.floor(x)
-        d = x - f
-        odd = torch.remainder(f, 2.0) != 0
-        return torch.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
-
-    return {
-        "tan": lambda x: torch.sin(x) / torch.cos(x),
-        "reciprocal": lambda x: torch.div(torch.ones_like(x), x),  # (1 / x is reciprocal)
-        "sign": sign,
-        "sgn": sign,
-        "signbit": lambda x: x < 0,
-        "trunc": trunc,
-        "round": round_,
-        "frac": lambda x: x - trunc(x),
-        "expm1": lambda x: torch.exp(x) - 1.0,
-        "log1p": lambda x: torch.log(1.0 + x),
-        "log10": lambda x: torch.log2(x) * 0.30102999566398120,
-        "sinh": lambda x: (torch.exp(x) - torch.exp(-x)) * 0.5,
-        "cosh": lambda x: (torch.exp(x) + torch.exp(-x)) * 0.5,
-        "square": lambda x: x * x,
-        "erfc": lambda x: 1.0 - torch.erf(x),
-        "isnan": lambda x: x != x,
-        "isinf": lambda x: torch.abs(x) == float("inf"),
-        "isfinite": lambda x: (x == x) & (torch.abs(x) != float("inf")),
-        "bitwise_not": lambda x: ~x if x.dtype == torch.bool else -x - 1,
-        "logical_not": lambda x: x == 0,
-        "positive": lambda x: x,
-        "relu": lambda x: torch.maximum(x, torch.zeros_like(x)),
-    }
-
-
-IDENTITIES = _identity_fns()
-
-
-def _name(f) -> str:
-    return f._schema.name.split("::")[-1] if isinstance(f, torch._ops.OpOverload) else ""
-
-
-def _functional(f):
-    """The out-of-place overload of an in-place ATen op (``add_.Tensor`` -> ``add.Tensor``)."""
-    if not isinstance(f, torch._ops.OpOverload):
-        return None
-    name = _name(f)
-    if not name.endswith("_") or name.startswith("_"):
-        return None
-    packet = getattr(aten, name[:-1], None)
-    return getattr(packet, f._overloadname, None) if packet is not None else None
-
-
-def _decomposition(f):
-    """torch's decomposition of ``f`` (Inductor's table first, as a compiled graph would get),
-    or None."""
-    from torch._decomp import decomposition_table
-    from torch._inductor.decomposition import select_decomp_table
-
-    return select_decomp_table().get(f) or decomposition_table.get(f)
-
-
-def lowering(f):
-    """How ``f`` translates: ``("unary", op)``, ``("binary", op)``, ``("decompose", fn)`` or
-    None (the derived table of the module doc)."""
-    name = _name(f)
-    if not name:
-        return None
-    ns = f.namespace
-    if ns not in ("aten", "prims"):
-        return None
-    if name in NATIVE_UNARY:
-        return ("unary", name)
-    if name in OPERATORS and name not in ("max", "min"):
-        return ("binary", name)
-    if name in ("max", "min") and f._overloadname in ("other", "default") and ns == "prims":
-        return ("binary", name)
-    if ns == "aten" and name in ("maximum", "minimum"):
-        return ("binary", name)
-    if ns == "prims" and name in IDENTITIES:  # a prim is as far as torch decomposes
-        return ("decompose", IDENTITIES[name])
-    d = _decomposition(f)
-    if d is not None:
-        return ("decompose", d)
-    if name in IDENTITIES:
-        return ("decompose", IDENTITIES[name])
-    return None
-
-
 # -- capture from a callable ------------------------------------------------------------------------
 
 
@@ -276,34 +155,6 @@ def trace(fn, names, extra=()):
             ShapeProp(gm).propagate(*ex)
     except Exception as e:
         raise Unsupported(f"the mod fails on example inputs ({type(e).__name__})") from e
-    return gm
-
-
-_DECOMP_CACHE: dict = {}
-
-
-def _trace_decomposition(fn, key, args, kwargs, metas):
-    """``fn`` traced on 0-d (or shaped) example tensors standing for the node's tensor args."""
-    hit = _DECOMP_CACHE.get(key)
-    if hit is not None:
-        return hit
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.passes.shape_prop import ShapeProp
-
-    where = [i for i, a in enumerate(args) if isinstance(a, fx.Node)]
-    ex = [torch.zeros(shape, dtype=dtype) for shape, dtype in metas]
-
-    def call(*ts):
-        a = list(args)
-        for i, t in zip(where, ts):
-            a[i] = t
-        return fn(*a, **kwargs)
-
-    gm = make_fx(call)(*ex)
-    ShapeProp(gm).propagate(*ex)
-    if len(_DECOMP_CACHE) > 512:
-        _DECOMP_CACHE.clear()
-    _DECOMP_CACHE[key] = gm
     return gm
 
 
@@ -509,7 +360,7 @@ class Translator:
 
     def call(self, n):
         f = n.target
-        out_of_place = _functional(f)
+        out_of_place = functional(f)
         if out_of_place is not None:  # ``x.logical_and_(y)`` (autograd's formulas use some)
             n.target = out_of_place
             try:
@@ -554,7 +405,7 @@ class Translator:
         if f in _FILL:
             i = _FILL[f]
             if i is None:
-                one = _name(f) in ("ones_like", "ones", "new_ones")
+                one = op_name(f) in ("ones_like", "ones", "new_ones")
                 c = const(1 if one else 0)
             else:
                 c = self.value(a[i])
@@ -578,7 +429,7 @@ class Translator:
             )
         if f in (aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default,
                  aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor):  # fmt: skip
-            name = _name(f)
+            name = op_name(f)
             lo = a[1] if name in ("clamp", "clamp_min") and len(a) > 1 else kw.get("min")
             hi = a[1] if name == "clamp_max" else (a[2] if name == "clamp" and len(a) > 2
                                                    else kw.get("max"))  # fmt: skip
@@ -608,7 +459,7 @@ class Translator:
             op = what
             return self.elementwise(lambda x: self.emit(op, d, [x]), [self.value(a[0])], shape)
         if kind == "binary":
-            name = _name(f)
+            name = op_name(f)
             op = OPERATORS[what]
             if f.namespace == "prims" and op == "div" and d == "int32":
                 op = "truncdiv"  # prims.div of integers truncates
@@ -621,7 +472,7 @@ class Translator:
                 return self.elementwise(
                     lambda u, w: self.emit(op, d, [u, w]), [self.value(x), yv], shape
                 )
-            if name in _LOGICAL:
+            if name in LOGICAL:
                 xb = self.elementwise(lambda u: self.emit("ne", "bool", [u, const(0)],
                                                           self.dtype_of(u)),
                                       [self.value(x)], _shape_of(x))  # fmt: skip
@@ -663,7 +514,7 @@ class Translator:
             tuple(sorted((k, repr(v)) for k, v in n.kwargs.items())),
         )  # fmt: skip
         try:
-            gm = _trace_decomposition(fn, key, args, dict(n.kwargs), metas)
+            gm = lowering_.trace_decomposition(fn, key, args, dict(n.kwargs), metas)
         except Unsupported:
             raise
         except Exception as e:
