@@ -1,5 +1,5 @@
 """GEMMs and flex_attention under torch.compile: a post-grad Inductor pass that rewrites them
-into FlyDSL kernels (flex_attention's HOP nodes: ``torch_flydsl.flex._compile``).
+into FlyDSL kernels (flex_attention's HOP nodes: ``torch_flydsl.flex.compile``).
 
 Two ways in::
 
