@@ -910,7 +910,7 @@ def test_served_fraction(cpu_backend):
     for c in CASES:
         x = c.make(_gen(c.name))
         q, k, v = (t.detach().requires_grad_(x.grad_qkv) for t in (x.q, x.k, x.v))
-        plan = fc._plan(q, k, v, x.score_mod, x.block_mask, x.scale, x.enable_gqa, None)
+        plan = fc.plan_call(q, k, v, x.score_mod, x.block_mask, x.scale, x.enable_gqa, None)
         if isinstance(plan, str):
             missed.append((c.name, plan))
         else:

@@ -31,7 +31,7 @@ _RANGES: OrderedDict = OrderedDict()
 INF = math.inf
 
 
-def _value_range(t: torch.Tensor):
+def value_range(t: torch.Tensor):
     """``(min, max)`` of a captured tensor's values (cached per tensor version)."""
     key = (id(t), t._version)
     hit = _RANGES.get(key)
@@ -78,7 +78,7 @@ def intervals(prog: Program, extents: dict, tensors) -> list:
             r = (0.0, 1.0)
         elif op == "gather":
             t = tensors[ops[0][1]]
-            r = _value_range(t) if t is not None else (-INF, INF)
+            r = value_range(t) if t is not None else (-INF, INF)
         elif op == "copy":
             r = a
             if d == "int32" and not (math.isinf(a[0]) or math.isinf(a[1])):

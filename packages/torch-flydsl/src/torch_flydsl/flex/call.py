@@ -80,14 +80,14 @@ def _torch_block_checks(bm, query, key):
         )
 
 
-class _Plan:
+class Plan:
     """What a served call needs: the launchable, its kernel mods, the gradient sites."""
 
     __slots__ = ("grad_slots", "grad_tensors", "km", "km_fwd", "launch", "site_slots", "sites")
 
 
-def _plan(query, key, value, score_mod, block_mask, scale, enable_gqa, return_aux):
-    """A ``_Plan``, or a fallback reason (a string)."""
+def plan_call(query, key, value, score_mod, block_mask, scale, enable_gqa, return_aux):
+    """A ``Plan``, or a fallback reason (a string)."""
     for t in (query, key, value):
         if type(t) not in PLAIN:
             return "subclass"
@@ -125,7 +125,7 @@ def _plan(query, key, value, score_mod, block_mask, scale, enable_gqa, return_au
         m = mods.capture(score_mod, mask_mod)
         sc = float(scale) if scale is not None else 1.0 / (D**0.5)
         L = run.prepare(m, m.tensors, lists, bsize, B, H, Sq, Sk, sc, query.device)
-        p = _Plan()
+        p = Plan()
         p.launch = L
         grad = torch.is_grad_enabled()
         p.grad_slots = m.grad_slots() if grad else ()
@@ -191,7 +191,7 @@ def flex_attention(
     if return_lse and return_aux is not None:
         return _torch_flex()(*args, return_aux=return_aux)  # torch's ValueError
     st = _stat(STAT)
-    plan = _plan(query, key, value, score_mod, block_mask, scale, enable_gqa, return_aux)
+    plan = plan_call(query, key, value, score_mod, block_mask, scale, enable_gqa, return_aux)
     if isinstance(plan, str):
         st.fallback(plan)
         log.info("torch_flydsl.flex_attention: torch's flex_attention (%s)", plan)

@@ -151,7 +151,7 @@ def _capture(score_mod, mask_mod) -> Mods:
     if mask_mod is not None:
         gm = tr.trace(mask_mod, MASK_ARGS)
         out = _check_output(gm, "mask_mod")
-        _, dtype = tr._meta(out)
+        _, dtype = tr.node_meta(out)
         if dtype != torch.bool:
             raise RuntimeError(
                 f"where expected condition to be a boolean tensor, but got a tensor with dtype "

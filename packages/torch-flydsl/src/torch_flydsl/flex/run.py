@@ -87,7 +87,7 @@ def prepare(m: mods.Mods, tensors, lists, block_size, B, H, Sq, Sk, scale, devic
         if t.device != device:
             raise Unsupported(f"a captured tensor on {t.device}, the inputs are on {device}")
         if t.dtype == torch.int64 and t.numel():
-            lo, hi = bounds._value_range(t)
+            lo, hi = bounds.value_range(t)
             if lo < -(1 << 31) or hi >= 1 << 31:
                 raise Unsupported("a captured int64 tensor with values beyond int32")
     extents = {"b": B, "h": H, "q_idx": Sq, "kv_idx": Sk}

@@ -104,7 +104,7 @@ def dname(dtype) -> str:
     raise Unsupported(f"a value of dtype {dtype} in the mod")
 
 
-def _meta(node):
+def node_meta(node):
     """``node``'s shape and dtype: ``tensor_meta`` (ShapeProp) or ``val`` (a FakeTensor of a
     graph from torch.compile)."""
     tm = node.meta.get("tensor_meta")
@@ -262,7 +262,7 @@ class Translator:
     def example(self, a):
         """A tensor with ``a``'s dtype and shape, for torch's promotion rules."""
         if isinstance(a, fx.Node):
-            shape, dtype = _meta(a)
+            shape, dtype = node_meta(a)
             return torch.empty(shape, dtype=dtype)
         return a
 
@@ -400,7 +400,7 @@ class Translator:
             )
         if f in (aten.stack.default, aten.cat.default):
             return self.stack(n, f is aten.cat.default)
-        shape, dtype = _meta(n)
+        shape, dtype = node_meta(n)
         d = dname(dtype)
         if f in _FILL:
             i = _FILL[f]
@@ -502,7 +502,7 @@ class Translator:
         if any(isinstance(x, (list, tuple)) and any(isinstance(y, fx.Node) for y in x)
                for x in args):  # fmt: skip
             raise Unsupported(f"op {n.target} with a list of tensors")
-        metas = [_meta(x) for x in tensor_args]
+        metas = [node_meta(x) for x in tensor_args]
         for k, v in n.kwargs.items():
             if isinstance(v, fx.Node):
                 raise Unsupported(f"op {n.target} with a tensor keyword argument {k}")
@@ -620,12 +620,12 @@ class Translator:
             if f in (aten.alias.default, aten.detach.default, aten.clone.default,
                      aten.contiguous.default, aten.lift_fresh_copy.default):  # fmt: skip
                 return v
-            shape, _ = _meta(n)
+            shape, _ = node_meta(n)
             if tuple(shape) == tuple(v.shape[d] for d in v.free):
                 return v
             v = self.unroll(v)
         if isinstance(v, Vec):
-            shape, _ = _meta(n)
+            shape, _ = node_meta(n)
             if f in (aten.expand.default, aten.expand_as.default):
                 return self.elementwise(lambda x: x, [v], shape)
             if math.prod(shape) != len(v.items):
@@ -636,7 +636,7 @@ class Translator:
             ):
                 raise Unsupported(f"{f} of a value with several dimensions")
             return Vec(shape, v.items) if shape else v.items[0]
-        shape, _ = _meta(n)
+        shape, _ = node_meta(n)
         if shape and math.prod(shape) > 1:
             return self.elementwise(lambda x: x, [v], shape)
         return v
@@ -645,7 +645,7 @@ class Translator:
         f = n.target
         a, kw = n.args, n.kwargs
         v = self.unroll(self.env[a[0]])
-        shape, dtype = _meta(n)
+        shape, dtype = node_meta(n)
         d = dname(dtype)
         if not isinstance(v, Vec):
             if f in (aten.mean.dim, aten.mean.default, aten.sum.dim_IntList, aten.sum.default,
@@ -687,7 +687,7 @@ class Translator:
         return Vec(shape, out) if shape else out[0]
 
     def stack(self, n, cat):
-        shape, dtype = _meta(n)
+        shape, dtype = node_meta(n)
         d = dname(dtype)
         parts = [self.unroll(self.value(x)) for x in n.args[0]]
         dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
@@ -716,7 +716,7 @@ def _literal(node, t) -> bool:
 
 
 def _shape_of(a):
-    return _meta(a)[0] if isinstance(a, fx.Node) else ()
+    return node_meta(a)[0] if isinstance(a, fx.Node) else ()
 
 
 def _fill_metas(args, metas):
