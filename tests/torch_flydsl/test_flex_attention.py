@@ -273,6 +273,21 @@ def test_derived_op_table_on_the_kernels(cpu_backend):
     check(cpu_backend, *qkv(1, 2, 2, 23, 29, 16, seed=31), score_mod=mod)
 
 
+def test_selects_and_reductions_on_computed_values(cpu_backend):
+    # a captured row per position (trailing dim 3): selected statically and by a computed
+    # index, reduced, stacked and unbound; forward and backward on the kernels
+    means = torch.randn(29, 3)
+
+    def mod(s, b, h, q, kv):
+        d = means[q] - means[kv]
+        pick = d[h % 3]  # select by a computed index
+        parts = torch.stack([d[0], d.amax(-1), d.mean()])
+        a, bb, c = parts.unbind(0)
+        return s + 0.1 * (pick + a * bb - c + d.square().sum(-1).sqrt())
+
+    check(cpu_backend, *qkv(1, 3, 3, 23, 29, 16, seed=33), score_mod=mod)
+
+
 # -- determinism ---------------------------------------------------------------------------------
 
 

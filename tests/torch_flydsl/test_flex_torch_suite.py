@@ -599,6 +599,30 @@ def _(g):
     return Call(*qkv(g), _rel_causal, scale=0.3)
 
 
+def _paged(g, mod, dtype=torch.bfloat16, page=16, Sq=S):
+    """torch's paged-attention conversion (``PagedAttention``: a KV cache of pages, the
+    BlockMask and score mod rewritten to physical positions), inference as in torch's tests."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+
+    B, H = 2, 2
+    n_pages = -(-S // page) * (B + 1)
+    pa = PagedAttention(n_pages, page, B + 1, device="cpu")
+    for b in range(B):  # scattered pages: batch 1's first page follows batch 0's pages
+        pa.reserve(torch.tensor(b), torch.tensor(S))
+    q, k, v = qkv(g, B=B, H=H, Sq=Sq, dtype=dtype)
+    kc = torch.zeros(1, H, n_pages * page, D, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    pa.assign(torch.arange(B, dtype=torch.int32), torch.arange(S, dtype=torch.int32).expand(B, S),
+              k, v, kc, vc)  # fmt: skip
+    bm = pa.convert_logical_block_mask(bmask(_causal_mask, B, 1, Sq, S, block=page))
+    return Call(q, kc, vc, pa.get_score_mod(mod), bm, grad_qkv=False)
+
+
+for _n in ("identity", "rel_bias", "alibi", "times_two"):
+    CASES.append(Case(f"paged_attention[{_n}]",
+                      lambda g, _n=_n: _paged(g, SCORE_MODS[_n])))  # fmt: skip
+
+
 # -- TestLearnableBiases ---------------------------------------------------------------------------
 
 
