@@ -59,6 +59,35 @@ def test_bad_settings_are_one_line_and_exit_2(monkeypatch, capsys, var, value):
     assert err.count("\n") == 1 and var in err
 
 
+@pytest.mark.parametrize("cmd", [["cache", "clear"], ["cache", "info"], ["check", "vector_add"]])
+@pytest.mark.parametrize("var", ["FLYDSL_CACHE_DIR", "FLYDSL_DUMP_DIR"])
+def test_a_folder_setting_at_a_file_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys, cmd, var):
+    f = tmp_path / "not_a_folder"
+    f.write_text("x")
+    monkeypatch.setenv(var, str(f))
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and var in err and "is a file, not a folder" in err
+    assert f.read_text() == "x"  # nothing touched
+
+
+def test_settings_lists_every_package_and_flags_unknown_names(monkeypatch, capsys):
+    from flydsl_core import settings
+
+    typo = "FLYDSL_DISABLE_" + "CAHCE"  # built here: the sources name declared variables only
+    monkeypatch.setattr(settings, "_CHECKED", False)
+    monkeypatch.setenv(typo, "1")
+    monkeypatch.setenv("FLYDSL_TORCH_DEVICE", "tpu")
+    with pytest.warns(settings.UnknownSettingWarning, match=typo):
+        assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    for name in ("FLYDSL_TARGET", "FLYDSL_TORCH_ARCHS", "FLYDSL_TORCH_GATES"):
+        assert name in out
+    assert "torch-flydsl" in out and "flydsl-core" in out
+    assert typo in out and "FLYDSL_DISABLE_CACHE?" in out
+    assert "invalid" in out  # the bad FLYDSL_TORCH_DEVICE, shown rather than failing
+
+
 def test_target_names_and_aliases_and_flydsl_target(monkeypatch, capsys):
     from flydsl_core.cli import target_name
 

@@ -532,11 +532,11 @@ def test_autograd_under_compile():
 
 
 def test_hf_rms_norm_traces_into_flydsl_kernels():
-    """``torch_flydsl::hf_rms_norm`` is a ``torch_flydsl.custom_op``: under AOTAutograd its
+    """``flydsl::hf_rms_norm`` is a ``torch_flydsl.custom_op``: under AOTAutograd its
     launch is FlyDSL's RMSNorm kernel (run here by Triton's interpreter), not an opaque call."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_flydsl.transformers import _ops
+    from torch_flydsl.library import hf as _ops
 
     graphs = []
 

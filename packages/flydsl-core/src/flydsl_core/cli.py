@@ -343,7 +343,9 @@ def cmd_targets(args) -> int:
 
 
 def cmd_settings(args) -> int:
-    """Every FLYDSL_* variable: what it takes, what it does, its value here."""
+    """Every FLYDSL_* variable of every installed package (``settings.load_all``): what it
+    takes, what it does, its value here; then the FLYDSL_* names set here that no package
+    declares (typos: ignored by FlyDSL, warned about at the first read of a setting)."""
     import os
 
     from rich.markup import escape
@@ -351,17 +353,27 @@ def cmd_settings(args) -> int:
 
     from . import settings
 
-    t = Table(title="FLYDSL_* environment variables (flydsl_core.settings.VARIABLES)")
+    variables = settings.load_all()
+    t = Table(title="FLYDSL_* environment variables (declared with flydsl_core.settings.declare)")
     for col in ("variable", "package", "takes", "meaning", "value here"):
         t.add_column(col, overflow="fold")
-    for v in settings.VARIABLES.values():
+    for v in sorted(variables.values(), key=lambda v: (v.package != "flydsl-core", v.package)):
         raw = os.environ.get(v.name)
         try:
             shown = "(unset)" if raw is None else repr(v.parse(raw))
-        except settings.SettingsError:
-            shown = f"[red]invalid: {escape(repr(raw))}[/]"
+        except settings.SettingsError as e:
+            shown = f"[red]invalid: {escape(e.msg if hasattr(e, 'msg') else str(e))}[/]"
         t.add_row(v.name, v.package, escape(v.accepted()), escape(v.doc), shown)
+    for name, close in settings.unknown().items():
+        hint = f"; did you mean {close}?" if close else ""
+        t.add_row(
+            f"[red]{name}[/]", "-", "-", f"[red]not a FlyDSL setting: ignored{escape(hint)}[/]",
+            escape(repr(os.environ.get(name))),
+        )  # fmt: skip
     _console().print(t)
+    for where, why in settings.load_errors().items():
+        print(f"flydsl settings: could not load the declarations at {where}: {why}",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -454,6 +466,7 @@ def main(argv=None) -> int:
         return 2
     prog = f"flydsl {args.cmd}"
     try:
+        settings.check_environment()  # a FLYDSL_* name no package declares: a warning, once
         if args.cmd != "settings":  # the one command that shows bad values instead
             settings.check_all()  # a bad FLYDSL_* value is reported before any work
         return args.func(args)

@@ -46,7 +46,6 @@ __all__ = ["custom_op"]
 
 #: namespaces torch.library reserves for PyTorch itself
 _RESERVED = frozenset({"prim", "prims", "aten", "at", "torch", "pytorch"})
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def custom_op(

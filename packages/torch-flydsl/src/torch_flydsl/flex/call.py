@@ -21,6 +21,7 @@ import logging
 
 import torch
 
+from ..eligibility import PLAIN, device_reason
 from ..stats import get as _stat
 from . import mods, run
 from .translate import Unsupported
@@ -29,7 +30,6 @@ log = logging.getLogger("torch_flydsl")
 
 STAT = "flex_attention"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 MAX_HEAD_DIM = 256
 
 
@@ -39,24 +39,6 @@ def _torch_flex():
     return flex_attention
 
 
-def device_reason(t) -> str | None:
-    """None when ``t``'s device runs FlyDSL kernels, else ``"arch"``."""
-    from flydsl_core import settings
-
-    from .. import _runtime
-
-    if t.device.type == "cpu":
-        from .. import enabled
-
-        on = enabled(device="cpu") or settings.get("FLYDSL_TORCH_DEVICE") == "cpu"
-        return None if on else "arch"
-    if t.device.type != "cuda":
-        return "arch"
-    arch = _runtime.resolve_arch(t.device.index)
-    return None if arch is not None and arch in _runtime.allowed_archs() else "arch"
-
-
-kernel_target = run.kernel_target
 
 
 def _torch_block_checks(bm, query, key):
@@ -91,7 +73,7 @@ def plan_call(query, key, value, score_mod, block_mask, scale, enable_gqa, retur
     for t in (query, key, value):
         if type(t) not in PLAIN:
             return "subclass"
-    r = device_reason(query)
+    r = device_reason(query)  # torch_flydsl.eligibility: one rule for every path
     if r:
         return r
     if query.dtype not in DTYPES or not (query.dtype == key.dtype == value.dtype):

@@ -41,10 +41,10 @@ class Launchable:
 
 
 def kernel_target(t):
-    """The FlyDSL target of a launch on ``t`` (the CPU backend's for CPU tensors)."""
-    from .. import _runtime
+    """The FlyDSL target of a launch on ``t`` (``torch_flydsl.eligibility.target``)."""
+    from ..eligibility import target
 
-    return _runtime.cpu_target() if t.device.type == "cpu" else None
+    return target(t)
 
 
 def output_strides(shape, query_strides):
