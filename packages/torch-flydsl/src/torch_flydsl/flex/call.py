@@ -39,8 +39,6 @@ def _torch_flex():
     return flex_attention
 
 
-
-
 def _torch_block_checks(bm, query, key):
     """torch's own refusals of a BlockMask for this call, raised as torch raises them."""
     from torch.nn.attention import flex_attention as fa
