@@ -283,11 +283,10 @@ def _plan_bwd(graph, node, ctx):
     return build, inputs
 
 
-def rewrite(graph: fx.Graph, ctx) -> int:
+def rewrite(graph: fx.Graph, ctx, splice) -> int:
     """Replace the eligible flex_attention HOP nodes (forward and backward) of ``graph``;
-    returns how many."""
-    from ..inductor.graph_pass import splice
-
+    returns how many. ``splice``: the pass's ``inductor.graph_pass.splice`` (given by the pass,
+    so this module does not import the package that imports it)."""
     fwd = torch.ops.higher_order.flex_attention
     bwd = torch.ops.higher_order.flex_attention_backward
     n = 0

@@ -51,9 +51,9 @@ class FlyDSLPass(CustomGraphPass):
         n = rewrite(graph, self.settings)
         if n:
             log.info("torch_flydsl: rewrote %d GEMM node(s) into FlyDSL kernels", n)
-        from .graph_pass import CompileContext
+        from .graph_pass import CompileContext, splice
 
-        n = _flex_compile.rewrite(graph, CompileContext(self.settings))
+        n = _flex_compile.rewrite(graph, CompileContext(self.settings), splice)
         if n:
             log.info("torch_flydsl: rewrote %d flex_attention node(s) into FlyDSL kernels", n)
 
