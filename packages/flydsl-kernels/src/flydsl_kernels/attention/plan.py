@@ -186,7 +186,7 @@ def plan_forward(
     table = _table(target, table)
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
-    cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), table)
+    cfg = config or fp32_tiles(configs.select(kind, max(p.head_dim, p.head_dim_v), table), p)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     if p.page_size and p.page_size < cfg.BN:
@@ -251,6 +251,12 @@ def plan_forward(
     if programs == 0:
         grid = (0, 0, 0)
     return FwdPlan(p, cfg, C, grid, s, pers, cfg.options(target), scale_of(p))
+
+
+def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
+    """fp32 operands (flex_attention's fp32 inputs) hold twice the registers and LDS of the
+    16-bit ones the tables are tuned for: half the key tile (at least 16); not tuned."""
+    return replace(cfg, BN=max(16, cfg.BN // 2)) if p.dtype == "fp32" else cfg
 
 
 def sparse_tiles(cfg: configs.Config, blocks) -> configs.Config:
@@ -376,8 +382,8 @@ def plan_backward(
     """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
     table = _table(target, table)
     d = max(p.head_dim, p.head_dim_v)
-    c1 = dkdv_config or configs.select("bwd_dkdv", d, table)
-    c2 = dq_config or configs.select("bwd_dq", d, table)
+    c1 = dkdv_config or fp32_tiles(configs.select("bwd_dkdv", d, table), p)
+    c2 = dq_config or fp32_tiles(configs.select("bwd_dq", d, table), p)
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
