@@ -7,9 +7,11 @@ rejected if it spills, needs scratch, overflows LDS or fails to compile; survivo
 
 0. at least 2 waves per SIMD on AMD (one wave's softmax hides behind another's MFMAs);
 1. 128-bit K/V loads (the widest global load);
-2. loop instructions per MFMA-equivalent (``matrix_loop_instructions`` over the wave's
-   32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half), the lazy rescale's
-   conditional block excluded as in the anchors' figures (``attention.md``);
+2. loop instructions per MFMA-equivalent (the report's ``matrix_loop_instructions`` over the
+   wave's useful 32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half): the
+   instructions every trip runs, as the core's loop finder counts them
+   (``flydsl_core.backends.triton.amdgcn.loops``), a block a trip may skip (the lazy rescale)
+   counted apart as in the anchors' figures (``attention.md``);
 3. direct-to-LDS K/V loads (async copies), then fewer warps.
 
 Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
@@ -256,20 +258,6 @@ def compile_config(kind: str, cfg: Config, problem=None, target: str = "gfx950")
     return cases.backward_launch(p, target, kind, cfg).compile(target)
 
 
-def loop_mfma_equivalents(amdgcn: str) -> float:
-    """32x32x16-equivalent MFMAs per trip of the innermost loop holding MFMAs (a 16x16x32 or
-    16x16x16 counts half: it does half the work of a 32x32x16 / 32x32x8)."""
-    from ..gemm.configs import k_loop_body
-
-    body = k_loop_body(amdgcn)
-    n = 0.0
-    for ln in body:
-        op = ln.split()[0]
-        if op.startswith("v_mfma"):
-            n += 1.0 if "_32x32x" in op else 0.5
-    return n
-
-
 def useful_mfma(kind: str, cfg: Config, problem) -> float:
     """32x32x16-equivalent MFMAs of *useful* work per wave per loop trip (``2 * 32 * 32 * 16``
     FLOPs each): a layout that makes warps repeat each other's rows (the attention.md pitfall)
@@ -300,9 +288,8 @@ def figures(ck, kind: str | None = None, cfg: Config | None = None, problem=None
         "loads": {int(k): v for k, v in r.load_widths_bits.items()},
         "direct_to_lds": r.direct_to_lds_loads,
     }
-    amdgcn = ck.stages().get("amdgcn")
-    if amdgcn:
-        eq = loop_mfma_equivalents(amdgcn)
+    if r.matrix_loop_mfma:
+        eq = r.matrix_loop_mfma
         out["loop_mfma"] = eq
         useful = useful_mfma(kind, cfg, problem) if kind is not None else eq
         out["useful_mfma"] = useful

@@ -11,7 +11,8 @@ ranked from their ``ResourceReport`` by, in order:
 1. 128-bit global loads for both operands (the widest load present);
 2. the issue cost per MAC, ``k_loop * num_warps / (BM * BN * BK)``
    (wave-instructions of one K-tile iteration, counted in the AMDGCN loop
-   body: the report's ``matrix_loop_instructions``, per multiply-accumulate of the tile):
+   body: the report's ``matrix_loop_instructions``, found by the core's AMDGCN loop finder
+   ``flydsl_core.backends.triton.amdgcn.loops``, per multiply-accumulate of the tile):
    bigger tiles amortize the address math, LDS traffic and waits per MFMA;
 3. occupancy (waves per SIMD) as the tie-break: more waves hide latency.
 
@@ -41,7 +42,6 @@ gfx942 (tiles whose two stages fit 64 KiB of LDS) and gfx1250 (16x16 WMMA, wave3
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 #: the GPU target the shipped defaults are for
@@ -205,46 +205,6 @@ def xcds(target) -> int:
     return get_target(target).num_xcds or 1
 
 
-# -- the K loop of the AMDGCN ----------------------------------------------------------------------
-
-_LABEL = re.compile(r"^(\.?L\w+):")
-_BRANCH = re.compile(r"^\s*s_cbranch_\w+\s+(\.?L\w+)")
-
-
-def loop_bodies(amdgcn: str) -> list[list[str]]:
-    """Instructions of each loop of ``amdgcn``: the lines from a label to a conditional branch
-    back to it (a backward branch); an outer loop's body includes its inner loops."""
-    lines = amdgcn.splitlines()
-    labels: dict[str, int] = {}
-    out: list[list[str]] = []
-    for i, line in enumerate(lines):
-        m = _LABEL.match(line.strip())
-        if m:
-            labels[m.group(1)] = i
-            continue
-        b = _BRANCH.match(line)
-        if b and b.group(1) in labels:
-            out.append(
-                [
-                    ln.strip()
-                    for ln in lines[labels[b.group(1)] + 1 : i + 1]
-                    if ln.strip()
-                    and not ln.strip().startswith((";", ".", "//"))
-                    and ":" not in ln.split()[0]
-                ]
-            )
-    return out
-
-
-def k_loop_body(amdgcn: str) -> list[str]:
-    """The lines of the K loop: the smallest loop holding a matrix op (the one the report's
-    ``matrix_loop_instructions`` counts; under a persistent kernel's tile loop too)."""
-    from flydsl_core.backends.triton.amdgcn import AMD_MATRIX_PREFIXES
-
-    mma = [b for b in loop_bodies(amdgcn) if any(ln.startswith(AMD_MATRIX_PREFIXES) for ln in b)]
-    return min(mma, key=len, default=[])
-
-
 # -- the static model ------------------------------------------------------------------------------
 
 
@@ -261,6 +221,7 @@ def figures(ck) -> dict:
         "occ": r.occupancy,
         "instr": r.instruction_count,
         "k_loop": r.matrix_loop_instructions or 0,
+        "k_loop_mfma": r.matrix_loop_mfma,
         "mfma": dict(r.matrix_ops),
         "loads": dict(r.load_widths_bits),
         "direct_to_lds": r.direct_to_lds_loads,
