@@ -4,7 +4,8 @@ FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods
     from flydsl_kernels.attention import flash_attn_func, flash_attn_varlen_func
     from flydsl_kernels.attention import flash_attn_with_kvcache
 
-Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels``, ``configs`` (config
+Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels`` (``forward``,
+``decode``, ``backward``, ``common``), ``configs`` (config
 space, static model, per-target tables, schedule rules), ``api``, ``reference``, ``mods``, and
 the report cases (``cases``).
 """
