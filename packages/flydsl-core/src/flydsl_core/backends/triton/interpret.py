@@ -16,8 +16,9 @@ see it.
 2. ``InterpretLowering``, the emitter with the interpreter's overrides:
    conversions to and from bf16 and fp8 are built from integer operations
    (the interpreter truncates, neither saturates nor rounds to even, and
-   decodes fp8 NaN as a number); ``pow`` and ``tanh`` avoid libdevice, which
-   the interpreter lacks; a float ``atomic_xchg`` moves the bits as int32
+   decodes fp8 NaN as a number); ``pow`` avoids libdevice, which the
+   interpreter lacks, and ``tanh`` runs the GPU targets' branch-free formula
+   with a plain division (fp64: its own helper); a float ``atomic_xchg`` moves the bits as int32
    (the interpreter exchanges integers only); scalar parameters are given
    their dtypes (the interpreter types Python numbers by value).
 
