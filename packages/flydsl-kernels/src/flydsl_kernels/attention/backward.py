@@ -88,25 +88,29 @@ class Bwd:
 def _dscore(ds, z_in, C, softcap, b, h, i, j, mt):
     """Chain the gradient w.r.t. the final (natural) logit back to the scaled ``q . k``:
     through the score mod's gradient and softcap's ``1 - tanh^2`` (ALiBi adds a constant)."""
-    _, z1, z2 = z_in
+    t, z1, z2 = z_in
     if C.score_mod is not None:
         ds = C.score_mod.backward(z1, z2, ds, b, h, i, j, mt)
     if C.SOFTCAP:
-        t = z1 * (1.0 / softcap)
         ds = ds * (1.0 - t * t)
     return ds
 
 
 def _bwd_scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
-    """Like ``_scores`` but also returns what the gradient chain needs: ``(z2 base-2 logits,
-    (x, z1 softcapped, z2 modded))``; ``i``/``j``/``h``/``slope`` broadcast to ``s``."""
-    x = s * scale
-    z1 = fly.tanh(x * (1.0 / softcap)) * softcap if C.SOFTCAP else x
+    """Like ``_scores`` but also returns what the gradient chain needs: ``(z base-2 logits,
+    (t = softcap's tanh or None, z1 softcapped, z2 modded))``; ``i``/``j``/``h``/``slope``
+    broadcast to ``s``. Multiplies by constants are folded where nothing comes between them
+    (``s * (scale * log2 e)``, ``t * (c * log2 e)``)."""
+    t = fly.tanh(s * (scale / softcap)) if C.SOFTCAP else None
+    if C.score_mod is None and not C.ALIBI:
+        z = t * (softcap * LOG2E) if C.SOFTCAP else s * (scale * LOG2E)
+        return z, (t, None, None)
+    z1 = t * softcap if C.SOFTCAP else s * scale
     z2 = C.score_mod.apply(z1, b, h, i, j, mt) if C.score_mod is not None else z1
     z = z2
     if C.ALIBI:
         z = z - slope * fly.abs(i + off - j).to(fly.fp32)
-    return z * LOG2E, (x, z1, z2)
+    return z * LOG2E, (t, z1, z2)
 
 
 @fly.kernel

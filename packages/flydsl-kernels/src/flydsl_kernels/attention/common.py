@@ -142,17 +142,23 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
 
 
 def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
-    """Raw ``q . k`` (fp32) -> ``(z, zc)``: base-2 logits are ``z * zc`` (``zc`` a scalar) or
-    ``z`` itself (``zc`` None); scale, softcap, score mod, ALiBi applied, no masks.
+    """Raw ``q . k`` (fp32) -> ``(z, zc)``: base-2 logits are ``z * zc`` (``zc`` a positive
+    scalar) or ``z`` itself (``zc`` None); scale, softcap, score mod, ALiBi applied, no masks.
 
-    Without softcap, mods or ALiBi the scale stays out of ``z``: the softmax takes the max of
-    the raw scores and folds the scale into ``exp2(z * zc - m)``, one fma per score instead of
-    a multiply and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)``)."""
+    Where nothing follows the last multiply, it stays out of ``z``: the softmax takes the max
+    of ``z`` and folds ``zc`` into ``exp2(z * zc - m)``, one fma per score instead of a multiply
+    and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)`` for ``zc > 0``).
+    That is the scale alone (``zc = scale * log2(e)``), or softcap's ``tanh(s * scale / c)``
+    (``zc = c * log2(e)``, positive whatever the scale's sign)."""
     if not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
         return s, scale * LOG2E
-    z = s * scale
     if C.SOFTCAP:
-        z = fly.tanh(z * (1.0 / softcap)) * softcap
+        t = fly.tanh(s * (scale / softcap))
+        if C.score_mod is None and not C.ALIBI:
+            return t, softcap * LOG2E
+        z = t * softcap
+    else:
+        z = s * scale
     if C.score_mod is not None:
         z = C.score_mod.apply(z, b, h[:, None], i[:, None], j[None, :], mt)
     if C.ALIBI:
