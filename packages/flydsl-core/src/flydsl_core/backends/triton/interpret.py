@@ -240,7 +240,7 @@ def _tanh(cx: Lowering, op: Op):
     if op.operand("x").type.dtype == dt.fp64:
         lower_unary(cx, op, cx.helper("_fly_tanh64", _TANH64_HELPER))
         return
-    lower_unary(cx, op, cx.helper("_fly_tanh", tanh_helper("(1.0 / ({d}))")))
+    lower_unary(cx, op, cx.helper("_fly_tanh", tanh_helper("(1.0 / ({d}))", clamp=True)))
 
 
 _TANH64_HELPER = """

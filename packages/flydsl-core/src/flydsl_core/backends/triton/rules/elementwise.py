@@ -150,30 +150,30 @@ TANH_POLY = (
 TANH_CUT = 0.55
 
 
-def tanh_helper(rcp: str) -> str:
+def tanh_helper(rcp: str, clamp: bool = False) -> str:
     """The text of ``_fly_tanh``: fp32 tanh with no branch (ocml's and libdevice's branch per
-    range: exec-masked branches inside a kernel's loop), within 2 ulp of the rounded result on
-    gfx950 (exp2 and the reciprocal are each within 1 ulp). ``rcp(d)`` is the reciprocal
+    range: exec-masked branches inside a kernel's loop), within 2 ulp of the exact result on
+    gfx950 (exp2 and the reciprocal are each within 1 ulp). ``rcp`` is the reciprocal
     expression the target computes cheaply (``{d}`` stands for the denominator).
 
-    ``|x| >= TANH_CUT``: ``1 - 2 / (1 + 2^(2 log2(e) min(|x|, 16)))`` (the clamp keeps the
-    exponential finite; tanh(16) rounds to 1); below: the odd polynomial ``TANH_POLY`` (no
-    cancellation near 0); then the sign bit of ``x`` (``-0.0`` stays ``-0.0``). NaN selects the
-    polynomial, which propagates it."""
+    ``|x| >= TANH_CUT``: ``1 - 2 / (1 + 2^(2 log2(e) |x|))`` with the sign bit of ``x`` (an
+    overflowing exponential gives 1 exactly); below: the odd polynomial ``x (1 + x^2 P(x^2))``
+    (``TANH_POLY``: no cancellation near 0, ``-0.0`` stays ``-0.0``). NaN selects the
+    polynomial, which propagates it. ``clamp`` bounds the exponent at ``|x| = 16`` (tanh(16)
+    rounds to 1 either way), for the interpreter, where numpy warns on the overflow."""
     c0, c1, c2, c3, c4 = TANH_POLY
-    den = "1.0 + tl.exp2(tl.minimum(a, 16.0) * 2.8853900817779268)"
+    a = "tl.minimum(tl.abs(x), 16.0)" if clamp else "tl.abs(x)"
+    den = f"1.0 + tl.exp2({a} * 2.8853900817779268)"
     return f"""
 @triton.jit
 def _fly_tanh(x):
-    # branch-free tanh in fp32 (flydsl_core.backends.triton.rules.elementwise.tanh_helper):
-    # tanh|x| by range, then the sign of x put back (zeros keep theirs, NaN stays NaN)
-    a = tl.abs(x)
+    # branch-free tanh in fp32 (flydsl_core.backends.triton.rules.elementwise.tanh_helper)
     big = 1.0 - 2.0 * {rcp.format(d=den)}
-    a2 = a * a
-    small = a + a * a2 * ({c0} + a2 * ({c1} + a2 * ({c2} + a2 * ({c3} + a2 * {c4}))))
-    t = tl.where(a >= {TANH_CUT}, big, small)
     sign = x.to(tl.int32, bitcast=True) & -2147483648
-    return (t.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    big = (big.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    x2 = x * x
+    small = x * (1.0 + x2 * ({c0} + x2 * ({c1} + x2 * ({c2} + x2 * ({c3} + x2 * {c4})))))
+    return tl.where(tl.abs(x) >= {TANH_CUT}, big, small)
 """
 
 
