@@ -13,8 +13,10 @@ from .._masks import and_masks as _and
 from .common import (
     LOG2E,
     _kv_range,
+    _kv_segments,
     _load_kv,
     _mask_scores,
+    _segments,
     _seq_info,
     _sparse_loop,
     chunks,
@@ -73,6 +75,7 @@ class Bwd:
     SPARSE_Q: int = 0
     SPARSE_KV: int = 0
     SPARSE_FULL: bool = False
+    NARROW: bool = True  # as Fwd.NARROW
 
     # the forward's helpers read these
     GP = 1
@@ -166,11 +169,12 @@ def _dkdv_tile(
         hi = fly.minimum(sq, fly.maximum(n0 + BN - off + wl, 0))
         top = fly.minimum(sq, fly.maximum(n0 - off + wl + 1, 0))
     full_hi = (top // BM) * BM
-    full_hi = fly.where(n0 + BN <= sk, full_hi, 0)  # a partial key block is masked throughout
+    # keys past sk need no mask here: K and V load as zeros there and each key's dK / dV row
+    # is its own (never stored); the query blocks split as the forward's key blocks, mirrored
 
-    def block(m0, masked, g, h, slope):
+    def block(m0, kind, g, h, slope):
         i = m0 + fly.arange(0, BM)
-        rm = (i < sq) if masked else None
+        rm = (i < sq) if kind is not None else None
         qts = [_load_q1(q, bq, q_off + m0, hk, g, c0, cs, BM, C.D, rm) for c0, cs in chunks(C.D)]
         dots = [
             _load_q1(do, bq, q_off + m0, hk, g, c0, cs, BM, C.DV, rm) for c0, cs in chunks(C.DV)
@@ -182,10 +186,8 @@ def _dkdv_tile(
             d_ = fly.dot(kt, qt.T)
             sT = d_ if sT is None else sT + d_
         z, zin = _bwd_scores(sT, C, scale, softcap, slope, i[None, :], j[:, None], off, b, h, mt)
-        if masked:
-            z = _mask_scores(
-                z, C, i[None, :], j[:, None], sk, off, wl, wr, b, h, mt, masked is True, sq
-            )
+        if kind is not None:
+            z = _mask_scores(z, C, i, j[:, None], sk, off, wl, wr, b, h, mt, kind, sq, n0, 0)
         pT = fly.exp2(z - lrow[None, :])
         for a, dt in zip(dvs, dots):
             a += fly.dot(pT.to(dt.dtype), dt)
@@ -198,10 +200,12 @@ def _dkdv_tile(
         for a, qt in zip(dks, qts):
             a += fly.dot(dsT.to(qt.dtype), qt)
 
-    bnd = fly.maximum(lo, fly.minimum(full_lo, hi))
-    c = fly.maximum(bnd, fly.minimum(full_hi, hi))
+    # low query blocks cross the right (causal) bound, high ones the left window bound
+    names = {"low": "right", "high": "left", "both": "both", None: None}
+    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW)
+    segs = [(a, e, names[k]) for a, e, k in segs]
     if C.mask_mod is not None:
-        bnd, c = hi, hi
+        segs = [(lo, hi, "both")]
     for g in fly.range(0, G):
         h = hk * G + g
         slope = alibi[b, hk, g].load().to(fly.fp32) if C.ALIBI else None
@@ -213,16 +217,13 @@ def _dkdv_tile(
             def tile(m0, kind, g=g, h=h, slope=slope):
                 block(m0, kind, g, h, slope)
 
-            _sparse_loop(tile, sp[0], sp[1], b, h, kb, C.SPARSE_Q, BM, True)
+            _sparse_loop(tile, sp[0], sp[1], b, h, kb, C.SPARSE_Q, BM, "both")
             if C.SPARSE_FULL:
                 _sparse_loop(tile, sp[2], sp[3], b, h, kb, C.SPARSE_Q, BM, "full")
         else:
-            for m0 in fly.range(lo, bnd, BM):
-                block(m0, True, g, h, slope)
-            for m0 in fly.range(bnd, c, BM):
-                block(m0, False, g, h, slope)
-            for m0 in fly.range(c, hi, BM):
-                block(m0, True, g, h, slope)
+            for start, stop, kind in segs:
+                for m0 in fly.range(start, stop, BM):
+                    block(m0, kind, g, h, slope)
 
     for (c0, cs), a in zip(chunks(C.D), dks):
         dm = (c0 + fly.arange(0, cs) < C.D)[None, :] if c0 + cs > C.D else None
@@ -292,9 +293,9 @@ def _dq_tile(
     dqs = [fly.zeros((BM, cs), fly.fp32) for _, cs in chunks(C.D)]
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
 
-    def block(n0, masked):
+    def block(n0, kind):
         j = n0 + fly.arange(0, BN)
-        kmask = (j < sk) if masked else None
+        kmask = (j < sk) if kind not in (None, "left") else None
         kts = [
             _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, kmask)
             for c0, cs in chunks(C.D)
@@ -304,10 +305,8 @@ def _dq_tile(
             d_ = fly.dot(qt, kt.T)
             s = d_ if s is None else s + d_
         z, zin = _bwd_scores(s, C, scale, softcap, slope, i[:, None], j[None, :], off, b, h, mt)
-        if masked:
-            z = _mask_scores(
-                z, C, i[:, None], j[None, :], sk, off, wl, wr, b, h, mt, masked is True, sq
-            )
+        if kind is not None:
+            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h, mt, kind, sq, n0=n0)
         p = fly.exp2(z - lse2[:, None])
         dp = None
         for dt, (c0, cs) in zip(dots, chunks(C.DV)):
@@ -319,23 +318,19 @@ def _dq_tile(
         for a, kt in zip(dqs, kts):
             a += fly.dot(ds.to(kt.dtype), kt)
 
-    bnd = fly.maximum(lo, fly.minimum(full_lo, hi))
-    c = fly.maximum(bnd, fly.minimum(full_hi, hi))
-    if C.mask_mod is not None:
-        bnd, c = hi, hi
     if C.SPARSE_KV:
         sp = mt[4]
         qb = i0 // C.SPARSE_Q
-        _sparse_loop(block, sp[0], sp[1], b, h, qb, C.SPARSE_KV, BN, True)
+        _sparse_loop(block, sp[0], sp[1], b, h, qb, C.SPARSE_KV, BN, "both")
         if C.SPARSE_FULL:
             _sparse_loop(block, sp[2], sp[3], b, h, qb, C.SPARSE_KV, BN, "full")
+    elif C.mask_mod is not None:
+        for n0 in fly.range(lo, hi, BN):
+            block(n0, "both")
     else:
-        for n0 in fly.range(lo, bnd, BN):
-            block(n0, True)
-        for n0 in fly.range(bnd, c, BN):
-            block(n0, False)
-        for n0 in fly.range(c, hi, BN):
-            block(n0, True)
+        for start, stop, kind in _kv_segments(C, lo, full_lo, full_hi, hi):
+            for n0 in fly.range(start, stop, BN):
+                block(n0, kind)
     for (c0, cs), a in zip(chunks(C.D), dqs):
         dm = (c0 + fly.arange(0, cs) < C.D)[None, :] if c0 + cs > C.D else None
         dq[bq, fly.ds(q_off + i0, BM), hk, g, fly.ds(c0, cs)].store(

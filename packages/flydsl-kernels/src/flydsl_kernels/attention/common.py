@@ -166,29 +166,83 @@ def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     return z * LOG2E, None
 
 
+INT32_MIN = -2147483648
+
+
+def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True):
+    """The bool tile "key ``n0 + c`` is visible from query ``i``" for ``c < BN``, keys along
+    axis ``kax`` (1: a ``(queries, keys)`` tile; 0: the backward's transposed one). ``left`` /
+    ``right``: which bounds to test (``_kv_segments`` knows which a tile can cross); the right
+    one includes the keys past ``sk`` and the rows past ``sq``.
+
+    The bounds are folded per query first (``hi = min(sk - 1, i + off + wr)``, ``-1`` for rows
+    past ``sq``; ``lo = i + off - wl``) and moved to the tile's key offsets, so each element
+    costs one compare of a constant key offset against its query's bound and the select: the
+    earlier sign-bit blend of per-element differences cost about seven instructions per
+    element on gfx950. Bounds are exact in int32 for sequences and windows below 2^30."""
+    c = fly.arange(0, BN)
+    cx = c[None, :] if kax == 1 else c[:, None]
+
+    def q(v):  # a per-query value, broadcast along the keys
+        return v[:, None] if kax == 1 else v[None, :]
+
+    hi = sk - 1 - n0
+    per_query = False
+    if C.HAS_WR:
+        hi = fly.minimum(i + (off + wr - n0), hi)
+        per_query = True
+    if sq is not None:  # the backward's rows past the sequence (varlen: the next one's) see nothing
+        hi = fly.where(i < sq, hi, -1)
+        per_query = True
+    left = left and C.HAS_WL
+    if not left:
+        return cx <= (q(hi) if per_query else hi)
+    lo = i + (off - wl - n0)
+    if not right:
+        return cx >= q(lo)
+    # lo <= c <= hi as one unsigned test, (c - lo) <u (hi - lo + 1), written signed: flipping
+    # the sign bit of both sides (c - (lo ^ MIN) <s count ^ MIN). Two compares and an and per
+    # element kept two 64-bit lane masks per element live and spilled SGPRs on gfx950
+    count = fly.maximum(hi - lo + 1, 0)
+    return (cx - q(lo ^ INT32_MIN)) < q(count ^ INT32_MIN)
+
+
+def _mask_scores(z, C, i, j, sk, off, wl, wr, b, h, mt, kind="both", sq=None, n0=None, kax=1):
+    """``z`` with ``-inf`` where a key is not visible: queries ``i`` (1-D) and the tile's keys
+    ``n0 + [0, BN)`` along axis ``kax`` of ``z``; ``kind`` is the tile's ``_kv_segments`` kind
+    (which bounds it can cross; ``"full"``: a block-sparse full block, every bound but no mask
+    mod). ``j`` (the keys, broadcast against ``i``) and ``h`` only feed the mask mod, a bool
+    tile and one more select."""
+    ib = i[:, None] if kax == 1 else i[None, :]
+    left = kind in ("both", "left", "full")
+    right = kind in ("both", "right", "full")
+    if kax == 0 and C.HAS_WL and left and right:
+        z = _mask_bits(z, C, ib, j, sk, off, wl, wr, sq)
+    else:
+        vis = _visible(C, i, n0, z.shape[kax], sk, off, wl, wr, sq, kax, left, right)
+        z = fly.where(vis, z, NEG_INF)
+    if C.mask_mod is not None and kind != "full":
+        z = fly.where(C.mask_mod.apply(b, h, ib, j, mt), z, NEG_INF)
+    return z
+
+
 NEG_INF_BITS = -8388608  # 0xFF800000, -inf's bits as an int32
 
 
-def _mask_scores(z, C, i, j, sk, off, wl, wr, b, h, mt, mod=True, sq=None):
-    """``z`` with ``-inf`` where a key is not visible (rows ``i`` x keys ``j``, broadcast).
-
-    The range and window tests are sign bits of integer differences (``x >> 31`` is -1 where
-    ``x < 0``), or-ed before anything is selected: LLVM turns the bit blend back into one
-    compare and select per element, but one 64-bit lane mask per element instead of one per
-    test plus their ``s_and_b64`` (the per-test masks kept too many SGPRs live across the
-    masked loops and spilled SGPRs on gfx950). The mask mod, a bool tile, is a select."""
+def _mask_bits(z, C, i, j, sk, off, wl, wr, sq):
+    """``_visible``'s test as sign bits of per-element differences (``x >> 31`` is -1 where
+    ``x < 0``), or-ed and blended into ``z``'s bits: what the backward's transposed tile takes
+    with a window on both sides, where a lane's elements span several queries and the
+    per-query bounds of ``_visible`` were recomputed per element (gfx950, gpt-oss dK/dV: 451
+    against 394 masked-loop instructions)."""
     inv = (sk - 1 - j) >> 31
-    if sq is not None:  # the backward's rows past the sequence (varlen: the next one's)
+    if sq is not None:
         inv = inv | ((sq - 1 - i) >> 31)
     if C.HAS_WR:
         inv = inv | ((i + (off + wr) - j) >> 31)
-    if C.HAS_WL:
-        inv = inv | ((j - i - (off - wl)) >> 31)
+    inv = inv | ((j - i - (off - wl)) >> 31)
     zb = fly.bitcast(z, fly.int32)
-    z = fly.bitcast((zb & ~inv) | (inv & NEG_INF_BITS), fly.fp32)
-    if C.mask_mod is not None and mod:
-        z = fly.where(C.mask_mod.apply(b, h, i, j, mt), z, NEG_INF)
-    return z
+    return fly.bitcast((zb & ~inv) | (inv & NEG_INF_BITS), fly.fp32)
 
 
 def _sparse_loop(block, num, idx, b, h, blk, BLOCK, T, kind):
@@ -202,9 +256,10 @@ def _sparse_loop(block, num, idx, b, h, blk, BLOCK, T, kind):
 
 
 def _kv_range(C, i0, sq, sk, off, wl, wr):
-    """``(lo, full_lo, full_hi, hi)`` key bounds of a row tile: masked ``[lo, full_lo)``,
-    unmasked ``[full_lo, full_hi)``, masked ``[full_hi, hi)`` (all block starts multiples of BN
-    from ``lo``)."""
+    """``(lo, full_lo, full_hi, hi)`` key bounds of a row tile ``[i0, i0 + BMS)``: its keys are
+    ``[lo, hi)``; from ``full_lo`` on, every row's left window bound is met; below
+    ``full_hi``, every row's right bound and ``sk`` (``lo``, ``full_lo``, ``full_hi`` are
+    multiples of BN)."""
     BN = C.BN
     last = fly.minimum(i0 + C.BMS, sq) - 1  # the last real row (rows past sq are padding)
     hi = sk
@@ -220,6 +275,36 @@ def _kv_range(C, i0, sq, sk, off, wl, wr):
         top = fly.minimum(sk, fly.maximum(i0 + off + wr + 1, 0))
     full_hi = (top // BN) * BN
     return lo, full_lo, full_hi, hi
+
+
+def _segments(low, lo, full_lo, full_hi, hi, narrow=True):
+    """A tile loop over ``[lo, hi)`` as ``[(start, stop, kind)]`` (tiles from ``start``):
+    ``"low"`` tiles can cross only the bound at the low end (below ``full_lo``), None tiles no
+    bound, ``"both"`` tiles both (only where the band is narrower than the tile), ``"high"``
+    tiles only the bound at the high end (from ``full_hi`` on). ``low``: whether the low-end
+    bound exists (without it, ``full_lo`` is ``lo`` and the "low" and "both" loops are not
+    traced); ``narrow`` False: the plan proved the "both" loop empty (``plan.narrow_band``),
+    so it is not traced either."""
+    if not low:
+        c = fly.maximum(lo, fly.minimum(full_hi, hi))
+        return [(lo, c, None), (c, hi, "high")]
+    b = fly.maximum(lo, fly.minimum(fly.minimum(full_lo, full_hi), hi))
+    c = fly.maximum(b, fly.minimum(full_hi, hi))
+    if not narrow:
+        return [(lo, b, "low"), (b, c, None), (c, hi, "high")]
+    d = fly.maximum(c, fly.minimum(full_lo, hi))
+    return [(lo, b, "low"), (b, c, None), (c, d, "both"), (d, hi, "high")]
+
+
+def _kv_segments(C, lo, full_lo, full_hi, hi):
+    """A query tile's KV loop (``_kv_range``'s bounds; ``lo`` / ``hi`` may be a split's share)
+    as ``_segments`` with the forward's kinds: ``"left"`` tiles cross only the left window
+    bound (and lie below ``sk``: no key mask), None tiles nothing (no mask, no bounds check),
+    ``"both"``, ``"right"`` tiles the right bound and the sequence's end. With a left bound the
+    interior exists wherever the window is wider than the tile (``plan.window_config``)."""
+    names = {"low": "left", "high": "right", "both": "both", None: None}
+    segs = _segments(C.HAS_WL, lo, full_lo, full_hi, hi, C.NARROW)
+    return [(a, b, names[k]) for a, b, k in segs]
 
 
 def _split_range(lo, hi, split, SPLITS, BN):

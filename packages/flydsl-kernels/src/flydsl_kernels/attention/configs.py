@@ -34,7 +34,7 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .._target import TUNED_TARGETS, compiler_options
 from .._target import num_cus as _num_cus
@@ -186,6 +186,24 @@ def select(kind: str, head_dim: int, target=None) -> Config:
 def num_cus(target) -> int:
     """CUs / SMs the split and persistent rules size grids by (``_target.num_cus``)."""
     return _num_cus(target)
+
+
+def band_config(kind: str, cfg: Config, band: int | None) -> Config:
+    """``cfg`` shrunk so that a window of ``band`` keys per query (both bounds) is wider than a
+    tile (``tile rows + tile keys <= band + 1``): then a tile's KV loop has unmasked interior
+    trips and masks only at the window's edges (``kernels._segments``). The forward and dQ
+    halve their query rows, dK/dV its keys per program, with the warps (each warp keeps its
+    rows), down to one warp; None (no two-sided window) or a wide window: ``cfg`` itself."""
+    if band is None:
+        return cfg
+    c = cfg
+    if kind in ("fwd", "bwd_dq"):
+        while band + 1 < c.BM + c.BN and c.num_warps > 1 and c.BM > 16:
+            c = replace(c, BM=c.BM // 2, num_warps=c.num_warps // 2, notes={})
+    elif kind == "bwd_dkdv":
+        while band + 1 < c.BN + c.BM and c.num_warps > 1 and c.BN > 16:
+            c = replace(c, BN=c.BN // 2, num_warps=c.num_warps // 2, notes={})
+    return c
 
 
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger

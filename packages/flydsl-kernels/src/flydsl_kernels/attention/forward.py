@@ -16,6 +16,7 @@ from .common import (
     RESCALE_TAU,
     _kv_pages,
     _kv_range,
+    _kv_segments,
     _load_kv,
     _load_q,
     _mask_scores,
@@ -64,6 +65,9 @@ class Fwd:
     SPARSE_Q: int = 0  # block sparsity: the BlockMask's (Q, KV) block sizes (0: dense)
     SPARSE_KV: int = 0
     SPARSE_FULL: bool = False  # full-block lists given (their tiles skip the mask mod)
+    # a tile may cross both window bounds (plan.narrow_band: False where the plan proves that
+    # no tile of the problem does, so that loop is not traced)
+    NARROW: bool = True
 
     @property
     def BMS(self) -> int:
@@ -189,11 +193,12 @@ def _fwd_tile(
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
     btrow = b
 
-    def block(n0, masked):
-        """One KV tile: ``masked`` True (every mask), False (none: the interior) or "full" (a
-        block-sparse full block: no mask mod)."""
+    def block(n0, kind):
+        """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
+        block-sparse full block, no mask mod). A "left" tile lies below every row's right
+        bound and ``sk``: its loads need no key mask either."""
         j = n0 + fly.arange(0, BN)
-        kmask = (j < sk) if masked else None
+        kmask = (j < sk) if kind not in (None, "left") else None
         pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
         s = None
         for (c0, cs), qt in zip(chunks(C.D), qts):
@@ -201,10 +206,8 @@ def _fwd_tile(
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
-        if masked:
-            z = _mask_scores(
-                z, C, i[:, None], j[None, :], sk, off, wl, wr, b, h[:, None], mt, masked is True
-            )
+        if kind is not None:
+            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0)
         vts = [
             _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask)
             for c0, cs in chunks(C.DV)
@@ -215,22 +218,16 @@ def _fwd_tile(
         sp = mt[4]
         hq = hk * G + g0  # GP == 1 under block sparsity
         qb = i0 // C.SPARSE_Q
-        _sparse_loop(block, sp[0], sp[1], b, hq, qb, C.SPARSE_KV, BN, True)
+        _sparse_loop(block, sp[0], sp[1], b, hq, qb, C.SPARSE_KV, BN, "both")
         if C.SPARSE_FULL:
             _sparse_loop(block, sp[2], sp[3], b, hq, qb, C.SPARSE_KV, BN, "full")
     elif C.mask_mod is not None:
         for n0 in fly.range(lo, hi, BN):
-            block(n0, True)
+            block(n0, "both")
     else:
-        a = lo
-        bnd = fly.maximum(a, fly.minimum(full_lo, hi))
-        c = fly.maximum(bnd, fly.minimum(full_hi, hi))
-        for n0 in fly.range(a, bnd, BN):
-            block(n0, True)
-        for n0 in fly.range(bnd, c, BN):
-            block(n0, False)
-        for n0 in fly.range(c, hi, BN):
-            block(n0, True)
+        for start, stop, kind in _kv_segments(C, lo, full_lo, full_hi, hi):
+            for n0 in fly.range(start, stop, BN):
+                block(n0, kind)
 
     m, l_sum = st.m, st.l
     if C.SINKS and C.SPLITS == 1:
