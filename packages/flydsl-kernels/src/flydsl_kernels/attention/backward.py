@@ -202,7 +202,9 @@ def _dkdv_tile(
 
     # low query blocks cross the right (causal) bound, high ones the left window bound
     names = {"low": "right", "high": "left", "both": "both", None: None}
-    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW)
+    # without a left window bound the high-end tiles test the right bound too (``_visible``),
+    # so the tiles crossing "both" fold into them
+    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW and C.HAS_WL)
     segs = [(a, e, names[k]) for a, e, k in segs]
     if C.mask_mod is not None:
         segs = [(lo, hi, "both")]
