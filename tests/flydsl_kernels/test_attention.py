@@ -515,14 +515,27 @@ def test_score_mod_without_gradient_is_a_clear_error():
 
 
 def test_split_rule_boundaries():
-    cus = 256
-    assert configs.splits_for(cus // 2, 1000, cus) == 1  # enough programs
-    assert configs.splits_for(cus // 2 - 1, 1000, cus) == 3  # ceil(256 / 127)
-    assert configs.splits_for(1, 2 * configs.MIN_BLOCKS_PER_SPLIT - 1, cus) == 1  # too few blocks
-    assert configs.splits_for(1, 2 * configs.MIN_BLOCKS_PER_SPLIT, cus) == 2
-    assert configs.splits_for(1, 10_000, cus) == configs.MAX_SPLITS
-    assert configs.splits_for(8, 10_000, cus) == 16
-    assert configs.splits_for(64, 10_000, cus) == 4
+    cus, k = 256, configs.MIN_KEYS_PER_SPLIT
+    assert configs.splits_for(cus // 2, 100_000, cus) == 1  # enough programs
+    assert configs.splits_for(cus // 2 - 1, 100_000, cus) == 3  # ceil(256 / 127)
+    assert configs.splits_for(1, 2 * k - 1, cus) == 1  # too short to share
+    assert configs.splits_for(1, 2 * k, cus) == 2
+    assert configs.splits_for(1, 5 * k + 7, cus) == 5  # every split keeps >= k keys
+    assert configs.splits_for(1, 10**6, cus) == configs.MAX_SPLITS
+    assert configs.splits_for(8, 10**6, cus) == 16
+    assert configs.splits_for(64, 10**6, cus) == 4
+
+
+def test_split_count_follows_the_sequence_length_not_the_tile():
+    def splits(ctx, page, window=(-1, -1)):
+        p = plan.Problem(1, 1, ctx, 64, 8, 128, 128, causal=True, seqused=True,
+                         page_size=page, decode=True, window=window)  # fmt: skip
+        return plan.plan_forward(p, "gfx950").splits
+
+    assert splits(2048, 16) == splits(2048, 256) == 4  # 8 programs, 2048 keys: 4 x 512
+    assert splits(131072, 16) == splits(131072, 64) == configs.MAX_SPLITS
+    assert splits(1000, 16) == 1
+    assert splits(131072, 64, window=(127, 0)) == 1  # a row walks 128 keys, not 131072
 
 
 def test_persistent_rule_boundaries():

@@ -166,7 +166,7 @@ def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=Non
     table = _table(target, table)
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
-    cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), table)
+    cfg = config or configs.select(kind, p.head_dim, table, p.head_dim_v)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     if p.page_size and p.page_size < cfg.BN:
@@ -195,7 +195,8 @@ def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=Non
     programs = p.batch * p.heads_k * NG * mblocks
     cus = configs.num_cus(table)
     kv_blocks = _cdiv(p.seqlen_k, cfg.BN)
-    s = splits if splits is not None else configs.splits_for(programs, kv_blocks, cus)
+    keys = p.seqlen_k if band(p) is None else min(p.seqlen_k, band(p) + BMS - 1)
+    s = splits if splits is not None else configs.splits_for(programs, keys, cus)
     s = max(1, min(int(s), max(kv_blocks, 1)))
     if sparse:
         s = 1  # a block list is one program's walk: no split-KV
@@ -348,11 +349,11 @@ def plan_backward(p: Problem, target=None, *, table=None, dkdv_config=None,
                   dq_config=None) -> BwdPlan:  # fmt: skip
     """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
     table = _table(target, table)
-    d = max(p.head_dim, p.head_dim_v)
+    d, dv = p.head_dim, p.head_dim_v
     c1 = dkdv_config or configs.band_config(
-        "bwd_dkdv", configs.select("bwd_dkdv", d, table), band(p)
+        "bwd_dkdv", configs.select("bwd_dkdv", d, table, dv), band(p)
     )
-    c2 = dq_config or configs.band_config("bwd_dq", configs.select("bwd_dq", d, table), band(p))
+    c2 = dq_config or configs.band_config("bwd_dq", configs.select("bwd_dq", d, table, dv), band(p))
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
