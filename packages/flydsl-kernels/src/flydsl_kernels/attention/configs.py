@@ -184,6 +184,9 @@ _GFX1250.update({
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
+    # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
+    # (band_config), spilled 25 SGPRs here
+    ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
     ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 })  # fmt: skip
