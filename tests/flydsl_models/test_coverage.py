@@ -60,9 +60,9 @@ def test_attribution_off_and_patched():
     assert on.by_family["norm"]["flydsl_us"] > 0
     assert on.by_family["norm"]["flydsl_us"] == pytest.approx(on.by_family["norm"]["total_us"])
     assert on.by_family["gemm"]["flydsl_us"] == 0 and on.share > 0
-    assert set(on.flydsl_ops) == {"torch_flydsl::hf_rms_norm"}
+    assert set(on.flydsl_ops) == {"flydsl::hf_rms_norm"}
     ops = {o["op"] for o in on.top_unrouted}
-    assert "aten::linear" in ops and not any(o.startswith("torch_flydsl") for o in ops)
+    assert "aten::linear" in ops and not any(o.startswith("flydsl::") for o in ops)
     d = on.as_dict()
     assert d["share"] == pytest.approx(on.share) and d["device_kind"] == "cpu"
 

@@ -5,14 +5,14 @@ FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods
     from flydsl_kernels.attention import flash_attn_with_kvcache
 
 Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels`` (``forward``,
-``decode``, ``backward``, ``common``), ``configs`` (config
-space, static model, per-target tables, schedule rules), ``api``, ``reference``, ``mods``, and
-the report cases (``cases``).
+``decode``, ``backward``, ``common``), ``configs`` (config space, static model, per-target
+tables, schedule rules), ``api``, ``validate`` (the checks of the API's numbers and index
+tensors), ``reference``, ``mods``, and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, mods, plan, reference
+from . import configs, mods, plan, reference, validate
 from .api import (
     SUPPORTED_DTYPES,
     BlockSparse,
@@ -41,4 +41,5 @@ __all__ = [
     "mods",
     "plan",
     "reference",
+    "validate",
 ]

@@ -148,9 +148,11 @@ def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     Where nothing follows the last multiply, it stays out of ``z``: the softmax takes the max
     of ``z`` and folds ``zc`` into ``exp2(z * zc - m)``, one fma per score instead of a multiply
     and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)`` for ``zc > 0``).
-    That is the scale alone (``zc = scale * log2(e)``), or softcap's ``tanh(s * scale / c)``
-    (``zc = c * log2(e)``, positive whatever the scale's sign)."""
-    if not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
+    That is the scale alone (``zc = scale * log2(e)``, only where ``scale > 0``:
+    ``C.FOLD_SCALE``; at zero or below the masks' ``-inf`` times the scale is NaN or ``+inf``
+    and the max of the raw scores is not the max of the logits), or softcap's ``tanh(s * scale
+    / c)`` (``zc = c * log2(e)``, positive whatever the scale's sign)."""
+    if C.FOLD_SCALE and not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
         return s, scale * LOG2E
     if C.SOFTCAP:
         t = fly.tanh(s * (scale / softcap))

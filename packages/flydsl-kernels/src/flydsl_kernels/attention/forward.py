@@ -65,6 +65,9 @@ class Fwd:
     SPARSE_Q: int = 0  # block sparsity: the BlockMask's (Q, KV) block sizes (0: dense)
     SPARSE_KV: int = 0
     SPARSE_FULL: bool = False  # full-block lists given (their tiles skip the mask mod)
+    #: the scale is > 0 and may be folded into the softmax's ``exp2`` (``_scores``); a scale of
+    #: zero or below is applied to the scores first, so masked ``-inf`` logits stay ``-inf``
+    FOLD_SCALE: bool = True
     # a tile may cross both window bounds (plan.narrow_band: False where the plan proves that
     # no tile of the problem does, so that loop is not traced)
     NARROW: bool = True
