@@ -62,7 +62,7 @@ class Config:
     num_stages: int = 1
     nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
     waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
-    lazy: bool = True  # forward: the rescale behind a scalar branch (kernels._update)
+    lazy: bool = True  # forward: the rescale behind a scalar branch (forward._update)
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -219,7 +219,7 @@ def num_cus(target) -> int:
 def band_config(kind: str, cfg: Config, band: int | None) -> Config:
     """``cfg`` shrunk so that a window of ``band`` keys per query (both bounds) is wider than a
     tile (``tile rows + tile keys <= band + 1``): then a tile's KV loop has unmasked interior
-    trips and masks only at the window's edges (``kernels._segments``). The forward and dQ
+    trips and masks only at the window's edges (``common._segments``). The forward and dQ
     halve their query rows, dK/dV its keys per program, with the warps (each warp keeps its
     rows), down to one warp; None (no two-sided window) or a wide window: ``cfg`` itself."""
     if band is None:
