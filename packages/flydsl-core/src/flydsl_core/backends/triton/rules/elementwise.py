@@ -192,7 +192,8 @@ _RCP = {
 @lower("tanh")
 def _tanh(cx: Lowering, op: Op):
     d = op.operand("x").type.dtype
-    if d == dt.fp64:  # the helper is fp32; fp64 keeps libdevice's
+    if d == dt.fp64 or cx.target.has_native_tanh:
+        # the helper is fp32 (fp64 keeps libdevice's); a native tanh is one instruction
         lower_unary(cx, op, cx.libdevice("tanh"))
         return
     rcp = _RCP.get(cx.target.backend, "(1.0 / ({d}))")
