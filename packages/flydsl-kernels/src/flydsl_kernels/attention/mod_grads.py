@@ -29,7 +29,8 @@ import flydsl_core as fly
 
 from .._target import tensor_target
 from . import configs
-from .kernels import LOG2E, NEG_INF, _bwd_scores, _load_kv, _load_q1, _load_row, chunks
+from .backward import _bwd_scores, _load_q1, _load_row
+from .common import LOG2E, NEG_INF, _load_kv, chunks
 from .plan import Launch, sparse_tiles
 
 
@@ -78,7 +79,7 @@ class ModGrad:
     STATE: bool = False  # a block-state map (0 skipped, 1 partial, 2 full) per (Q, KV) block
     SQ_BLK: int = 0
     SKV_BLK: int = 0
-    ALIBI = False  # kernels._bwd_scores reads it
+    ALIBI = False  # backward._bwd_scores reads it
 
 
 @fly.kernel
