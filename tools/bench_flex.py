@@ -2,11 +2,12 @@
 
     uv run python tools/bench_flex.py [--mode fwd|bwd|all] [--quick] [--reps N]
                                       [--ours compiled|eager] [--device auto|cpu|cuda]
-                                      [--json PATH]
+                                      [--dtype bf16|fp32] [--json PATH]
 
 The mods of the flex_attention issue: causal and sliding window (block masks), ALiBi from a
 captured slope tensor, tanh softcap, document masking from a captured id tensor, prefix-LM,
-a relative-position bias table, and GQA (causal, 4:1). Forward, and forward + backward.
+a relative-position bias table, the same table learned (its gradient computed too), and GQA
+(causal, 4:1). Forward, and forward + backward. ``--dtype fp32`` runs fp32 inputs.
 
 On a GPU: ours is torch's ``flex_attention`` under ``torch.compile(backend="flydsl")`` (the pass
 rewrites its HOP nodes, forward and backward, into the FlyDSL kernels with the mods translated;
@@ -47,7 +48,7 @@ TOL = 2e-2
 
 
 def mods(S: int, H: int, device: str) -> dict:
-    """name -> (score_mod, mask_mod, gqa): the issue's mods at sequence length ``S``."""
+    """name -> (score_mod, mask_mod, gqa, learned tensors): the issue's mods at length ``S``."""
     g = torch.Generator(device="cpu").manual_seed(0)
     slopes = (torch.rand(H, generator=g) * 0.5).to(device)
     doc = torch.sort(torch.randint(0, 8, (S,), generator=g)).values.to(device)
@@ -75,15 +76,21 @@ def mods(S: int, H: int, device: str) -> dict:
     def rel_bias(s, b, h, q, kv):
         return s + table[h, q - kv + (S - 1)]
 
+    learned = table.clone().requires_grad_(True)
+
+    def rel_bias_learned(s, b, h, q, kv):
+        return s + learned[h, q - kv + (S - 1)]
+
     return {
-        "causal": (None, causal, False),
-        "sliding_window": (None, sliding, False),
-        "alibi": (alibi, None, False),
-        "softcap": (softcap, None, False),
-        "document": (None, document, False),
-        "prefix_lm": (None, prefix_lm, False),
-        "rel_bias": (rel_bias, None, False),
-        "gqa_causal": (None, causal, True),
+        "causal": (None, causal, False, []),
+        "sliding_window": (None, sliding, False, []),
+        "alibi": (alibi, None, False, []),
+        "softcap": (softcap, None, False, []),
+        "document": (None, document, False, []),
+        "prefix_lm": (None, prefix_lm, False, []),
+        "rel_bias": (rel_bias, None, False, []),
+        "rel_bias_learned": (rel_bias_learned, None, False, [learned]),
+        "gqa_causal": (None, causal, True, []),
     }
 
 
@@ -108,11 +115,12 @@ def _err(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
 
 
-def run(name, score_mod, mask_mod, gqa, shape, mode, device, reps, ours_kind) -> dict:
+def run(name, score_mod, mask_mod, gqa, shape, mode, device, reps, ours_kind, learn=(),
+        dtype=torch.bfloat16) -> dict:  # fmt: skip
     B, H, S, D = shape
     Hk = H // 4 if gqa else H
     g = torch.Generator(device="cpu").manual_seed(1)
-    mk = lambda h: torch.randn(B, h, S, D, generator=g).to(device, torch.bfloat16)  # noqa: E731
+    mk = lambda h: torch.randn(B, h, S, D, generator=g).to(device, dtype)  # noqa: E731
     q, k, v = mk(H), mk(Hk), mk(Hk)
     bm = None
     if mask_mod is not None:
@@ -122,13 +130,13 @@ def run(name, score_mod, mask_mod, gqa, shape, mode, device, reps, ours_kind) ->
     bwd = mode == "bwd"
     if bwd:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-    do = torch.randn(B, H, S, D, generator=g).to(device, torch.bfloat16)
+    do = torch.randn(B, H, S, D, generator=g).to(device, dtype)
 
     def step(fn):
         def go():
             out = fn(q, k, v, **kw)
             if bwd:
-                return out, torch.autograd.grad(out, (q, k, v), do)
+                return out, torch.autograd.grad(out, (q, k, v, *learn), do)
             return out, ()
 
         return go
@@ -160,8 +168,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--ours", default=None, choices=["compiled", "eager"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--json", metavar="PATH")
     a = ap.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cpu = device == "cpu"
     if cpu:
@@ -173,7 +183,8 @@ def main(argv=None) -> int:
     modes = ["fwd"] if cpu else (["fwd", "bwd"] if a.mode == "all" else [a.mode])
     names = mods(shape[2], shape[1], device)
     if quick:
-        names = {k: names[k] for k in ("causal", "alibi", "softcap", "document")}
+        names = {k: names[k] for k in ("causal", "alibi", "softcap", "document",
+                                       "rel_bias_learned")}  # fmt: skip
     where = (
         "CPU figures (FlyDSL on the reference backend vs torch's eager flex; not GPU speeds)"
         if cpu
@@ -184,11 +195,11 @@ def main(argv=None) -> int:
         table.add_column(col, justify="left" if col in ("mod", "mode", "shape") else "right")
     rows, bad, ratios = [], 0, []
     for mode in modes:
-        for name, (sm, mm, gqa) in names.items():
+        for name, (sm, mm, gqa, learn) in names.items():
             row = {"mod": name, "mode": mode, "shape": list(shape), "device": device,
-                   "cpu_figures": cpu, "ours": ours_kind}  # fmt: skip
+                   "cpu_figures": cpu, "ours": ours_kind, "dtype": a.dtype}  # fmt: skip
             try:
-                r = run(name, sm, mm, gqa, shape, mode, device, reps, ours_kind)
+                r = run(name, sm, mm, gqa, shape, mode, device, reps, ours_kind, learn, dtype)
                 row.update(r)
                 row["ratio"] = r["torch_s"] / r["ours_s"]
                 row["ok"] = r["err"] <= TOL

@@ -421,6 +421,71 @@ def test_loops_are_counted_and_the_matrix_loop_is_the_innermost_with_mfma():
     assert copy.matrix_loop_instructions is None
 
 
+#: LLVM's rotated layout: the latch block (.LBB0_3) sits above the header (.LBB0_4), and a block
+#: behind a uniform branch (the lazy rescale) jumps back up to the latch
+_ROTATED = """\
+\t.text
+\t.type\tk,@function
+k:
+\ts_mov_b32 s0, 0
+\ts_branch .LBB0_4
+.LBB0_3:
+\tv_mfma_f32_32x32x16_bf16 v[8:23], v[0:3], v[0:3], v[8:23]
+\ts_add_i32 s0, s0, 1
+\ts_cmp_lt_i32 s0, 8
+\ts_cbranch_scc0 .LBB0_5
+.LBB0_4:
+\tds_read_b128 v[0:3], v4
+\tv_mfma_f32_16x16x32_bf16 v[8:11], v[0:3], v[0:3], v[8:11]
+\tv_cmp_lt_i32_e32 vcc, 0, v5
+\ts_and_saveexec_b64 s[6:7], vcc
+\ts_cbranch_execz .LBB0_3
+\tv_pk_mul_f32 v[24:25], v[24:25], v[6:7]
+\tv_pk_mul_f32 v[26:27], v[26:27], v[6:7]
+\ts_branch .LBB0_3
+.LBB0_5:
+\ts_endpgm
+.Lfunc_end0:
+"""
+
+
+def test_the_loop_finder_follows_the_control_flow_graph():
+    from flydsl_core.backends.triton import amdgcn
+
+    (lp,) = amdgcn.loops(_ROTATED)
+    # one loop: the latch above the header, and the skippable block counted apart
+    assert lp.header == ".LBB0_4" and len(lp.instructions) == 12
+    assert lp.always == 9 and lp.conditional == 3
+    assert lp.matrix == 1.5  # a 32x32x16 counts 1, a 16x16x32 half
+    assert lp.per_matrix_op == 6.0
+    assert amdgcn.main_matrix_loop(_ROTATED) == lp
+    r = parse_amdgcn(_ROTATED, "gfx950", shared_bytes=0)
+    assert r.matrix_loop_instructions == 9 and r.matrix_loop_mfma == 1.5
+    assert r.matrix_loops == [{"instructions": 9, "conditional": 3, "mfma": 1.5}]
+    assert r.loop_per_mfma == (6.0, 6.0)
+    # nested loops: only the innermost one holding a matrix op is a matrix loop
+    nested = amdgcn.matrix_loops(_NESTED)
+    assert [len(x.instructions) for x in nested] == [4] and nested[0].inner
+
+
+@pytest.mark.parametrize(
+    "mnem, weight",
+    [
+        ("v_mfma_f32_32x32x16_bf16", 1.0),
+        ("v_mfma_f32_16x16x32_bf16", 0.5),
+        ("v_mfma_f32_32x32x8_bf16", 1.0),
+        ("v_wmma_f32_16x16x32_bf16", 0.5),
+        ("v_mfma_scale_f32_32x32x64_f8f6f4", 1.0),
+        ("v_mfma_f32_4x4x4_16b_f16", 1 / 64),
+        ("v_add_f32", 0.0),
+    ],
+)
+def test_matrix_weight_is_in_32x32_equivalents(mnem, weight):
+    from flydsl_core.backends.triton.amdgcn import matrix_weight
+
+    assert matrix_weight(mnem) == weight
+
+
 @pytest.mark.parametrize("target", ["gfx950", "sm90"])
 def test_a_matmul_k_loop_holds_its_matrix_ops(target):
     r = _report(f"{target}/loop")

@@ -236,6 +236,19 @@ def test_windows_cut_through_tiles():
         check_fwd_bwd(q, k, v, REF, window_size=window)
 
 
+@pytest.mark.parametrize(
+    "window, sq, sk",
+    [((40, 0), 70, 70), ((37, 11), 90, 75), ((25, 30), 64, 80), ((33, 0), 47, 100)],
+)
+def test_windows_wider_than_the_tile(window, sq, sk):
+    # 16 x 16 tiles: every loop of kernels._segments runs (left-bound tiles, the unmasked
+    # interior, right-bound tiles; the dK/dV query loop mirrored), with sq != sk
+    q, k, v = qkv(1, sq, sk, 2, 1, 32, seed=sq + 3 * sk, grad=True)
+    check_fwd_bwd(q, k, v, REF, window_size=window)
+    if window == (37, 11):
+        check_fwd_bwd(q, k, v, INTERP, window_size=window)
+
+
 # -- the interpreter (generated Triton) -----------------------------------------------------------------
 
 
@@ -532,14 +545,27 @@ def test_score_mod_without_gradient_is_a_clear_error():
 
 
 def test_split_rule_boundaries():
-    cus = 256
-    assert configs.splits_for(cus // 2, 1000, cus) == 1  # enough programs
-    assert configs.splits_for(cus // 2 - 1, 1000, cus) == 3  # ceil(256 / 127)
-    assert configs.splits_for(1, 2 * configs.MIN_BLOCKS_PER_SPLIT - 1, cus) == 1  # too few blocks
-    assert configs.splits_for(1, 2 * configs.MIN_BLOCKS_PER_SPLIT, cus) == 2
-    assert configs.splits_for(1, 10_000, cus) == configs.MAX_SPLITS
-    assert configs.splits_for(8, 10_000, cus) == 16
-    assert configs.splits_for(64, 10_000, cus) == 4
+    cus, k = 256, configs.MIN_KEYS_PER_SPLIT
+    assert configs.splits_for(cus // 2, 100_000, cus) == 1  # enough programs
+    assert configs.splits_for(cus // 2 - 1, 100_000, cus) == 3  # ceil(256 / 127)
+    assert configs.splits_for(1, 2 * k - 1, cus) == 1  # too short to share
+    assert configs.splits_for(1, 2 * k, cus) == 2
+    assert configs.splits_for(1, 5 * k + 7, cus) == 5  # every split keeps >= k keys
+    assert configs.splits_for(1, 10**6, cus) == configs.MAX_SPLITS
+    assert configs.splits_for(8, 10**6, cus) == 16
+    assert configs.splits_for(64, 10**6, cus) == 4
+
+
+def test_split_count_follows_the_sequence_length_not_the_tile():
+    def splits(ctx, page, window=(-1, -1)):
+        p = plan.Problem(1, 1, ctx, 64, 8, 128, 128, causal=True, seqused=True,
+                         page_size=page, decode=True, window=window)  # fmt: skip
+        return plan.plan_forward(p, "gfx950").splits
+
+    assert splits(2048, 16) == splits(2048, 256) == 4  # 8 programs, 2048 keys: 4 x 512
+    assert splits(131072, 16) == splits(131072, 64) == configs.MAX_SPLITS
+    assert splits(1000, 16) == 1
+    assert splits(131072, 64, window=(127, 0)) == 1  # a row walks 128 keys, not 131072
 
 
 def test_persistent_rule_boundaries():
@@ -559,6 +585,71 @@ def test_decode_packing_rule_boundaries():
     assert configs.decode_rows(16, 4, 8) == 32
     assert configs.decode_rows(16, 64, 8) == 64
     assert configs.decode_rows(16, 1, 128) == 128  # a group larger than the row cap
+
+
+def test_band_config_makes_the_window_wider_than_the_tile():
+    c = configs.Config(256, 64, 8, 1, 32, lazy=False)
+    assert configs.band_config("fwd", c, None) is c  # no two-sided window
+    assert configs.band_config("fwd", c, 4096) is c  # a wide one
+    small = configs.band_config("fwd", c, 128)  # gpt-oss: 128 keys per query
+    assert (small.BM, small.BN, small.num_warps) == (64, 64, 2)  # 32 rows per warp kept
+    dk = configs.band_config("bwd_dkdv", configs.Config(64, 128, 8, 1, 16), 128)
+    assert (dk.BM, dk.BN, dk.num_warps) == (64, 64, 4)
+    p = plan.Problem(4, 4096, 4096, 64, 8, 64, 64, causal=True, window=(127, 0), sinks=True)
+    fp = plan.plan_forward(p, "gfx950")
+    assert fp.C.BM + fp.C.BN <= 129 and not fp.C.NARROW  # no tile crosses both bounds
+    bp = plan.plan_backward(p, "gfx950")
+    assert not bp.C_dq.NARROW and not bp.C_dkdv.NARROW
+
+
+def _crosses_both(sq, sk, rows, keys, left, right, mirrored):
+    """Brute force: does some tile hold a (query, key) pair cut by the left window bound and
+    another cut by the right bound (or the sequence's end)? (forward / dQ: query tiles x key
+    tiles from the key range's first tile; ``mirrored``: dK/dV's key tiles x query tiles)."""
+    off = sk - sq
+
+    def cut(i, j):
+        return (j < i + off - left, j > i + off + right or j >= sk)
+
+    row_tiles = range(0, sq, rows) if not mirrored else range(0, sk, keys)
+    for t0 in row_tiles:
+        if not mirrored:
+            qs = range(t0, min(t0 + rows, sq))
+            lo = (max(t0 + off - left, 0) // keys) * keys
+            hi = min(sk, max(qs[-1] + off + right + 1, 0))
+            tiles = [range(n0, n0 + keys) for n0 in range(lo, hi, keys)]
+            pairs = [[(i, j) for i in qs for j in t] for t in tiles]
+        else:
+            ks = range(t0, t0 + keys)
+            lo = (max(t0 - off - right, 0) // rows) * rows
+            hi = min(sq, max(t0 + keys - off + left, 0))
+            tiles = [range(m0, min(m0 + rows, sq)) for m0 in range(lo, hi, rows)]
+            pairs = [[(i, j) for i in t for j in ks if j < sk] for t in tiles]
+        for ps in pairs:
+            cuts = [cut(i, j) for i, j in ps]
+            if any(c[0] for c in cuts) and any(c[1] for c in cuts):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_narrow_band_proof_is_sound(mirrored):
+    # wherever some tile really crosses both bounds, the plan must keep that loop
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(
+        sq=st.integers(1, 90), sk=st.integers(1, 90), rows=st.sampled_from([16, 32]),
+        keys=st.sampled_from([16, 32]), left=st.integers(0, 70), right=st.integers(0, 40),
+    )  # fmt: skip
+    def check(sq, sk, rows, keys, left, right):
+        plan._both_bounds_cross.cache_clear()
+        proof = plan._both_bounds_cross(sq, sk, rows, keys, left, right, mirrored)
+        if _crosses_both(sq, sk, rows, keys, left, right, mirrored):
+            assert proof, (sq, sk, rows, keys, left, right)
+
+    check()
 
 
 def test_plan_picks_schedules_by_shape():

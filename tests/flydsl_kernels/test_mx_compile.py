@@ -57,10 +57,11 @@ def test_gemm_scale_loads_on_gfx950_are_bytes_staged_through_lds():
     new Triton), the shuffled-layout investigation is worth redoing."""
     from collections import Counter
 
-    from flydsl_kernels.gemm.model import k_loop_body
+    from flydsl_core.backends.triton.amdgcn import main_matrix_loop
 
-    body = k_loop_body(model.compile_gemm(32, 4096, 4096, "e4m3", "e4m3").stages()["amdgcn"])
-    ops = Counter(line.split()[0] for line in body)
+    ck = model.compile_gemm(32, 4096, 4096, "e4m3", "e4m3")
+    body = main_matrix_loop(ck.stages()["amdgcn"]).mnemonics()
+    ops = Counter(body)
     print(f"K loop: {len(body)} instructions, {dict(ops)}")
     assert ops["buffer_load_ubyte"] == 1 and ops["buffer_load_ushort"] == 1  # A and B scales
     assert ops["ds_read_u8"] == 12

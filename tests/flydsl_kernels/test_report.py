@@ -44,6 +44,12 @@ def _fake_report() -> ResourceReport:
         instruction_count=100,
         load_widths_bits={32: 3, 128: 2},
         matrix_ops={"v_mfma_f32_16x16x32_bf16": 16, "v_mfma_f32_32x32x16_bf16": 4},
+        matrix_loop_instructions=90,
+        matrix_loop_mfma=10.0,
+        matrix_loops=[
+            {"instructions": 150, "conditional": 0, "mfma": 10.0},
+            {"instructions": 90, "conditional": 12, "mfma": 10.0},
+        ],
     )
 
 
@@ -93,6 +99,14 @@ def test_good_case_row(fake_families):
     assert row["load_width_bits"] == 128  # the widest global load
     assert row["matrix"] == "v_mfma_f32_16x16x32_bf16 x 16, v_mfma_f32_32x32x16_bf16 x 4"
     assert row["check_device"] == "cpu" and row["ours_us"] is None  # no timing on the CPU
+    assert row["loop_per_mfma"] == [9.0, 15.0]  # main loop / worst loop, per 32x32 MFMA
+
+
+def test_loop_per_mfma_column(fake_families, capsys):
+    fake_families([_case("good")])
+    assert report.main(["fake", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "loop/MFMA" in out and "9.00 / 15.00" in out
 
 
 def test_raising_cases_are_error_rows_and_exit_nonzero(fake_families, tmp_path, capsys):
@@ -181,6 +195,27 @@ def test_one_topk_case_compiles_for_gfx950_and_json_matches(tmp_path, capsys):
     assert doc["rows"] == json.loads(json.dumps(rows))  # the same rows as collect()
     table = capsys.readouterr().out
     assert "topk/topk_small" in table and "1 cases, 0 failed" in table
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "select",
+    [
+        "gemm/gemm_kernel/4096x4096x4096 bf16",
+        "attention/attn_fwd_kernel/B4 S4096x4096 H32/8 D128 causal llama",
+    ],
+)
+def test_loop_figure_is_the_core_finders_for_gemm_and_attention(select):
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    cases, _ = report.select_cases([select])
+    rows = report.collect([select], target="gfx950", check=False)
+    ck = cases[0].compile("gfx950")
+    loops = matrix_loops(ck.stages()["amdgcn"])
+    per = [lp.per_matrix_op for lp in loops]
+    for row in rows:
+        assert row["error"] is None
+        assert row["loop_per_mfma"] == [round(min(per), 2), round(max(per), 2)]
 
 
 @pytest.mark.gpu

@@ -36,7 +36,8 @@ def overrides(device, tmp_path, monkeypatch):
         path.write_text(json.dumps({"format": "torch_flydsl.gates/1", "rules": rules}))
         monkeypatch.setenv("FLYDSL_TORCH_ARCHS", arch)
         monkeypatch.setenv("FLYDSL_TORCH_GATES", str(path))
-    torch_flydsl.enable(device=device)
+    # rms_norm is opt-in on the CPU key (stock CPU torch decomposes F.rms_norm): named here
+    torch_flydsl.enable(ops=["rms_norm", "topk"], device=device)
     torch_flydsl.reset_stats()
     yield device
     torch_flydsl.disable()

@@ -270,9 +270,17 @@ def test_inductor_output_code_holds_the_flydsl_triton_kernel(monkeypatch):
     monkeypatch.setattr(GraphLowering, "save_output_code", staticmethod(codes.append))
     monkeypatch.setattr(CachingAutotuner, "precompile", precompile)
     import torch._dynamo
+    import torch._inductor.config
 
     torch._dynamo.reset()
-    with _no_compile_caches(), _cpu_traced(), pytest.raises(Exception) as stop:
+    # compile_threads=1: compile in this process, where the stand-in precompile is (a pool of
+    # compile workers, which Inductor may start, would compile for real and fail: no GPU)
+    with (
+        _no_compile_caches(),
+        _cpu_traced(),
+        torch._inductor.config.patch(compile_threads=1),
+        pytest.raises(Exception) as stop,
+    ):
         torch.compile(lambda x: scale_rows_op(x) * 2, fullgraph=True)(_rand(7, 100))
     assert isinstance(stop.value, _Stop) or "_Stop" in repr(stop.value)
     (code,) = codes

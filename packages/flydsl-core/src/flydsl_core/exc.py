@@ -34,6 +34,7 @@ __all__ = [
     "TraceError",
     "TritonLaunchError",
     "TypeCheckError",
+    "UnknownSettingWarning",
     "UnknownTargetError",
     "UsageError",
     "VerifyError",
@@ -181,3 +182,7 @@ class UsageError(FlyDSLError, ValueError):
 class CacheCorruptionWarning(UserWarning):
     """A cache entry failed verification; it was removed (or, where it could not be,
     left in place) and the kernel compiled again."""
+
+
+class UnknownSettingWarning(UserWarning):
+    """A ``FLYDSL_*`` environment variable that no FlyDSL package declares (it is ignored)."""

@@ -36,7 +36,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .exc import SettingsError
+from .exc import SettingsError, UnknownSettingWarning
 
 #: the public surface: what other packages use (declare their variables, read one)
 __all__ = [
@@ -60,10 +60,6 @@ _FALSE = ("0", "false", "no", "off")
 #: the entry point group through which installed packages declare their variables
 ENTRY_POINT_GROUP = "flydsl.settings"
 PREFIX = "FLYDSL_"
-
-
-class UnknownSettingWarning(UserWarning):
-    """A ``FLYDSL_*`` environment variable that no FlyDSL package declares (it is ignored)."""
 
 
 @dataclass(frozen=True)

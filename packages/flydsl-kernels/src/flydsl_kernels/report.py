@@ -7,7 +7,12 @@ For each selected case of each family (``flydsl_kernels.families()``) it
 
 * compiles the kernel for ``--target`` (gfx950 by default; cross-compiling
   needs no GPU) and reads the resource report of the compiled code: VGPRs,
-  LDS, scratch, occupancy, the widest global load, matrix instructions;
+  LDS, scratch, occupancy, the widest global load, matrix instructions, and on
+  AMD targets the loop figure ``loop/MFMA``: instructions per trip of the
+  innermost loops holding matrix instructions per 32x32-equivalent matrix
+  instruction (the core's loop finder, ``flydsl_core.backends.triton.amdgcn.
+  loops``; a block a trip may skip is not counted), as ``main / worst`` where a
+  kernel has several such loops (attention's unmasked and masked KV loops);
 * checks correctness on ``--device`` (auto: the GPU if torch sees one, else
   the CPU reference backend); the error is normalized so <= 1 passes;
 * where the check device is a GPU, times ours and the ATen op on the same
@@ -211,6 +216,7 @@ def _blank_row(family, kernel, shape, config, notes, target, device, check) -> d
         "store_width_bits": None,
         "matrix_ops": {},
         "matrix": "",
+        "loop_per_mfma": None,
         "check_error": None,
         "ok": None,
         "ours_us": None,
@@ -247,6 +253,16 @@ def _fill_resources(row: dict, report) -> None:
     row["store_width_bits"] = max(d["store_widths_bits"], default=None)
     row["matrix_ops"] = dict(d["matrix_ops"])
     row["matrix"] = matrix_summary(d["matrix_ops"])
+    per = report.loop_per_mfma
+    row["loop_per_mfma"] = None if per is None else [round(per[0], 2), round(per[1], 2)]
+
+
+def _fmt_loop(per) -> str:
+    """``[8.78, 15.75]`` -> ``'8.78 / 15.75'`` (main / worst loop); one figure when they agree."""
+    if not per:
+        return "-"
+    main, worst = per
+    return f"{main:.2f}" if worst == main else f"{main:.2f} / {worst:.2f}"
 
 
 def resource_problems(report, target) -> list[str]:
@@ -471,13 +487,15 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
     named = any(r.get("baseline") not in (None, "ATen") for r in rows)
     t = Table(title=title)
     cols = ["kernel", "shape", "config", "VGPR", "LDS", "scratch", "occupancy", "load"]
-    cols += ["matrix instr", "check err"]
+    cols += ["matrix instr", "loop/MFMA", "check err"]
     if named:
         cols += ["baseline"]
     if timed:
         cols += ["ours", "ATen", "speedup"]
     for c in cols:
-        right = c in ("VGPR", "LDS", "scratch", "occupancy", "load", "check err", "ours", "ATen")
+        right = c in (
+            "VGPR", "LDS", "scratch", "occupancy", "load", "loop/MFMA", "check err", "ours", "ATen",
+        )  # fmt: skip
         t.add_column(c, justify="right" if right or c == "speedup" else "left", overflow="fold")
     for r in rows:
         occ = r["occupancy"]
@@ -501,6 +519,7 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
             _fmt(occ),
             _fmt(r["load_width_bits"], " b"),
             (escape(r["matrix"]) or "-") + (" [yellow](emulated)[/]" if r.get("emulated") else ""),
+            _fmt_loop(r.get("loop_per_mfma")),
             err_cell,
         ]
         if named:

@@ -76,8 +76,14 @@ class ResourceReport:
     direct_to_lds_loads: int = 0  # global->LDS without registers (AMD *_lds*, NVIDIA cp.async)
     # loops: a label and a later branch back to it; an outer loop's count includes its inner ones
     loop_instructions: list[int] = field(default_factory=list)  # per loop, in code order
-    # the smallest loop holding a matrix op: a GEMM's K loop (also inside a persistent tile loop)
+    # the smallest loop holding a matrix op: a GEMM's K loop (also inside a persistent tile loop);
+    # AMD: the instructions every trip runs (``amdgcn.loops``), a skippable block not counted
     matrix_loop_instructions: int | None = None
+    # AMD: that loop's matrix instructions per trip in 32x32-equivalents (``amdgcn.matrix_weight``)
+    matrix_loop_mfma: float | None = None
+    # AMD: every innermost loop holding a matrix op, in code order: {"instructions" every trip
+    # runs, "conditional" (instructions a trip may skip), "mfma" (32x32-equivalents per trip)}
+    matrix_loops: list[dict] = field(default_factory=list)
     # ds_read*/ds_load* (AMD); ld.shared, ldmatrix (NVIDIA)
     lds_reads: dict[str, int] = field(default_factory=dict)
     lds_writes: dict[str, int] = field(default_factory=dict)
@@ -92,6 +98,16 @@ class ResourceReport:
     @property
     def matrix_op_count(self) -> int:
         return sum(self.matrix_ops.values())
+
+    @property
+    def loop_per_mfma(self) -> tuple[float, float] | None:
+        """``(main, worst)``: instructions per trip per 32x32-equivalent matrix instruction of the
+        main matrix loop (the one with the fewest instructions per trip) and of the worst one
+        (an attention kernel's masked loops); None where no loop holds a matrix op (or on NVIDIA)."""
+        per = [d["instructions"] / d["mfma"] for d in self.matrix_loops if d.get("mfma")]
+        if not per or not self.matrix_loop_mfma:
+            return None
+        return self.matrix_loop_instructions / self.matrix_loop_mfma, max(per)
 
     @property
     def has_scratch(self) -> bool | None:

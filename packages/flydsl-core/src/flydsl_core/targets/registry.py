@@ -96,6 +96,9 @@ class Target:
     # what the code generator may use (decided from these flags, never from the name):
     has_buffer_ops: bool = False  # AMD buffer loads/stores: 32-bit offsets from a descriptor
     eviction_hint_with_cache_modifier: bool = True  # a load may carry both hints at once
+    # a one-instruction fp32 tanh (gfx1250's v_tanh_f32): fly.tanh lowers to the library's,
+    # which compiles to it; elsewhere to the branch-free formula (rules/elementwise.tanh_helper)
+    has_native_tanh: bool = False
     unverified: tuple[str, ...] = ()  # names of fields holding placeholder figures
 
     @property
@@ -300,6 +303,7 @@ _GFX1250 = Target(
     # hardware has native MX; unverified on silicon.
     supports_native_mx=True,
     has_buffer_ops=True,  # obs: Triton 3.9 emits buffer_load_* given tt.pointer_range = 32
+    has_native_tanh=True,  # obs: Triton 3.9 lowers libdevice's tanh to v_tanh_f32 on gfx1250
     unverified=(
         "num_cus",
         "num_xcds",

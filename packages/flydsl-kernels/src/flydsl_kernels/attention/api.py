@@ -14,7 +14,8 @@ count and split rule plan the launch; None: the device's, gfx950's on the CPU ba
 ``target="cpu-interpret", table="sm90"`` runs sm90's plan on the interpreter) and ``config`` /
 ``num_splits`` overrides.
 
-Supported: bf16 / fp16 q, k, v of one dtype, fp32 accumulation; head dims up to 256 (any, 192
+Supported: bf16 / fp16 q, k, v of one dtype (and fp32, beyond flash-attn: IEEE fp32 products,
+for flex_attention's fp32 inputs), fp32 accumulation; head dims up to 256 (any, 192
 for q/k with 128 for v included); ``nheads % nheads_k == 0`` (MHA, GQA, MQA); any strides.
 Not supported, with an error saying so: dropout (``dropout_p != 0``), rotary embedding and
 ``cache_leftpad`` in ``flash_attn_with_kvcache``, page sizes that are not powers of two.
@@ -39,9 +40,9 @@ from . import configs, plan
 from . import validate as V
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 256
-_DNAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DNAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 # -- block sparsity ----------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def _check_qkv(q, k, v, what, rank):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what}: {n} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{what} supports bf16 and fp16 q, k, v; {n} is {t.dtype}")
+            raise TypeError(f"{what} supports bf16, fp16 and fp32 q, k, v; {n} is {t.dtype}")
         if t.dim() != rank:
             raise ValueError(f"{what}: {n} must be {rank}-D, got shape {list(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -362,6 +363,7 @@ def _backward(
     dkdv_config=None,
     dq_config=None,
     sparse=None,
+    dlse4=None,
 ):
     bp = plan.plan_backward(p, tgt, table=table, dkdv_config=dkdv_config, dq_config=dq_config)
     dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
@@ -374,25 +376,30 @@ def _backward(
         dv.zero_()
     if q5.is_meta:
         return dq, dk, dv, ld[:, :, :, 1]
-    for launch in bp.launches(
-        q=q5,
-        k=k4,
-        v=v4,
-        o=o5,
-        do=do5,
-        lse=lse4,
-        ld=ld,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        alibi=alibi3,
-        cu_q=cu_q,
-        cu_k=cu_k,
-        mod_tensors=mt,
-        sq_rows=q5.shape[1],
-        **_sparse_lists(sparse, p),
+    for n, launch in enumerate(
+        bp.launches(
+            q=q5,
+            k=k4,
+            v=v4,
+            o=o5,
+            do=do5,
+            lse=lse4,
+            ld=ld,
+            dq=dq,
+            dk=dk,
+            dv=dv,
+            alibi=alibi3,
+            cu_q=cu_q,
+            cu_k=cu_k,
+            mod_tensors=mt,
+            sq_rows=q5.shape[1],
+            **_sparse_lists(sparse, p),
+        )
     ):
         _run(launch, tgt)
+        if n == 0 and dlse4 is not None:
+            # a gradient w.r.t. the LSE: d lse / d s_j = P_j, so dS = P * (dP - (delta - dlse))
+            ld[:, :, :, 1] -= dlse4.float()
     return dq, dk, dv, ld[:, :, :, 1]
 
 
@@ -504,13 +511,15 @@ def flash_attn_func(
     table=None,
     config=None,
     num_splits=None,
+    out=None,
 ):
     """flash-attn's ``flash_attn_func``: q ``(B, Sq, H, D)``, k/v ``(B, Sk, Hk, D / Dv)``.
 
     Returns ``out (B, Sq, H, Dv)``, or ``(out, lse (B, H, Sq) fp32, None)`` with
     ``return_attn_probs`` (flash-attn's triple; there are no dropout probabilities).
     ``block_sparse``: a ``BlockSparse`` or torch ``BlockMask``: only the listed KV blocks are
-    visited, full blocks without the mask mod (flex_attention's meaning).
+    visited, full blocks without the mask mod (flex_attention's meaning). ``out``: a
+    preallocated output ``(B, Sq, H, Dv)`` of any strides (flex_attention's output layout).
     """
     what = "flash_attn_func"
     _check_dropout(dropout_p)
@@ -551,9 +560,17 @@ def flash_attn_func(
     if bsp is not None:
         fkw["sparse"], bkw["sparse"] = bsp, bsp
 
+    if out is not None and (tuple(out.shape) != (B, Sq, H, Dv) or out.dtype != q.dtype
+                            or out.device != q.device):  # fmt: skip
+        raise ValueError(
+            f"flash_attn_func: out must be ({B}, {Sq}, {H}, {Dv}) {q.dtype} on the inputs' "
+            f"device, got {list(out.shape)} {out.dtype}"
+        )
+
     def views(q, k, v, o=None, lse=None):
         if o is None:
-            o = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
+            o = out if out is not None else torch.empty((B, Sq, H, Dv), dtype=q.dtype,
+                                                         device=q.device)  # fmt: skip
             lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
         return (
             q.unflatten(2, (Hk, G)),
@@ -941,13 +958,15 @@ def flash_attn_backward(
     block_sparse=None,
     target=None,
     table=None,
+    dlse=None,
 ):
     """The gradients ``(dq, dk, dv)`` of ``flash_attn_func(q, k, v, ...)`` from its ``out``
     and natural-log ``lse (B, H, Sq)`` (flash-attn's ``_flash_attn_backward``, dense layout):
     for callers that keep the forward's results themselves (an ATen backward op) instead of
     using autograd. Same options and support as ``flash_attn_func`` (mods and block sparsity
     included; a score mod needs its gradient) without ALiBi or sinks; any strides. Rows with
-    no visible key have ``lse = +inf`` (the forward's convention)."""
+    no visible key have ``lse = +inf`` (the forward's convention). ``dlse``: a gradient
+    w.r.t. the LSE ``(B, H, Sq)``, folded into the backward's delta term."""
     what = "flash_attn_backward"
     _check_qkv(q, k, v, what, 4)
     B, Sq, H, _ = q.shape
@@ -960,6 +979,8 @@ def flash_attn_backward(
         )
     if lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, Sq):
         raise ValueError(f"flash_attn_backward: lse must be fp32 ({B}, {H}, {Sq})")
+    if dlse is not None and tuple(dlse.shape) != (B, H, Sq):
+        raise ValueError(f"flash_attn_backward: dlse must be ({B}, {H}, {Sq})")
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
     if sm is not None and not sm.differentiable:
         raise NotImplementedError(
@@ -996,5 +1017,6 @@ def flash_attn_backward(
         table=_table(q, target, table),
         mt=mt,
         sparse=bsp,
+        dlse4=None if dlse is None else dlse.reshape(B, Hk, G, Sq),
     )
     return dq5.reshape(q.shape), dk, dv

@@ -15,7 +15,7 @@ from flydsl_core import cdiv
 
 from .. import registry
 from .._target import check_device, check_target
-from . import configs, plan, reference
+from . import plan, reference
 from .api import flash_attn_func, flash_attn_with_kvcache
 from .model import backward_launch, forward_launches
 
@@ -66,18 +66,15 @@ def _sdpa(q, k, v, causal):
 def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
     left, right = p.window
     kw = {"causal": p.causal, "window_size": (left, right)}
-    cfg_kind = {
-        "fwd": "fwd",
-        "bwd_dkdv": "bwd_dkdv",
-        "bwd_dq": "bwd_dq",
-        "bwd_preprocess": "bwd_dkdv",
-    }[kind]
-    dmax = max(p.head_dim, p.head_dim_v)
 
     def config(target):
+        # the plan's config: the table's, shrunk for a window narrower than its tile
         if kind == "bwd_preprocess":
             return {"BM": plan.ROWS_BM}
-        return configs.select(cfg_kind, dmax, target).as_dict()
+        if kind == "fwd":
+            return plan.plan_forward(p, target).config.as_dict()
+        bp = plan.plan_backward(p, target)
+        return (bp.dkdv if kind == "bwd_dkdv" else bp.dq).as_dict()
 
     def launch(target):
         if kind == "fwd":

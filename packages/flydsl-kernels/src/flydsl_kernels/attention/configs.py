@@ -10,9 +10,14 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 
 * **tile**: by head dim class (``dclass``), prefill vs decode (decode packs the query heads of
   a KV group into the tile's rows: ``GP = next_pow2(G)`` heads x ``BM / GP`` positions);
-* **split-KV** (decode and any forward whose grid leaves CUs idle): with ``T`` programs and
-  ``NB`` KV blocks per program, ``splits = 1`` when ``T >= CUs / 2`` or ``NB < 2 *
-  MIN_BLOCKS_PER_SPLIT``; else ``min(MAX_SPLITS, ceil(CUs / T), NB // MIN_BLOCKS_PER_SPLIT)``;
+* **split-KV** (decode and any forward whose grid leaves CUs idle), from the sequence length:
+  with ``T`` programs each walking ``K`` keys (the key length, or under a two-sided window
+  the band plus the tile's rows), ``splits = 1`` when ``T >= CUs / 2`` or ``K < 2 *
+  MIN_KEYS_PER_SPLIT``; else ``min(MAX_SPLITS, ceil(CUs / T), K // MIN_KEYS_PER_SPLIT)``: every
+  split keeps at least ``MIN_KEYS_PER_SPLIT`` keys (the combine and each split's Q load and
+  epilogue amortize over them), whatever the tile or page size;
+* **window tiles** (``band_config``): a window narrower than the tile shrinks the tile until
+  the window is wider than it (the KV loop then has unmasked interior trips);
 * **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
   uneven tile costs (causal: a tile's keys grow with its m-block) and ``CUs <= T <
   PERSIST_WAVES * CUs`` (a few waves, so the last wave's imbalance is a large share of the
@@ -26,14 +31,14 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .._target import compiler_options
 from .._target import num_cus as _num_cus
 from .._target import table_for as _table_for
 
 MAX_SPLITS = 16
-MIN_BLOCKS_PER_SPLIT = 4
+MIN_KEYS_PER_SPLIT = 512
 PERSIST_WAVES = 4
 
 
@@ -51,7 +56,7 @@ class Config:
     num_stages: int = 1
     nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
     waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
-    lazy: bool = True  # forward: the rescale behind a scalar branch (kernels._update)
+    lazy: bool = True  # forward: the rescale behind a scalar branch (forward._update)
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -77,11 +82,18 @@ class Config:
         return d
 
 
-def dclass(head_dim: int) -> str:
-    """The head-dim class of a table: 64 (<= 64), 128 (<= 128), 256 (above, 192 included)."""
-    if head_dim <= 64:
+def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
+    """The head-dim class of a table: by the larger of the q/k and v head dims, 64 (<= 64), 128
+    (<= 128), 256 (above); q/k dims up to 192 with v dims up to 128 (DeepSeek's MLA heads,
+    192 / 128) are a class of their own, "d192": their accumulators are those of a 128 head,
+    so they take wider tiles than a 256 head can."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    d = max(head_dim, dv)
+    if d <= 64:
         return "d64"
-    return "d128" if head_dim <= 128 else "d256"
+    if d <= 128:
+        return "d128"
+    return "d192" if head_dim <= 192 and dv <= 128 else "d256"
 
 
 # -- the shipped tables (static model, untimed) ----------------------------------------------------
@@ -96,25 +108,34 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
 
 
 #: gfx950, picked by the static model (``python -m flydsl_kernels.attention.model``; Triton
-#: 3.9): notes = VGPRs, loop instructions per KV tile (per query step for dK/dV) and per useful
-#: 32x32x16 MFMA-equivalent. Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per
-#: SIMD, 128-bit K/V loads (decode also at page sizes 16 to 256: tiles never span pages). Where a wider tile was better per MFMA
-#: but spilled SGPRs (fwd d64 256x128: 11.56, 5 SGPR spills), the model took the next one. The lazy rescale is off where it costs more than it
-#: saves (everywhere, in Triton: its scalar branch needs a workgroup-wide max through LDS and a
-#: barrier; fwd d128 256x64: 295 instructions with the branch vs 280 rescaling always).
+#: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
+#: main loop (per KV tile; per query step for dK/dV) and per useful 32x32x16 MFMA-equivalent.
+#: Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD, 128-bit K/V loads
+#: (decode also at page sizes 16 to 256: tiles never span pages). Tiles with fewer
+#: instructions per MFMA that need one wave per SIMD (dK/dV d128 32x128 with 4 warps: 8.16;
+#: fwd d128 256x64 with 4 warps: 7.39) or spill (fwd d128 256x128: 8.19 with 5 SGPR spills
+#: under LLVM's minimal-register scheduler, 243 spills under the default one) were passed over.
+#: Decode runs one warp per tile: with two, Triton's layouts issued 12 MFMA-equivalents for 8
+#: of work. The lazy rescale is off: its scalar branch needs a workgroup-wide max through LDS
+#: and a barrier and splits the loop body, which cost more than the rescale it skips (fwd d128
+#: 256x64: 298 instructions per trip with the branch, 281 rescaling always).
 _GFX950 = {
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, False, 164, 214, 13.38),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, False, 254, 280, 8.75),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 206, 219, 13.69),
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 140, 286),
-    ("decode", "d128"): _c(16, 64, 2, 1, 16, False, 178, 245),
-    ("decode", "d256"): _c(16, 32, 2, 1, 16, False, 224, 247),
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 224, 305, 19.06),
-    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 222, 216, 13.5),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 208, 174, 21.75),
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 244, 246, 10.25),
-    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True, 240, 181, 7.54),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 238, 206, 8.58),
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, False, 142, 215, 13.44),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, False, 254, 282, 8.81),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, False, 246, 293, 7.33),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 202, 221, 13.81),
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 144, 297, 37.12),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, False, 144, 208, 26.0),
+    ("decode", "d192"): _c(16, 32, 2, 1, 16, False),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, False, 190, 224),
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 216, 220, 13.75),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 204, 174, 10.88),
+    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 248, 231, 11.55),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 214, 164),
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 218, 230, 9.58),
+    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 224, 166, 6.92),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 244, 293, 9.16),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 236, 203, 8.46),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
 #: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
@@ -134,6 +155,8 @@ _SM90 = {
     ("bwd_dq", "d128"): _c(64, 32, 4, 1, 32, True),
     ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
 }
+for _k in ("fwd", "decode", "bwd_dkdv", "bwd_dq"):  # MLA heads: the d256 tiles there
+    _SM90[(_k, "d192")] = _SM90[(_k, "d256")]
 
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
@@ -147,11 +170,18 @@ _GFX942 = {
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
+for _k in ("fwd", "bwd_dkdv", "bwd_dq"):  # gfx950's MLA tiles spill here: the d256 ones
+    _GFX942[(_k, "d192")] = _GFX942[(_k, "d256")]
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = {
     **_GFX950,
+    ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
+    # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
+    # (band_config), spilled 25 SGPRs here
+    ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
+    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
 
@@ -174,15 +204,33 @@ def table(target=None) -> dict:
 table_for = table
 
 
-def select(kind: str, head_dim: int, target=None) -> Config:
+def select(kind: str, head_dim: int, target=None, head_dim_v: int | None = None) -> Config:
     """The shipped config of ``kind`` (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) for a head
-    dim in ``target``'s table."""
-    return table(target)[(kind, dclass(head_dim))]
+    dim (and v head dim) in ``target``'s table."""
+    return table(target)[(kind, dclass(head_dim, head_dim_v))]
 
 
 def num_cus(target) -> int:
     """CUs / SMs the split and persistent rules size grids by (``_target.num_cus``)."""
     return _num_cus(target)
+
+
+def band_config(kind: str, cfg: Config, band: int | None) -> Config:
+    """``cfg`` shrunk so that a window of ``band`` keys per query (both bounds) is wider than a
+    tile (``tile rows + tile keys <= band + 1``): then a tile's KV loop has unmasked interior
+    trips and masks only at the window's edges (``common._segments``). The forward and dQ
+    halve their query rows, dK/dV its keys per program, with the warps (each warp keeps its
+    rows), down to one warp; None (no two-sided window) or a wide window: ``cfg`` itself."""
+    if band is None:
+        return cfg
+    c = cfg
+    if kind in ("fwd", "bwd_dq"):
+        while band + 1 < c.BM + c.BN and c.num_warps > 1 and c.BM > 16:
+            c = replace(c, BM=c.BM // 2, num_warps=c.num_warps // 2, notes={})
+    elif kind == "bwd_dkdv":
+        while band + 1 < c.BN + c.BM and c.num_warps > 1 and c.BN > 16:
+            c = replace(c, BN=c.BN // 2, num_warps=c.num_warps // 2, notes={})
+    return c
 
 
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger
@@ -201,14 +249,12 @@ def decode_rows(bm: int, seqlen_q: int, gp: int) -> int:
     return max(min(max(bm, next_pow2(max(seqlen_q, 1)) * gp), DECODE_ROWS_MAX), gp, bm)
 
 
-def splits_for(programs: int, kv_blocks: int, cus: int) -> int:
-    """Split-KV count (see the module doc): 1 unless the grid leaves most CUs idle and each
-    program has enough KV blocks to share."""
-    if programs >= cus // 2 or kv_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
+def splits_for(programs: int, keys: int, cus: int) -> int:
+    """Split-KV count from the keys each program walks (see the module doc): 1 unless the grid
+    leaves most CUs idle and the sequence is long enough to share."""
+    if programs >= cus // 2 or keys < 2 * MIN_KEYS_PER_SPLIT:
         return 1
-    return max(
-        1, min(MAX_SPLITS, math.ceil(cus / max(programs, 1)), kv_blocks // MIN_BLOCKS_PER_SPLIT)
-    )
+    return max(1, min(MAX_SPLITS, math.ceil(cus / max(programs, 1)), keys // MIN_KEYS_PER_SPLIT))
 
 
 def persistent_programs(tiles: int, cus: int, uneven: bool) -> int:

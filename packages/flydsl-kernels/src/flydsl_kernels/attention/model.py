@@ -8,9 +8,11 @@ compile; survivors are ranked (``score``) by
 
 0. at least 2 waves per SIMD on AMD (one wave's softmax hides behind another's MFMAs);
 1. 128-bit K/V loads (the widest global load);
-2. loop instructions per MFMA-equivalent (``matrix_loop_instructions`` over the wave's
-   32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half), the lazy rescale's
-   conditional block excluded as in the anchors' figures (``attention.md``);
+2. loop instructions per MFMA-equivalent (the report's ``matrix_loop_instructions`` over the
+   wave's useful 32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half): the
+   instructions every trip runs, as the core's loop finder counts them
+   (``flydsl_core.backends.triton.amdgcn.loops``), a block a trip may skip (the lazy rescale)
+   counted apart as in the anchors' figures (``attention.md``);
 3. direct-to-LDS K/V loads (async copies), then fewer warps.
 
 ``specs``, ``forward_launches`` and ``backward_launch`` give the plan's launches with
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 from flydsl_core import cdiv
 
-from ..gemm.model import k_loop_body
 from . import plan
 from .configs import TABLES, Config
 
@@ -29,9 +30,10 @@ from .configs import TABLES, Config
 
 #: the problem each (kind, head-dim class) is modelled at (bf16, Llama-like GQA 4:1)
 MODEL_SHAPES = {
-    "d64": (4, 4096, 64),  # (batch, seqlen, head dim)
-    "d128": (4, 4096, 128),
-    "d256": (4, 4096, 256),
+    "d64": (4, 4096, 64, 64),  # (batch, seqlen, head dim, v head dim)
+    "d128": (4, 4096, 128, 128),
+    "d192": (4, 4096, 192, 128),  # DeepSeek's MLA heads
+    "d256": (4, 4096, 256, 256),
 }
 #: waves per SIMD a shipped AMD candidate should reach (model rule 0)
 OCCUPANCY_FLOOR = 2
@@ -39,12 +41,12 @@ OCCUPANCY_FLOOR = 2
 
 def model_problem(kind: str, dcls: str, *, causal: bool = True):
     """The ``plan.Problem`` a config of ``kind`` is compiled at (the model, the compile tests)."""
-    b, s, d = MODEL_SHAPES[dcls]
+    b, s, d, dv = MODEL_SHAPES[dcls]
     if kind == "decode":
         return plan.Problem(
-            64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=64, decode=True
+            64, 1, 8192, 32, 8, d, dv, causal=True, seqused=True, page_size=64, decode=True
         )
-    return plan.Problem(b, s, s, 32, 8, d, d, causal=causal)
+    return plan.Problem(b, s, s, 32, 8, d, dv, causal=causal)
 
 
 # -- the model's launches --------------------------------------------------------------------------
@@ -131,18 +133,6 @@ def compile_config(kind: str, cfg: Config, problem=None, target: str = "gfx950")
 # -- the ranking -----------------------------------------------------------------------------------
 
 
-def loop_mfma_equivalents(amdgcn: str) -> float:
-    """32x32x16-equivalent MFMAs per trip of the innermost loop holding MFMAs (a 16x16x32 or
-    16x16x16 counts half: it does half the work of a 32x32x16 / 32x32x8)."""
-    body = k_loop_body(amdgcn)
-    n = 0.0
-    for ln in body:
-        op = ln.split()[0]
-        if op.startswith("v_mfma"):
-            n += 1.0 if "_32x32x" in op else 0.5
-    return n
-
-
 def useful_mfma(kind: str, cfg: Config, problem) -> float:
     """32x32x16-equivalent MFMAs of *useful* work per wave per loop trip (``2 * 32 * 32 * 16``
     FLOPs each): a layout that makes warps repeat each other's rows (the attention.md pitfall)
@@ -173,9 +163,8 @@ def figures(ck, kind=None, cfg: Config | None = None, problem=None) -> dict:
         "loads": {int(k): v for k, v in r.load_widths_bits.items()},
         "direct_to_lds": r.direct_to_lds_loads,
     }
-    amdgcn = ck.stages().get("amdgcn")
-    if amdgcn:
-        eq = loop_mfma_equivalents(amdgcn)
+    if r.matrix_loop_mfma:
+        eq = r.matrix_loop_mfma
         out["loop_mfma"] = eq
         useful = useful_mfma(kind, cfg, problem) if kind is not None else eq
         out["useful_mfma"] = useful
@@ -206,7 +195,7 @@ TILES = {
         (16, 128, 4),
     ],
     "bwd_dkdv": [(32, 64, 4), (64, 64, 4), (32, 128, 4), (64, 128, 8), (16, 64, 4), (32, 32, 4)],
-    "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4)],
+    "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4), (256, 32, 8)],
 }
 
 

@@ -14,6 +14,7 @@ Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -186,7 +187,7 @@ def plan_forward(
     table = _table(target, table)
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
-    cfg = config or configs.select(kind, max(p.head_dim, p.head_dim_v), table)
+    cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     if p.page_size and p.page_size < cfg.BN:
@@ -194,6 +195,8 @@ def plan_forward(
         # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
         # tile shrinks to one page (16 keys at least), whose id is one scalar per tile
         cfg = replace(cfg, BN=max(p.page_size, 16))
+    if kind == "fwd" and config is None:
+        cfg = configs.band_config("fwd", cfg, band(p))
     G = p.group
     GP = next_gp(G) if kind == "decode" else 1
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
@@ -224,13 +227,15 @@ def plan_forward(
         SPARSE_FULL=p.sparse_full,
         FOLD_SCALE=scale_of(p) > 0,
     )
+    C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"))
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
     programs = p.batch * p.heads_k * NG * mblocks
     cus = configs.num_cus(table)
     kv_blocks = cdiv(p.seqlen_k, cfg.BN)
-    s = splits if splits is not None else configs.splits_for(programs, kv_blocks, cus)
+    keys = p.seqlen_k if band(p) is None else min(p.seqlen_k, band(p) + BMS - 1)
+    s = splits if splits is not None else configs.splits_for(programs, keys, cus)
     s = max(1, min(int(s), max(kv_blocks, 1)))
     if sparse:
         s = 1  # a block list is one program's walk: no split-KV
@@ -251,6 +256,61 @@ def plan_forward(
     if programs == 0:
         grid = (0, 0, 0)
     return FwdPlan(p, cfg, C, grid, s, pers, cfg.options(target), scale_of(p))
+
+
+def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
+    """fp32 operands (flex_attention's fp32 inputs) hold twice the registers and LDS of the
+    16-bit ones the tables are tuned for: half the key tile (at least 16); not tuned."""
+    return replace(cfg, BN=max(16, cfg.BN // 2)) if p.dtype == "fp32" else cfg
+
+
+def band(p: Problem) -> int | None:
+    """Keys a query sees at most under a window bounded on both sides (``left + right + 1``);
+    None without one."""
+    left, right = p.bounds
+    return left + right + 1 if left >= 0 and right >= 0 else None
+
+
+@functools.lru_cache(maxsize=256)
+def _both_bounds_cross(sq, sk, rows, keys, left, right, mirrored) -> bool:
+    """Whether some tile of ``rows`` queries x ``keys`` keys (forward / dQ: query tiles walking
+    key tiles; ``mirrored``: dK/dV's key tiles walking query tiles) crosses both window bounds:
+    the kernels' ``_kv_range`` / ``_dkdv_tile`` bounds and ``_segments``' "both" loop, in Python."""
+    off = sk - sq
+
+    def both(lo, full_lo, full_hi, hi):
+        b = max(lo, min(full_lo, full_hi, hi))
+        c = max(b, min(full_hi, hi))
+        return max(c, min(full_lo, hi)) > c
+
+    if not mirrored:
+        for i0 in range(0, sq, rows):
+            last = min(i0 + rows, sq) - 1
+            hi = min(sk, max(last + off + right + 1, 0))
+            lo = (max(i0 + off - left, 0) // keys) * keys
+            full_lo = -(-max(last + off - left, 0) // keys) * keys
+            full_hi = (min(sk, max(i0 + off + right + 1, 0)) // keys) * keys
+            if both(lo, full_lo, full_hi, hi):
+                return True
+        return False
+    for n0 in range(0, sk, keys):
+        lo = (max(n0 - off - right, 0) // rows) * rows
+        full_lo = -(-max(n0 + keys - 1 - off - right, 0) // rows) * rows
+        hi = min(sq, max(n0 + keys - off + left, 0))
+        full_hi = (min(sq, max(n0 - off + left + 1, 0)) // rows) * rows
+        if both(lo, full_lo, full_hi, hi):
+            return True
+    return False
+
+
+def narrow_band(p: Problem, rows: int, keys: int, kind: str) -> bool:
+    """``Fwd.NARROW`` / ``Bwd.NARROW``: False when no tile of ``p`` can cross both window bounds
+    (so the kernel traces no loop for such tiles); True where it can, or where the sequence
+    lengths are not known here (varlen, a KV cache's per-batch lengths)."""
+    if band(p) is None or p.varlen or p.seqused or p.decode:
+        return True
+    left, right = p.bounds
+    return _both_bounds_cross(p.seqlen_q, p.seqlen_k, rows, keys, left, right, kind == "bwd_dkdv")
 
 
 def sparse_tiles(cfg: configs.Config, blocks) -> configs.Config:
@@ -375,9 +435,13 @@ def plan_backward(
 ) -> BwdPlan:
     """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
     table = _table(target, table)
-    d = max(p.head_dim, p.head_dim_v)
-    c1 = dkdv_config or configs.select("bwd_dkdv", d, table)
-    c2 = dq_config or configs.select("bwd_dq", d, table)
+    d, dv = p.head_dim, p.head_dim_v
+    c1 = dkdv_config or fp32_tiles(
+        configs.band_config("bwd_dkdv", configs.select("bwd_dkdv", d, table, dv), band(p)), p
+    )
+    c2 = dq_config or fp32_tiles(
+        configs.band_config("bwd_dq", configs.select("bwd_dq", d, table, dv), band(p)), p
+    )
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
@@ -397,12 +461,14 @@ def plan_backward(
         SPARSE_KV=p.sparse[1],
         SPARSE_FULL=p.sparse_full,
     )
+    n1 = narrow_band(p, c1.BM, c1.BN, "bwd_dkdv")
+    n2 = narrow_band(p, c2.BM, c2.BN, "bwd_dq")
     return BwdPlan(
         p,
         c1,
         c2,
-        Bwd(BM=c1.BM, BN=c1.BN, **common),
-        Bwd(BM=c2.BM, BN=c2.BN, **common),
+        Bwd(BM=c1.BM, BN=c1.BN, NARROW=n1, **common),
+        Bwd(BM=c2.BM, BN=c2.BN, NARROW=n2, **common),
         scale_of(p),
         target,
     )

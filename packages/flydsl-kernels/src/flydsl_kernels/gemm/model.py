@@ -33,13 +33,12 @@ model's first key is whether Triton lowered the tile to ``wgmma``; occupancy in 
 with a floor of one 4-warp block), gfx942 (tiles whose two stages fit 64 KiB of LDS) and
 gfx1250 (16x16 WMMA, wave32).
 
-The AMDGCN loop finder (``loop_bodies``, ``k_loop_body``) lives here with the model that
-reads it (the attention model counts its loop's MFMAs with it).
+The K loop's figures come from the report (``matrix_loop_instructions``,
+``matrix_loop_mfma``), that is from the core's one AMDGCN loop finder
+(``flydsl_core.backends.triton.amdgcn.loops``), which the attention model reads too.
 """
 
 from __future__ import annotations
-
-import re
 
 from .configs import TARGET, Config
 from .plan import plan_gemm
@@ -184,46 +183,6 @@ def compile_config(cfg: Config, M=4096, N=4096, K=4096, dtype="bf16", target=TAR
     return model_launch(cfg, M, N, K, dtype, target, **kw).compile(target)
 
 
-# -- the K loop of the AMDGCN ----------------------------------------------------------------------
-
-_LABEL = re.compile(r"^(\.?L\w+):")
-_BRANCH = re.compile(r"^\s*s_cbranch_\w+\s+(\.?L\w+)")
-
-
-def loop_bodies(amdgcn: str) -> list[list[str]]:
-    """Instructions of each loop of ``amdgcn``: the lines from a label to a conditional branch
-    back to it (a backward branch); an outer loop's body includes its inner loops."""
-    lines = amdgcn.splitlines()
-    labels: dict[str, int] = {}
-    out: list[list[str]] = []
-    for i, line in enumerate(lines):
-        m = _LABEL.match(line.strip())
-        if m:
-            labels[m.group(1)] = i
-            continue
-        b = _BRANCH.match(line)
-        if b and b.group(1) in labels:
-            out.append(
-                [
-                    ln.strip()
-                    for ln in lines[labels[b.group(1)] + 1 : i + 1]
-                    if ln.strip()
-                    and not ln.strip().startswith((";", ".", "//"))
-                    and ":" not in ln.split()[0]
-                ]
-            )
-    return out
-
-
-def k_loop_body(amdgcn: str) -> list[str]:
-    """The lines of the K loop: the smallest loop holding a matrix op (the one the report's
-    ``matrix_loop_instructions`` counts; under a persistent kernel's tile loop too)."""
-    from flydsl_core.backends.triton.amdgcn import AMD_MATRIX_PREFIXES
-
-    mma = [b for b in loop_bodies(amdgcn) if any(ln.startswith(AMD_MATRIX_PREFIXES) for ln in b)]
-    return min(mma, key=len, default=[])
-
-
 # -- the ranking -----------------------------------------------------------------------------------
 
 
@@ -241,6 +200,7 @@ def figures(ck, kind=None, cfg=None, problem=None) -> dict:
         "occ": r.occupancy,
         "instr": r.instruction_count,
         "k_loop": r.matrix_loop_instructions or 0,
+        "k_loop_mfma": r.matrix_loop_mfma,
         "mfma": dict(r.matrix_ops),
         "loads": dict(r.load_widths_bits),
         "direct_to_lds": r.direct_to_lds_loads,

@@ -1,5 +1,5 @@
 """GEMMs and flex_attention under torch.compile: a post-grad Inductor pass that rewrites them
-into FlyDSL kernels (flex_attention's HOP nodes: ``torch_flydsl.flex._compile``).
+into FlyDSL kernels (flex_attention's HOP nodes: ``torch_flydsl.flex.compile``).
 
 Two ways in::
 
@@ -30,7 +30,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_
 
 # registers flydsl::flex_attention(_backward): a graph served from Inductor's FX graph cache
 # calls them without running the pass that would import them
-from ..flex import _compile as _flex_compile
+from ..flex import compile as _flex_compile
 from .settings import Settings
 
 log = logging.getLogger("torch_flydsl")
@@ -51,9 +51,9 @@ class FlyDSLPass(CustomGraphPass):
         n = rewrite(graph, self.settings)
         if n:
             log.info("torch_flydsl: rewrote %d GEMM node(s) into FlyDSL kernels", n)
-        from .graph_pass import CompileContext
+        from .graph_pass import CompileContext, splice
 
-        n = _flex_compile.rewrite(graph, CompileContext(self.settings))
+        n = _flex_compile.rewrite(graph, CompileContext(self.settings), splice)
         if n:
             log.info("torch_flydsl: rewrote %d flex_attention node(s) into FlyDSL kernels", n)
 

@@ -145,10 +145,14 @@ def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list
     return gm, [flat[i] for i in where]
 
 
-def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool, arch=None) -> fx.Node:
+def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool, arch=None,
+           tuple_out: bool = False):  # fmt: skip
     """Insert the trace of ``fn(*inputs)`` before ``anchor`` and use its output for
     ``anchor``'s value (``anchor``'s users are moved to it). ``arch``: the GPU arch the traced
-    kernels are generated for where the device cannot say (``Settings.arch``)."""
+    kernels are generated for where the device cannot say (``Settings.arch``).
+    ``tuple_out``: ``anchor`` is a multi-output node (a HOP) whose users are ``getitem``s,
+    possibly nested; ``fn`` returns the same (nested) tuple and each ``getitem`` is pointed at
+    its item."""
     gm, nodes = _trace(fn, inputs, decompose, arch)
     owner = graph.owning_module
     env: dict[fx.Node, object] = {}
@@ -171,10 +175,30 @@ def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool, arch=N
                 env[n] = new
                 continue
             env[n] = graph.node_copy(n, lambda x: env[x])
+    if tuple_out:
+        _repoint_items(anchor, out)
+        return out
     if isinstance(out, (list, tuple)):
         out = out[0]
     anchor.replace_all_uses_with(out)
     return out
+
+
+def _repoint_items(node: fx.Node, items) -> None:
+    """Point the ``getitem`` users of ``node`` at ``items`` (nested tuples recursed into)."""
+    import operator
+
+    for u in list(node.users):
+        if u.target is not operator.getitem:
+            raise ValueError(f"a user of a multi-output node is not a getitem: {u.format_node()}")
+        item = items[u.args[1]]
+        if isinstance(item, (list, tuple)):
+            _repoint_items(u, item)
+        elif item is None:
+            if u.users:
+                raise ValueError(f"{u.format_node()} is read but the replacement has no value")
+        else:
+            u.replace_all_uses_with(item)
 
 
 def _repoint_sizes(replaced, out: fx.Node, a: fx.Node) -> None:

@@ -15,7 +15,7 @@ op                      what                                                    
 ``hf_grouped_mm``,
 ``hf_mx_grouped_mm``
 ``flex_attention``,     flex_attention's HOP rewrite (registered by                  ``flex``
-``..._backward``        ``torch_flydsl.flex._compile``, next to the rewrite)
+``..._backward``        ``torch_flydsl.flex.compile``, next to the rewrite)
 ======================  ===========================================================  ==========
 
 Importing this package registers the ``gemm`` and ``hf`` ops; it compiles nothing.

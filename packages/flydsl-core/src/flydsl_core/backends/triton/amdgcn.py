@@ -27,12 +27,23 @@ The instruction mix: ``classify`` maps each mnemonic of the kernel body to an
 with its width from the data-size token), and ``compile.resources.
 count_instructions`` counts them.
 
+The loops: ``loops`` is the one loop finder for AMDGCN (the report, the kernel
+families' static models and their tests all read it). It builds the control-flow
+graph of the body, finds the back edges by dominance (so a loop LLVM laid out with
+its latch above its header is still one loop) and reports each natural loop with
+the instructions a trip always runs: those of the blocks that dominate every latch.
+A block a trip may skip (a lazy rescale behind a uniform branch) is counted
+apart, as ``conditional``. ``matrix_loops`` keeps the innermost loops holding a
+matrix instruction, each with its 32x32-equivalent matrix ops per trip
+(``matrix_weight``).
+
 It reads the text only: no tool, no GPU.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ...compile.resources import (
     Instr,
@@ -45,7 +56,17 @@ from ...compile.resources import (
 from ...helpers import cdiv
 from ...targets import Target, get_target
 
-__all__ = ["AMD_MATRIX_PREFIXES", "classify", "instructions", "parse_amdgcn"]
+__all__ = [
+    "AMD_MATRIX_PREFIXES",
+    "Loop",
+    "classify",
+    "instructions",
+    "loops",
+    "main_matrix_loop",
+    "matrix_loops",
+    "matrix_weight",
+    "parse_amdgcn",
+]
 
 #: mnemonic prefixes of AMD matrix instructions (CDNA MFMA, RDNA / gfx1250 WMMA, sparse forms)
 AMD_MATRIX_PREFIXES = ("v_mfma", "v_smfmac", "v_wmma", "v_swmmac")
@@ -198,6 +219,199 @@ def classify(mnem: str, ops: str) -> Instr:
         if kind.startswith("write") or kind == "store":
             return Instr("lds_write", mnem, bits, branch_to=branch_to)
     return Instr(None, mnem, branch_to=branch_to)
+
+
+# -- loops -------------------------------------------------------------------------------------------
+
+_MATRIX_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)")
+#: a branch that never falls through, and the instructions that end a wave
+_NO_FALLTHROUGH = ("s_branch", "s_setpc_b64", "s_endpgm")
+
+
+def matrix_weight(mnem: str) -> float:
+    """A matrix instruction in 32x32-equivalents: a 32x32 output tile counts 1, a 16x16 one half
+    (each ISA's 16x16 form does half the multiply-adds of its 32x32 form of the same input type:
+    ``v_mfma_f32_16x16x32_bf16`` against ``v_mfma_f32_32x32x16_bf16`` on gfx950), any other
+    shape by its output area against 32x32; 0 for what is not a matrix instruction."""
+    if not mnem.startswith(AMD_MATRIX_PREFIXES):
+        return 0.0
+    m = _MATRIX_SHAPE.search(mnem)
+    if not m:
+        return 1.0
+    mm, nn = int(m.group(1)), int(m.group(2))
+    if (mm, nn) == (32, 32):
+        return 1.0
+    if (mm, nn) == (16, 16):
+        return 0.5
+    return mm * nn / 1024
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One natural loop of a kernel body.
+
+    ``instructions``: every ``(mnemonic, operands)`` of the loop's blocks in code order (inner
+    loops included); ``always``: how many of them every trip runs (the blocks that dominate each
+    latch); ``conditional``: the rest (blocks a trip may skip, behind a branch inside the loop);
+    ``matrix``: 32x32-equivalent matrix instructions every trip runs; ``inner``: whether the loop
+    holds no other loop."""
+
+    header: str
+    instructions: tuple[tuple[str, str], ...]
+    always: int
+    matrix: float
+    inner: bool
+    blocks: frozenset = frozenset()  # the names of its basic blocks
+
+    @property
+    def conditional(self) -> int:
+        return len(self.instructions) - self.always
+
+    @property
+    def per_matrix_op(self) -> float | None:
+        """Instructions every trip runs per 32x32-equivalent matrix instruction."""
+        return self.always / self.matrix if self.matrix else None
+
+    def mnemonics(self) -> list[str]:
+        return [m for m, _ in self.instructions]
+
+
+def _blocks(body: list[str]):
+    """The basic blocks of a body: ``(label or None, [(mnem, ops)], successor labels)``, in
+    code order. A block ends at a label or after a branch; every block has a name."""
+    blocks: list[list] = []  # [name, instrs, branch target or None, falls through]
+    cur: list | None = None
+    n = 0
+
+    def start(name):
+        nonlocal cur, n
+        if name is None:
+            name = f"<block{n}>"
+            n += 1
+        cur = [name, [], None, True]
+        blocks.append(cur)
+
+    for item in instructions(body):
+        if isinstance(item, str):
+            start(item)
+            continue
+        if cur is None:
+            start(None)
+        cur[1].append(item)
+        mnem, ops = item
+        if _AMD_BRANCH.match(mnem) or mnem in _NO_FALLTHROUGH:
+            if _AMD_BRANCH.match(mnem):
+                cur[2] = ops.split(",")[-1].strip() or None
+            cur[3] = not mnem.startswith(_NO_FALLTHROUGH)
+            cur = None
+    names = [b[0] for b in blocks]
+    out = []
+    for i, (name, instrs, target, falls) in enumerate(blocks):
+        succ = []
+        if target is not None and target in names:
+            succ.append(target)
+        if falls and i + 1 < len(blocks):
+            succ.append(names[i + 1])
+        out.append((name, instrs, succ))
+    return out
+
+
+def _dominators(names: list[str], succ: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Each block reachable from the first one -> the blocks that dominate it (itself included)."""
+    entry = names[0]
+    reach, stack = {entry}, [entry]
+    while stack:
+        for s in succ[stack.pop()]:
+            if s not in reach:
+                reach.add(s)
+                stack.append(s)
+    order = [n for n in names if n in reach]
+    preds: dict[str, list[str]] = {n: [] for n in order}
+    for n in order:
+        for s in succ[n]:
+            preds[s].append(n)
+    dom = {n: set(order) for n in order}
+    dom[entry] = {entry}
+    changed = True
+    while changed:
+        changed = False
+        for n in order[1:]:
+            ps = [dom[p] for p in preds[n]]
+            new = set.intersection(*ps) | {n} if ps else {n}
+            if new != dom[n]:
+                dom[n], changed = new, True
+    return dom
+
+
+def loops(asm_or_body: str | list[str], kernel_name: str | None = None) -> list[Loop]:
+    """The natural loops of a kernel (a whole listing, or a body's lines), ordered by where they
+    end in the code (an inner loop before the loop around it); loops sharing a header are one
+    loop."""
+    if isinstance(asm_or_body, str):
+        body = _amd_body(asm_or_body.splitlines(), kernel_name)
+    else:
+        body = asm_or_body
+    blocks = _blocks(body)
+    if not blocks:
+        return []
+    names = [b[0] for b in blocks]
+    code = {b[0]: b[1] for b in blocks}
+    succ = {b[0]: b[2] for b in blocks}
+    dom = _dominators(names, succ)
+    preds: dict[str, list[str]] = {n: [] for n in names}
+    for n in names:
+        for s in succ[n]:
+            preds[s].append(n)
+    latches: dict[str, list[str]] = {}
+    for n in names:
+        for s in succ[n]:
+            if n in dom and s in dom[n]:  # a back edge: its target dominates its source
+                latches.setdefault(s, []).append(n)
+    found = []
+    for head, ls in latches.items():
+        body_set, stack = {head}, [lt for lt in ls if lt != head]
+        body_set.update(stack)
+        while stack:
+            for p in preds[stack.pop()]:
+                if p not in body_set and p in dom:
+                    body_set.add(p)
+                    stack.append(p)
+        every = [b for b in body_set if all(b in dom[lt] for lt in ls)]
+        found.append((head, body_set, every))
+    out = []
+    where = {n: i for i, n in enumerate(names)}
+    for head, body_set, every in sorted(
+        found, key=lambda f: (max(where[b] for b in f[1]), len(f[1]))
+    ):
+        inner = not any(h != head and h in body_set for h, _, _ in found)
+        instrs = tuple(i for n in names if n in body_set for i in code[n])
+        always = [i for n in every for i in code[n]]
+        out.append(
+            Loop(
+                header=head,
+                instructions=instrs,
+                always=len(always),
+                matrix=sum(matrix_weight(m) for m, _ in always),
+                inner=inner,
+                blocks=frozenset(body_set),
+            )
+        )
+    return out
+
+
+def matrix_loops(asm_or_body: str | list[str], kernel_name: str | None = None) -> list[Loop]:
+    """The innermost loops holding a matrix instruction (no loop inside them holds one): a GEMM's
+    K loop, an attention kernel's KV loops (masked and unmasked), in code order."""
+    every = loops(asm_or_body, kernel_name)
+    mma = [lp for lp in every if any(m.startswith(AMD_MATRIX_PREFIXES) for m in lp.mnemonics())]
+    return [lp for lp in mma if not any(o.blocks < lp.blocks for o in mma)]
+
+
+def main_matrix_loop(asm_or_body: str | list[str], kernel_name: str | None = None) -> Loop | None:
+    """The matrix loop with the fewest instructions per trip (``always``): a GEMM's K loop, an
+    attention kernel's unmasked interior loop; None when no loop holds a matrix instruction."""
+    ms = matrix_loops(asm_or_body, kernel_name)
+    return min(ms, key=lambda lp: lp.always, default=None)
 
 
 def parse_amdgcn(
@@ -367,10 +581,23 @@ def parse_amdgcn(
         reasons["occupancy"] = "LDS limit not applied (dynamic LDS unknown)"
 
     # -- instruction mix ---------------------------------------------------
+    body = _amd_body(lines, name)
     mix = count_instructions(
-        item if isinstance(item, str) else classify(*item)
-        for item in instructions(_amd_body(lines, name))
+        item if isinstance(item, str) else classify(*item) for item in instructions(body)
     )
+    # the loops from the control-flow graph (``loops``), not from label-to-branch spans
+    found = loops(body)
+    mix["loop_instructions"] = [len(lp.instructions) for lp in found]
+    mloops = matrix_loops(body)
+    main = min(mloops, key=lambda lp: lp.always, default=None)
+    mix["matrix_loop_instructions"] = main.always if main else None
+    mix["matrix_loop_mfma"] = main.matrix if main else None
+    mix["matrix_loops"] = [
+        {"instructions": lp.always, "conditional": lp.conditional, "mfma": lp.matrix}
+        for lp in mloops
+    ]
+    if main is None:
+        reasons["matrix_loop_mfma"] = "no loop holds a matrix instruction"
 
     return ResourceReport(
         target=t.name,

@@ -16,8 +16,9 @@ see it.
 2. ``InterpretLowering``, the emitter with the interpreter's overrides:
    conversions to and from bf16 and fp8 are built from integer operations
    (the interpreter truncates, neither saturates nor rounds to even, and
-   decodes fp8 NaN as a number); ``pow`` and ``tanh`` avoid libdevice, which
-   the interpreter lacks; a float ``atomic_xchg`` moves the bits as int32
+   decodes fp8 NaN as a number); ``pow`` avoids libdevice, which the
+   interpreter lacks, and ``tanh`` runs the GPU targets' branch-free formula
+   with a plain division (fp64: its own helper); a float ``atomic_xchg`` moves the bits as int32
    (the interpreter exchanges integers only); scalar parameters are given
    their dtypes (the interpreter types Python numbers by value).
 
@@ -36,7 +37,7 @@ from ...ir.types import TileType
 from ...ir.verifier import verify
 from ...passes.rewrite import clone_function
 from .emitter import FP8_MAX, LOWERINGS, Lowering, Rule, tl_dtype
-from .rules.elementwise import lower_pow, lower_unary
+from .rules.elementwise import lower_pow, lower_unary, tanh_helper
 from .rules.memory import atomic_args, define_atomic
 
 # -- 1. the IR legalization ---------------------------------------------------------------------------
@@ -165,19 +166,6 @@ def _fly_pow(a, b):
     return tl.where(b == 0, 1.0, m).to(dtype)
 """
 
-_TANH_HELPER = """
-@triton.jit
-def _fly_tanh(x):
-    # tanh for the interpreter, which has no libdevice (in fp64, then rounded).
-    dtype = x.dtype
-    x = x.to(tl.float64)
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    x2 = x * x
-    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
-    t = tl.where(tl.abs(x) < 0.0625, tl.abs(small), t)
-    return tl.where(x < 0, -t, t).to(dtype)
-"""
 
 _TO_BF16_HELPER = """
 @triton.jit
@@ -247,7 +235,25 @@ def _pow(cx: Lowering, op: Op):
 
 @_override("tanh")
 def _tanh(cx: Lowering, op: Op):
-    lower_unary(cx, op, cx.helper("_fly_tanh", _TANH_HELPER))
+    # the GPU targets' branch-free fp32 formula with a plain division (the interpreter has no
+    # libdevice): the interpreter runs what the GPU code computes
+    if op.operand("x").type.dtype == dt.fp64:
+        lower_unary(cx, op, cx.helper("_fly_tanh64", _TANH64_HELPER))
+        return
+    lower_unary(cx, op, cx.helper("_fly_tanh", tanh_helper("(1.0 / ({d}))", clamp=True)))
+
+
+_TANH64_HELPER = """
+@triton.jit
+def _fly_tanh64(x):
+    # fp64 tanh for the interpreter, which has no libdevice
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
+    t = tl.where(tl.abs(x) < 0.0625, tl.abs(small), t)
+    return tl.where(x < 0, -t, t)
+"""
 
 
 @_override("atomic_rmw")

@@ -137,9 +137,67 @@ def _unary_float(cx: Lowering, op: Op):
     lower_unary(cx, op, _UNARY[op.name])
 
 
+#: the odd polynomial of ``tanh_helper`` for ``|x| < TANH_CUT``: ``tanh(x) ~ x + x^3 P(x^2)``,
+#: fitted for relative error (1e-9 in exact arithmetic, below fp32's rounding)
+TANH_POLY = (
+    -0.333333175600152,
+    0.13332586146606995,
+    -0.05385231048273897,
+    0.021071680494815198,
+    -0.006274240479206875,
+)
+#: below this ``|x|`` the polynomial; above, ``1 - 2 / (1 + e^(2|x|))`` loses at most one bit
+TANH_CUT = 0.55
+
+
+def tanh_helper(rcp: str, clamp: bool = False) -> str:
+    """The text of ``_fly_tanh``: fp32 tanh with no branch (ocml's and libdevice's branch per
+    range: exec-masked branches inside a kernel's loop), within 2 ulp of the exact result on
+    gfx950 (exp2 and the reciprocal are each within 1 ulp). ``rcp`` is the reciprocal
+    expression the target computes cheaply (``{d}`` stands for the denominator).
+
+    ``|x| >= TANH_CUT``: ``1 - 2 / (1 + 2^(2 log2(e) |x|))`` with the sign bit of ``x`` (an
+    overflowing exponential gives 1 exactly); below: the odd polynomial ``x (1 + x^2 P(x^2))``
+    (``TANH_POLY``: no cancellation near 0, ``-0.0`` stays ``-0.0``). NaN selects the
+    polynomial, which propagates it. ``clamp`` bounds the exponent at ``|x| = 16`` (tanh(16)
+    rounds to 1 either way), for the interpreter, where numpy warns on the overflow."""
+    c0, c1, c2, c3, c4 = TANH_POLY
+    a = "tl.minimum(tl.abs(x), 16.0)" if clamp else "tl.abs(x)"
+    den = f"1.0 + tl.exp2({a} * 2.8853900817779268)"
+    return f"""
+@triton.jit
+def _fly_tanh(x):
+    # branch-free tanh in fp32 (flydsl_core.backends.triton.rules.elementwise.tanh_helper)
+    big = 1.0 - 2.0 * {rcp.format(d=den)}
+    sign = x.to(tl.int32, bitcast=True) & -2147483648
+    big = (big.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    x2 = x * x
+    small = x * (1.0 + x2 * ({c0} + x2 * ({c1} + x2 * ({c2} + x2 * ({c3} + x2 * {c4})))))
+    return tl.where(tl.abs(x) >= {TANH_CUT}, big, small)
+"""
+
+
+#: the reciprocal each GPU backend computes in one instruction: ``v_rcp_f32`` (1 ulp) on AMD,
+#: ``div.approx.f32`` on NVIDIA. On AMD a ``/`` is the correctly rounded division sequence
+#: (``v_div_scale``, ``v_div_fmas``, ``v_div_fixup``: about ten instructions) and LLVM's own
+#: approximate reciprocal scales for denormal results (``v_frexp`` / ``v_ldexp``: five); the
+#: formula's denominators lie in [2, 2^47], so the bare instruction is exact to its 1 ulp.
+_RCP = {
+    "hip": 'tl.inline_asm_elementwise("v_rcp_f32 $0, $1", "=v,v", [{d}], dtype=tl.float32, '
+    "is_pure=True, pack=1)",
+    "cuda": "tl.math.fdiv(1.0, {d}, approx=True)",
+}
+
+
 @lower("tanh")
 def _tanh(cx: Lowering, op: Op):
-    lower_unary(cx, op, cx.libdevice("tanh"))
+    d = op.operand("x").type.dtype
+    if d == dt.fp64 or cx.target.has_native_tanh:
+        # the helper is fp32 (fp64 keeps libdevice's); a native tanh is one instruction
+        lower_unary(cx, op, cx.libdevice("tanh"))
+        return
+    rcp = _RCP.get(cx.target.backend, "(1.0 / ({d}))")
+    lower_unary(cx, op, cx.helper("_fly_tanh", tanh_helper(rcp)))
 
 
 @lower("neg")

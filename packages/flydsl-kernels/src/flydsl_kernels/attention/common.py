@@ -1,0 +1,337 @@
+"""Trace-time helpers shared by the attention kernels (``forward``, ``decode``, ``backward``):
+head-dim chunks, the tile loads and stores, scores and masks, key ranges, sequence bounds.
+
+The conventions (layouts, bottom-right aligned masks, base-2 softmax) are in ``kernels``.
+"""
+
+from __future__ import annotations
+
+import flydsl_core as fly
+
+from .._masks import and_masks as _and
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+#: the running max starts at the lowest finite fp32, not -inf: ``exp2(s - m)`` and the rescale
+#: factor stay NaN-free for rows with no visible key yet, with no per-row select
+FP32_LOWEST = -3.4028234663852886e38
+NEG_INF = float("-inf")
+#: the lazy rescale's threshold (base 2): probabilities stay below 2^8 = 256 between rescales
+RESCALE_TAU = 8.0
+
+
+def chunks(d: int) -> tuple[tuple[int, int], ...]:
+    """Power-of-two pieces ``(offset, size)`` covering a head dim ``d`` (each >= 16, the last
+    one masked past ``d`` where ``d`` is not a sum of such pieces): 192 -> 128 + 64, so a
+    192 head costs no padding to 256."""
+    out, off = [], 0
+    while off < d:
+        rest = d - off
+        size = 1 << (rest.bit_length() - 1)
+        if size < 16:
+            size = 16
+        out.append((off, size))
+        off += size
+    return tuple(out)
+
+
+def _nonzero(x):
+    """``x`` with zeros replaced by 1: the empty rows' ``1 / l`` and ``log2(l)`` are selected
+    away afterwards, and this keeps them from computing inf (and the interpreter from warning)."""
+    return fly.where(x > 0, x, 1.0)
+
+
+def _rows(C, i0):
+    """Per-row (position, head-in-group) index tiles of a BM-row tile."""
+    r = fly.arange(0, C.BM)
+    if C.GP == 1:
+        return i0 + r, None
+    return i0 + r // C.GP, r % C.GP
+
+
+def _load_q(q, bq, row0, hk, g0, c0, cs, C, rmask, G):
+    """``(BM, cs)`` rows of ``q`` (``(B, S, Hk, G, D)``) at positions ``row0 + [0, BMS)``;
+    explicit masks only (rows, heads past ``G``, the head dim past ``D``), as the stores."""
+    dm = (c0 + fly.arange(0, cs) < C.D) if c0 + cs > C.D else None
+    if C.GP == 1:
+        view = q[bq, fly.ds(row0, C.BMS), hk, g0, fly.ds(c0, cs)]
+        m = _and(rmask[:, None], None if dm is None else dm[None, :])
+        return view.load(m, bounds_check=False)
+    view = q[bq, fly.ds(row0, C.BMS), hk, fly.ds(g0, C.GP), fly.ds(c0, cs)]
+    gm = (g0 + fly.arange(0, C.GP)) < G
+    m = _and(rmask[:, None, None] & gm[None, :, None], None if dm is None else dm[None, None, :])
+    return view.load(m, bounds_check=False).reshape(C.BM, cs)
+
+
+def _store_rows(o, bq, row0, hk, g0, c0, cs, C, val, rmask, G):
+    """Store ``(BM, cs)`` rows with explicit masks only (rows, heads past ``G``, the head dim
+    past ``DV``): no automatic bounds check, so the tensor's sizes need not stay live in scalar
+    registers across the KV loop (they spilled SGPRs on gfx950)."""
+    dm = (c0 + fly.arange(0, cs) < C.DV) if c0 + cs > C.DV else None
+    if C.GP == 1:
+        m = _and(rmask[:, None], None if dm is None else dm[None, :])
+        o[bq, fly.ds(row0, C.BMS), hk, g0, fly.ds(c0, cs)].store(val, m, bounds_check=False)
+    else:
+        v3 = val.reshape(C.BMS, C.GP, cs)
+        gm = (g0 + fly.arange(0, C.GP)) < G
+        m = _and(
+            rmask[:, None, None] & gm[None, :, None], None if dm is None else dm[None, None, :]
+        )
+        o[bq, fly.ds(row0, C.BMS), hk, fly.ds(g0, C.GP), fly.ds(c0, cs)].store(
+            v3, m, bounds_check=False
+        )
+
+
+def _store_lse(lse, bq, row0, hk, g0, C, val, rmask, G):
+    if C.GP == 1:
+        lse[bq, hk, g0, fly.ds(row0, C.BMS)].store(val, rmask, bounds_check=False)
+    else:
+        v2 = val.reshape(C.BMS, C.GP).T
+        gm = (g0 + fly.arange(0, C.GP)) < G
+        lse[bq, hk, fly.ds(g0, C.GP), fly.ds(row0, C.BMS)].store(
+            v2, gm[:, None] & rmask[None, :], bounds_check=False
+        )
+
+
+def _per_head(t, b, hk, g0, C, G):
+    """A per-(batch, head) fp32 value broadcast to the tile's rows: ``(BM,)`` or a scalar."""
+    if C.GP == 1:
+        return t[b, hk, g0].load(bounds_check=False).to(fly.fp32)
+    gm = (g0 + fly.arange(0, C.GP)) < G
+    x = t[b, hk, fly.ds(g0, C.GP)].load(gm, bounds_check=False).to(fly.fp32)
+    return fly.broadcast_to(x[None, :], (C.BMS, C.GP)).reshape(C.BM)
+
+
+def _kv_pages(bt, btrow, n0, BN, PAGE, kmask):
+    """The page ids of keys ``n0 + [0, BN)`` (a scalar when a page holds the tile, else one per
+    ``PAGE`` rows), loaded once per KV tile for both K and V; None for a dense cache."""
+    if PAGE == 0:
+        return None
+    if PAGE >= BN:
+        return bt[btrow, n0 // PAGE].load(bounds_check=False)
+    npg = BN // PAGE
+    pidx = n0 // PAGE + fly.arange(0, npg)
+    pm = None if kmask is None else fly.max(kmask.reshape(npg, PAGE).to(fly.int32), 1) > 0
+    return bt[btrow, pidx].load(pm, bounds_check=False)
+
+
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
+    """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
+    tile's ``pages`` from ``_kv_pages``).
+
+    No bounds check: ``kmask`` (keys, or None in the interior) and the head-dim mask (only
+    where the chunk runs past ``D``) are the whole mask."""
+    dm = None
+    if c0 + cs > D:
+        dm = (c0 + fly.arange(0, cs)) < D
+    if PAGE == 0 or PAGE >= BN:
+        if PAGE == 0:
+            view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]
+        else:
+            view = t[pages, fly.ds(n0 % PAGE, BN), hk, fly.ds(c0, cs)]
+        m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
+        return view.load(m, bounds_check=False)
+    # pages smaller than the tile: gather BN // PAGE pages, each PAGE contiguous rows
+    npg = BN // PAGE
+    view = t[pages, fly.ds(0, PAGE), hk, fly.ds(c0, cs)]
+    m = _and(
+        None if kmask is None else kmask.reshape(npg, PAGE)[:, :, None],
+        None if dm is None else dm[None, None, :],
+    )
+    return view.load(m, bounds_check=False).reshape(BN, cs)
+
+
+def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
+    """Raw ``q . k`` (fp32) -> ``(z, zc)``: base-2 logits are ``z * zc`` (``zc`` a positive
+    scalar) or ``z`` itself (``zc`` None); scale, softcap, score mod, ALiBi applied, no masks.
+
+    Where nothing follows the last multiply, it stays out of ``z``: the softmax takes the max
+    of ``z`` and folds ``zc`` into ``exp2(z * zc - m)``, one fma per score instead of a multiply
+    and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)`` for ``zc > 0``).
+    That is the scale alone (``zc = scale * log2(e)``, only where ``scale > 0``:
+    ``C.FOLD_SCALE``; at zero or below the masks' ``-inf`` times the scale is NaN or ``+inf``
+    and the max of the raw scores is not the max of the logits), or softcap's ``tanh(s * scale
+    / c)`` (``zc = c * log2(e)``, positive whatever the scale's sign)."""
+    if C.FOLD_SCALE and not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
+        return s, scale * LOG2E
+    if C.SOFTCAP:
+        t = fly.tanh(s * (scale / softcap))
+        if C.score_mod is None and not C.ALIBI:
+            return t, softcap * LOG2E
+        z = t * softcap
+    else:
+        z = s * scale
+    if C.score_mod is not None:
+        z = C.score_mod.apply(z, b, h[:, None], i[:, None], j[None, :], mt)
+    if C.ALIBI:
+        z = z - slope[:, None] * fly.abs(i[:, None] + off - j[None, :]).to(fly.fp32)
+    return z * LOG2E, None
+
+
+INT32_MIN = -2147483648
+
+
+def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True):
+    """The bool tile "key ``n0 + c`` is visible from query ``i``" for ``c < BN``, keys along
+    axis ``kax`` (1: a ``(queries, keys)`` tile; 0: the backward's transposed one). ``left`` /
+    ``right``: which bounds to test (``_kv_segments`` knows which a tile can cross); the right
+    one includes the keys past ``sk`` and the rows past ``sq``.
+
+    The bounds are folded per query first (``hi = min(sk - 1, i + off + wr)``, ``-1`` for rows
+    past ``sq``; ``lo = i + off - wl``) and moved to the tile's key offsets, so each element
+    costs one compare of a constant key offset against its query's bound and the select: the
+    earlier sign-bit blend of per-element differences cost about seven instructions per
+    element on gfx950. Bounds are exact in int32 for sequences and windows below 2^30."""
+    c = fly.arange(0, BN)
+    cx = c[None, :] if kax == 1 else c[:, None]
+
+    def q(v):  # a per-query value, broadcast along the keys
+        return v[:, None] if kax == 1 else v[None, :]
+
+    hi = sk - 1 - n0
+    per_query = False
+    if C.HAS_WR:
+        hi = fly.minimum(i + (off + wr - n0), hi)
+        per_query = True
+    if sq is not None:  # the backward's rows past the sequence (varlen: the next one's) see nothing
+        hi = fly.where(i < sq, hi, -1)
+        per_query = True
+    left = left and C.HAS_WL
+    if not left:
+        return cx <= (q(hi) if per_query else hi)
+    lo = i + (off - wl - n0)
+    if not right:
+        return cx >= q(lo)
+    # lo <= c <= hi as one unsigned test, (c - lo) <u (hi - lo + 1), written signed: flipping
+    # the sign bit of both sides (c - (lo ^ MIN) <s count ^ MIN). Two compares and an and per
+    # element kept two 64-bit lane masks per element live and spilled SGPRs on gfx950
+    count = fly.maximum(hi - lo + 1, 0)
+    return (cx - q(lo ^ INT32_MIN)) < q(count ^ INT32_MIN)
+
+
+def _mask_scores(z, C, i, j, sk, off, wl, wr, b, h, mt, kind="both", sq=None, n0=None, kax=1):
+    """``z`` with ``-inf`` where a key is not visible: queries ``i`` (1-D) and the tile's keys
+    ``n0 + [0, BN)`` along axis ``kax`` of ``z``; ``kind`` is the tile's ``_kv_segments`` kind
+    (which bounds it can cross; ``"full"``: a block-sparse full block, every bound but no mask
+    mod). ``j`` (the keys, broadcast against ``i``) and ``h`` only feed the mask mod, a bool
+    tile and one more select."""
+    ib = i[:, None] if kax == 1 else i[None, :]
+    left = kind in ("both", "left", "full")
+    right = kind in ("both", "right", "full")
+    if kax == 0 and C.HAS_WL and left and right:
+        z = _mask_bits(z, C, ib, j, sk, off, wl, wr, sq)
+    else:
+        vis = _visible(C, i, n0, z.shape[kax], sk, off, wl, wr, sq, kax, left, right)
+        z = fly.where(vis, z, NEG_INF)
+    if C.mask_mod is not None and kind != "full":
+        z = fly.where(C.mask_mod.apply(b, h, ib, j, mt), z, NEG_INF)
+    return z
+
+
+NEG_INF_BITS = -8388608  # 0xFF800000, -inf's bits as an int32
+
+
+def _mask_bits(z, C, i, j, sk, off, wl, wr, sq):
+    """``_visible``'s test as sign bits of per-element differences (``x >> 31`` is -1 where
+    ``x < 0``), or-ed and blended into ``z``'s bits: what the backward's transposed tile takes
+    with a window on both sides, where a lane's elements span several queries and the
+    per-query bounds of ``_visible`` were recomputed per element (gfx950, gpt-oss dK/dV: 451
+    against 394 masked-loop instructions)."""
+    inv = (sk - 1 - j) >> 31
+    if sq is not None:
+        inv = inv | ((sq - 1 - i) >> 31)
+    if C.HAS_WR:
+        inv = inv | ((i + (off + wr) - j) >> 31)
+    inv = inv | ((j - i - (off - wl)) >> 31)
+    zb = fly.bitcast(z, fly.int32)
+    return fly.bitcast((zb & ~inv) | (inv & NEG_INF_BITS), fly.fp32)
+
+
+def _sparse_loop(block, num, idx, b, h, blk, BLOCK, T, kind):
+    """Block sparsity (torch's BlockMask): the tiles of the ``num[b, h, blk]`` blocks listed in
+    ``idx[b, h, blk, :]`` (block size ``BLOCK``, tiles of ``T`` keys or queries), in list order."""
+    n = num[b, h, blk].load()
+    for t in fly.range(0, n):
+        kb = idx[b, h, blk, t].load()
+        for u in fly.static_range(BLOCK // T):
+            block(kb * BLOCK + u * T, kind)
+
+
+def _kv_range(C, i0, sq, sk, off, wl, wr):
+    """``(lo, full_lo, full_hi, hi)`` key bounds of a row tile ``[i0, i0 + BMS)``: its keys are
+    ``[lo, hi)``; from ``full_lo`` on, every row's left window bound is met; below
+    ``full_hi``, every row's right bound and ``sk`` (``lo``, ``full_lo``, ``full_hi`` are
+    multiples of BN)."""
+    BN = C.BN
+    last = fly.minimum(i0 + C.BMS, sq) - 1  # the last real row (rows past sq are padding)
+    hi = sk
+    if C.HAS_WR:
+        hi = fly.minimum(sk, fly.maximum(last + off + wr + 1, 0))
+    lo = 0
+    full_lo = 0
+    if C.HAS_WL:
+        lo = (fly.maximum(i0 + off - wl, 0) // BN) * BN
+        full_lo = ((fly.maximum(last + off - wl, 0) + (BN - 1)) // BN) * BN
+    top = sk
+    if C.HAS_WR:
+        top = fly.minimum(sk, fly.maximum(i0 + off + wr + 1, 0))
+    full_hi = (top // BN) * BN
+    return lo, full_lo, full_hi, hi
+
+
+def _segments(low, lo, full_lo, full_hi, hi, narrow=True):
+    """A tile loop over ``[lo, hi)`` as ``[(start, stop, kind)]`` (tiles from ``start``):
+    ``"low"`` tiles can cross only the bound at the low end (below ``full_lo``), None tiles no
+    bound, ``"both"`` tiles both (only where the band is narrower than the tile), ``"high"``
+    tiles only the bound at the high end (from ``full_hi`` on). ``low``: whether the low-end
+    bound exists (without it, ``full_lo`` is ``lo`` and the "low" and "both" loops are not
+    traced); ``narrow`` False: the plan proved the "both" loop empty (``plan.narrow_band``),
+    so it is not traced either."""
+    if not low:
+        c = fly.maximum(lo, fly.minimum(full_hi, hi))
+        return [(lo, c, None), (c, hi, "high")]
+    b = fly.maximum(lo, fly.minimum(fly.minimum(full_lo, full_hi), hi))
+    c = fly.maximum(b, fly.minimum(full_hi, hi))
+    if not narrow:
+        return [(lo, b, "low"), (b, c, None), (c, hi, "high")]
+    d = fly.maximum(c, fly.minimum(full_lo, hi))
+    return [(lo, b, "low"), (b, c, None), (c, d, "both"), (d, hi, "high")]
+
+
+def _kv_segments(C, lo, full_lo, full_hi, hi):
+    """A query tile's KV loop (``_kv_range``'s bounds; ``lo`` / ``hi`` may be a split's share)
+    as ``_segments`` with the forward's kinds: ``"left"`` tiles cross only the left window
+    bound (and lie below ``sk``: no key mask), None tiles nothing (no mask, no bounds check),
+    ``"both"``, ``"right"`` tiles the right bound and the sequence's end. With a left bound the
+    interior exists wherever the window is wider than the tile (``plan.window_config``)."""
+    names = {"low": "left", "high": "right", "both": "both", None: None}
+    segs = _segments(C.HAS_WL, lo, full_lo, full_hi, hi, C.NARROW)
+    return [(a, b, names[k]) for a, b, k in segs]
+
+
+def _split_range(lo, hi, split, SPLITS, BN):
+    """This split's share ``[s_lo, s_hi)`` of ``[lo, hi)``: whole blocks, as even as possible."""
+    nblk = (fly.maximum(hi - lo, 0) + (BN - 1)) // BN
+    per = (nblk + (SPLITS - 1)) // SPLITS
+    s_lo = lo + split * per * BN
+    s_hi = fly.minimum(hi, s_lo + per * BN)
+    return s_lo, fly.maximum(s_hi, s_lo)
+
+
+def _seq_info(b, Sq, Sk, cu_q, cu_k, seqused_k, batch_idx, C):
+    """``(bq, q_off, sq, bk, k_off, sk)`` of batch ``b``."""
+    if C.VARLEN:
+        q_off = cu_q[b].load()
+        sq = cu_q[b + 1].load() - q_off
+        k_off = cu_k[b].load()
+        sk = cu_k[b + 1].load() - k_off
+        bq, bk = 0, 0
+    else:
+        q_off, sq, k_off, sk, bq, bk = 0, Sq, 0, Sk, b, b
+    if C.PAGE:
+        k_off = 0  # a paged cache addresses each sequence's keys from 0 through its page table
+    if C.SEQUSED:
+        sk = seqused_k[b].load()
+    if C.BATCH_IDX:
+        bk = batch_idx[b].load()
+    return bq, q_off, sq, bk, k_off, sk

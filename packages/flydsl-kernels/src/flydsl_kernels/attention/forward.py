@@ -1,0 +1,255 @@
+"""The attention forward kernel: prefill, varlen, GQA-packed paged decode, split-KV partials,
+a persistent grid; its online softmax (``_Softmax``, ``_update``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import flydsl_core as fly
+
+from .common import (
+    FP32_LOWEST,
+    LN2,
+    LOG2E,
+    NEG_INF,
+    RESCALE_TAU,
+    _kv_pages,
+    _kv_range,
+    _kv_segments,
+    _load_kv,
+    _load_q,
+    _mask_scores,
+    _nonzero,
+    _per_head,
+    _rows,
+    _scores,
+    _seq_info,
+    _sparse_loop,
+    _split_range,
+    _store_lse,
+    _store_rows,
+    chunks,
+)
+
+
+@dataclass(frozen=True)
+class Fwd:
+    """Compile-time facts of one forward kernel (one constexpr, so the signature stays short).
+
+    ``score_mod`` / ``mask_mod`` are ``mods.ScoreMod`` / ``mods.MaskMod`` or None.
+    """
+
+    BM: int  # rows per tile (BMS positions x GP heads)
+    BN: int  # keys per tile
+    GP: int  # query heads per tile (1, or the KV group size rounded up to a power of two)
+    D: int  # q/k head dim
+    DV: int  # v head dim
+    CAUSAL: bool = False
+    HAS_WL: bool = False  # a left window bound (sliding window)
+    HAS_WR: bool = False  # a right bound (causal or a window)
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    SINKS: bool = False
+    VARLEN: bool = False
+    SEQUSED: bool = False  # per-batch key counts from a tensor (kv cache)
+    PAGE: int = 0  # page size of a paged cache (0: not paged)
+    BATCH_IDX: bool = False  # cache_batch_idx
+    LSE: bool = True  # store the LSE
+    LSE_LOG2: bool = False  # in base 2 (else natural log)
+    SPLITS: int = 1  # split-KV: partial outputs per split, combined by attn_combine_kernel
+    PERSIST: bool = False  # a persistent grid walking the tiles (configs.persistent_programs)
+    score_mod: Any = None
+    mask_mod: Any = None
+    LAZY_RESCALE: bool = True  # skip the rescale when no row's max grew (a scalar branch)
+    SPARSE_Q: int = 0  # block sparsity: the BlockMask's (Q, KV) block sizes (0: dense)
+    SPARSE_KV: int = 0
+    SPARSE_FULL: bool = False  # full-block lists given (their tiles skip the mask mod)
+    #: the scale is > 0 and may be folded into the softmax's ``exp2`` (``_scores``); a scale of
+    #: zero or below is applied to the scores first, so masked ``-inf`` logits stay ``-inf``
+    FOLD_SCALE: bool = True
+    # a tile may cross both window bounds (plan.narrow_band: False where the plan proves that
+    # no tile of the problem does, so that loop is not traced)
+    NARROW: bool = True
+
+    @property
+    def BMS(self) -> int:
+        return self.BM // self.GP
+
+
+@dataclass
+class _Softmax:
+    """The online-softmax state of one tile (handles updated in place: loop-carried)."""
+
+    m: Any  # (BM,) running max, base 2
+    l: Any  # (BM,) running sum
+    acc: list  # fp32 (BM, cs) per V chunk
+
+
+def _update(st: _Softmax, z, zc, vts, C):
+    """Fold a tile of logits (base 2: ``z * zc``, or ``z`` when ``zc`` is None; ``-inf`` where
+    masked) and its V chunks into ``st``."""
+    m_tile = fly.max(z, 1) if zc is None else fly.max(z, 1) * zc
+    if C.LAZY_RESCALE:
+        # keep a stale running max until some row's max passes it by more than RESCALE_TAU
+        # (FA4's rule): p = 2^(s - m) stays below 2^TAU, and the rescale runs behind a scalar
+        # branch that is taken on the first tile and then rarely
+        grow = fly.max(m_tile - st.m, 0) > RESCALE_TAU
+        with fly.if_(grow):
+            m_new = fly.maximum(st.m, m_tile)
+            alpha = fly.exp2(st.m - m_new)
+            st.l *= alpha
+            for a in st.acc:
+                a *= alpha[:, None]
+            st.m.set(m_new)
+    else:
+        m_new = fly.maximum(st.m, m_tile)
+        alpha = fly.exp2(st.m - m_new)
+        st.l *= alpha
+        for a in st.acc:
+            a *= alpha[:, None]
+        st.m.set(m_new)
+    p = fly.exp2((z if zc is None else z * zc) - st.m[:, None])
+    st.l += fly.sum(p, 1)
+    for a, vt in zip(st.acc, vts):
+        a += fly.dot(p.to(vt.dtype), vt)
+
+
+@fly.kernel
+def attn_fwd_kernel(
+    q, k, v, o, lse, sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx,
+    mt0, mt1, mt2, mt3, kv_num, kv_idx, fkv_num, fkv_idx,
+    B, Sq, Sk, Hk, G, NG, scale, wl, wr, softcap,
+    C: fly.constexpr,
+):  # fmt: skip
+    """One ``BM``-row tile of one (batch, KV head, head group) per program.
+
+    Grid ``(cdiv(max sq, BMS), B * Hk * NG, SPLITS)``. With ``SPLITS > 1`` the program handles
+    its split's share of the keys and writes a normalized fp32 partial output and its base-2
+    LSE (``-inf`` when the split saw no key) for ``attn_combine_kernel``. With ``C.PERSIST``
+    the grid is ``(P,)`` and each program walks the tiles in zig-zag cost order
+    (``configs.persistent_programs``). ``kv_num`` / ``kv_idx`` (and ``fkv_*`` for full blocks):
+    a BlockMask's ``(B, H, q blocks)`` counts and ``(B, H, q blocks, kv blocks)`` indices.
+    """
+    mt = (mt0, mt1, mt2, mt3, (kv_num, kv_idx, fkv_num, fkv_idx))
+    if C.PERSIST:
+        nbh = B * Hk * NG
+        mb = (Sq + (C.BMS - 1)) // C.BMS
+        total = nbh * mb
+        P = fly.num_programs(0)
+        me = fly.program_id(0)
+        for step in fly.range(0, (total + (P - 1)) // P):
+            # even steps: this program's rank among the heaviest; odd steps: mirrored
+            u = step * P + fly.where(step % 2 == 0, me, P - 1 - me)
+            with fly.if_(u < total):
+                pm = mb - 1 - u // nbh  # rank 0 = the last m-block: the most keys when causal
+                _fwd_program(
+                    q, k, v, o, lse, sinks, alibi, cu_q, cu_k, seqused_k, block_table,
+                    batch_idx, mt, pm, u % nbh, Sq, Sk, Hk, G, NG, scale, wl, wr, softcap, C,
+                )  # fmt: skip
+    else:
+        _fwd_program(
+            q, k, v, o, lse, sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx, mt,
+            fly.program_id(0), fly.program_id(1), Sq, Sk, Hk, G, NG, scale, wl, wr, softcap, C,
+        )  # fmt: skip
+
+
+def _fwd_program(
+    q, k, v, o, lse, sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx, mt, pm, pid,
+    Sq, Sk, Hk, G, NG, scale, wl, wr, softcap, C,
+):  # fmt: skip
+    b = pid // (Hk * NG)
+    rest = pid % (Hk * NG)
+    hk = rest // NG
+    g0 = (rest % NG) * C.GP
+    bq, q_off, sq, bk, k_off, sk = _seq_info(b, Sq, Sk, cu_q, cu_k, seqused_k, batch_idx, C)
+    i0 = pm * C.BMS
+    with fly.if_(i0 < sq):
+        _fwd_tile(
+            q, k, v, o, lse, sinks, alibi, block_table, mt, b, hk, g0, G, i0,
+            bq, q_off, sq, bk, k_off, sk, scale, wl, wr, softcap, C,
+        )  # fmt: skip
+
+
+def _fwd_tile(
+    q, k, v, o, lse, sinks, alibi, block_table, mt, b, hk, g0, G, i0,
+    bq, q_off, sq, bk, k_off, sk, scale, wl, wr, softcap, C,
+):  # fmt: skip
+    BN = C.BN
+    i, gr = _rows(C, i0)
+    rmask = (fly.arange(0, C.BMS) + i0) < sq
+    h = hk * G + (g0 if gr is None else g0 + gr)  # query head of each row (mods)
+    if gr is None:
+        h = fly.full((C.BM,), 0, fly.int32) + h
+    off = sk - sq
+    qts = [_load_q(q, bq, q_off + i0, hk, g0, c0, cs, C, rmask, G) for c0, cs in chunks(C.D)]
+    slope = _per_head(alibi, b, hk, g0, C, G) if C.ALIBI else None
+    if slope is not None and C.GP == 1:
+        slope = fly.full((C.BM,), 0.0, fly.fp32) + slope
+    st = _Softmax(
+        fly.full((C.BM,), FP32_LOWEST, fly.fp32),
+        fly.zeros((C.BM,), fly.fp32),
+        [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)],
+    )
+    lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
+    if C.SPLITS > 1:
+        lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
+    btrow = b
+
+    def block(n0, kind):
+        """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
+        block-sparse full block, no mask mod). A "left" tile lies below every row's right
+        bound and ``sk``: its loads need no key mask either."""
+        j = n0 + fly.arange(0, BN)
+        kmask = (j < sk) if kind not in (None, "left") else None
+        pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
+        s = None
+        for (c0, cs), qt in zip(chunks(C.D), qts):
+            kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
+            d = fly.dot(qt, kt.T)
+            s = d if s is None else s + d
+        z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
+        if kind is not None:
+            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0)
+        vts = [
+            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask)
+            for c0, cs in chunks(C.DV)
+        ]
+        _update(st, z, zc, vts, C)
+
+    if C.SPARSE_KV:
+        sp = mt[4]
+        hq = hk * G + g0  # GP == 1 under block sparsity
+        qb = i0 // C.SPARSE_Q
+        _sparse_loop(block, sp[0], sp[1], b, hq, qb, C.SPARSE_KV, BN, "both")
+        if C.SPARSE_FULL:
+            _sparse_loop(block, sp[2], sp[3], b, hq, qb, C.SPARSE_KV, BN, "full")
+    elif C.mask_mod is not None:
+        for n0 in fly.range(lo, hi, BN):
+            block(n0, "both")
+    else:
+        for start, stop, kind in _kv_segments(C, lo, full_lo, full_hi, hi):
+            for n0 in fly.range(start, stop, BN):
+                block(n0, kind)
+
+    m, l_sum = st.m, st.l
+    if C.SINKS and C.SPLITS == 1:
+        sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
+        m_f = fly.maximum(m, sink)
+        alpha = fly.exp2(m - m_f)
+        l_sum = l_sum * alpha + fly.exp2(sink - m_f)
+        scale_o = alpha / l_sum
+        m = m_f
+    else:
+        scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
+    row0 = q_off + i0
+    for (c0, cs), a in zip(chunks(C.DV), st.acc):
+        out = a * scale_o[:, None]
+        dst = o if C.SPLITS == 1 else o[fly.program_id(2)]
+        _store_rows(dst, bq, row0, hk, g0, c0, cs, C, out, rmask, G)
+    if C.LSE:
+        empty = NEG_INF if C.SPLITS > 1 else float("inf")
+        lse2 = fly.where(l_sum > 0, m + fly.log2(_nonzero(l_sum)), empty)
+        val = lse2 if (C.LSE_LOG2 or C.SPLITS > 1) else lse2 * LN2
+        dst = lse if C.SPLITS == 1 else lse[fly.program_id(2)]
+        _store_lse(dst, bq, row0, hk, g0, C, val, rmask, G)
