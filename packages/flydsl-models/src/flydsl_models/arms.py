@@ -99,9 +99,11 @@ def compile_options(device_type: str) -> dict:
 
 
 def attention_implementation(model) -> str | None:
-    cfg = (
-        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    )
+    """The model's ``attn_implementation`` (None for a module that is not a transformers model)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     return getattr(cfg, "_attn_implementation", None)
 
 

@@ -23,8 +23,13 @@ Variants (``VARIANTS``; ``on`` ones follow the arms listed beside ``train``):
   ``_grouped_mm``) are rewritten into FlyDSL kernels; attention stays FlyDSL's eager
   call (a graph break around it); RMSNorm inside the graphs is Inductor's.
 
-Agreement: the largest relative difference between a variant's loss and off's over
-the steps, at most ``TOLERANCE[dtype]`` (README, "Training tolerance").
+Agreement (README, "Training tolerance"): the largest relative difference between a
+variant's loss and off's over the steps, at most ``TOLERANCE[dtype]``; and the first
+step's gradients (every variant starts from the same weights), estimated from random
+projections (``sketch``), within ``GRAD_TOLERANCE[dtype]`` as a whole and per parameter.
+The loss curves catch a variant that diverges (a NaN, a wrong forward); they barely
+move when one gradient is wrong (zeroing every ``q_proj`` gradient of the tiny Llama
+moves 8 steps' loss by 1.2e-4), so the gradients are compared directly.
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ log = logging.getLogger("flydsl_models")
 VARIANTS = ("off", "eager", "compile")
 #: largest relative loss difference against off over the run, per model dtype
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-3}
+#: first-step gradients, per model dtype: (the whole gradient's relative difference, the
+#: largest relative difference of one parameter's); README, "Training tolerance"
+GRAD_TOLERANCE = {
+    torch.bfloat16: (5e-2, 0.25),
+    torch.float16: (5e-2, 0.25),
+    torch.float32: (1e-3, 1e-2),
+}
+SKETCH = 16  # relative spread of the estimate ~ 1/sqrt(2 * SKETCH) = 18%
 SUB_VOCAB = 64
 SUCCESSORS = 4
 BETAS = (0.9, 0.95)
@@ -125,12 +138,63 @@ def _setup(variant: str, model, stack: contextlib.ExitStack) -> tuple[object, li
     return torch.compile(model, backend=BACKEND, options=compile_options(devtype)), routes
 
 
-def _step(fwd, model, opt, batch) -> float:
+def _step(fwd, model, opt, batch, grads: dict | None = None) -> float:
     out = fwd(input_ids=batch, labels=batch)
     out.loss.backward()
+    if grads is not None:
+        grads.update(sketch(model))
     opt.step()
     opt.zero_grad(set_to_none=True)
     return float(out.loss.detach())
+
+
+def sketch(model) -> dict[str, list[float]]:
+    """``{parameter: [norm, <g, r_1>, ..., <g, r_k>]}`` of the current gradients, ``r_i`` seeded
+    Gaussian directions (``SKETCH`` of them, the same for every variant): the gradients' size
+    and ``SKETCH`` random projections, from which ``compare_grads`` estimates
+    ``||g_on - g_off||`` (``E <d, r>^2 = ||d||^2``) without keeping a copy of them."""
+    out = {}
+    for i, (name, p) in enumerate(model.named_parameters()):
+        if p.grad is None:
+            continue
+        g = p.grad.detach().float().flatten()
+        gen = torch.Generator(device=g.device).manual_seed(1000 + i)
+        dots = [
+            float(torch.randn(g.numel(), generator=gen, device=g.device) @ g) for _ in range(SKETCH)
+        ]
+        out[name] = [float(g.norm()), *dots]  # one direction at a time: memory of one gradient
+    return out
+
+
+def compare_grads(off: dict, on: dict, dtype) -> dict:
+    """First-step gradients (the same weights in every variant) against off's: the whole
+    gradient's relative difference ``||g_on - g_off|| / ||g_off||`` (all parameters as one
+    vector), and the largest per parameter; each against its tolerance (``GRAD_TOLERANCE``)."""
+    tol_all, tol_one = GRAD_TOLERANCE.get(dtype, GRAD_TOLERANCE[torch.bfloat16])
+    worst, where = 0.0, None
+    d2 = g2 = 0.0
+    missing = sorted(set(off) ^ set(on))
+    for name, (n_off, *p_off) in off.items():
+        if name not in on:
+            continue
+        p_on = on[name][1:]
+        d = math.sqrt(sum((a - b) ** 2 for a, b in zip(p_on, p_off)) / len(p_off))
+        d2 += d * d
+        g2 += n_off * n_off
+        rel = d / n_off if n_off else (0.0 if d == 0 else float("inf"))
+        if not math.isfinite(rel) or rel > worst:
+            worst, where = (rel if math.isfinite(rel) else float("inf")), name
+    whole = math.sqrt(d2 / g2) if g2 else 0.0
+    ok = math.isfinite(whole) and whole <= tol_all and worst <= tol_one and not missing
+    return {
+        "rel_diff": whole,
+        "tolerance_rel": tol_all,
+        "max_param_rel_diff": worst,
+        "parameter": where,
+        "param_tolerance_rel": tol_one,
+        "missing": missing,
+        "ok": ok,
+    }
 
 
 def _profile_step(fwd, model, opt, batch, module_context: bool):
@@ -169,17 +233,19 @@ def run_variant(variant, spec, dtype, device, data, lr, seed, progress) -> dict:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=0.0)
         torch_flydsl.reset_stats()
         losses, times = [], []
+        grads: dict = {}
         data = data.to(device)
         warm = " + compile" if variant == "compile" else ""
         with progress.phase(f"train {variant}: {len(data)} steps{warm}", total=len(data)) as ph:
             for batch in data:
                 t0 = time.perf_counter()
-                losses.append(_step(fwd, model, opt, batch))
+                losses.append(_step(fwd, model, opt, batch, grads if not losses else None))
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
                 ph.advance()
         entry["losses"] = losses
+        entry["grad_sketch"] = grads
         entry["step_s"] = times
         entry["warmup_s"] = times[0]
         steady = times[1:] or times
@@ -243,6 +309,8 @@ def run(args, spec, dtype, device, variants, progress) -> dict:
     for v, entry in out["variants"].items():
         if v != "off" and "losses" in entry:
             entry["agreement"] = compare(off, entry["losses"], dtype)
+    for entry in out["variants"].values():
+        entry.pop("grad_sketch", None)  # compared; too big to keep in results.json
     out["ok"] = all(
         "error" not in e and e.get("agreement", {}).get("ok", True)
         for e in out["variants"].values()
