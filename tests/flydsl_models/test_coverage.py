@@ -27,9 +27,10 @@ class Block(torch.nn.Module):
 
 
 def _profile(model, x, *, module_context=True):
-    with torch.no_grad(), measure.profiling(
-        model, module_context=module_context, device=x.device
-    ) as (prof, marks):
+    with (
+        torch.no_grad(),
+        measure.profiling(model, module_context=module_context, device=x.device) as (prof, marks),
+    ):
         with measure.phase("prefill"):
             model(x)
         with measure.phase("decode"):
@@ -76,20 +77,19 @@ def test_eager_overrides_count_by_their_hits():
     w = torch.randn(16, dtype=torch.bfloat16)
     torch_flydsl.enable(ops=["sdpa", "rms_norm"], device="cpu")
     try:
-        with measure.profiling(torch.nn.Linear(1, 1), module_context=False, device=x.device) as (
-            prof,
-            marks,
-        ):
-            with measure.phase("prefill"):
-                torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
-                torch.nn.functional.rms_norm(x, (16,), w, 1e-6)
+        ctx = measure.profiling(torch.nn.Linear(1, 1), module_context=False, device=x.device)
+        with ctx as (prof, marks), measure.phase("prefill"):
+            torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+            torch.nn.functional.rms_norm(x, (16,), w, 1e-6)
     finally:
         torch_flydsl.disable(ops=["sdpa", "rms_norm"], device="cpu")
     assert marks.overrides == {
         "aten::_scaled_dot_product_flash_attention_for_cpu": 1.0,
         "aten::_fused_rms_norm": 1.0,
     }
-    cov = coverage.attribute(prof.profiler.kineto_results, gpu=False, module_context=False, marks=marks)
+    cov = coverage.attribute(
+        prof.profiler.kineto_results, gpu=False, module_context=False, marks=marks
+    )
     assert cov.by_family["attention"]["flydsl_us"] > 0 and cov.by_family["norm"]["flydsl_us"] > 0
     assert cov.by_family["gemm"]["flydsl_us"] == 0
 
@@ -165,8 +165,8 @@ def test_flydsl_ops_take_their_family_from_the_registry(op, kernel_family, famil
 def test_every_flydsl_op_has_a_family():
     """Every op torch-flydsl registers (its two namespaces) resolves to a kernel family, so a
     new op cannot fall into "other" unnoticed."""
-    import torch_flydsl.inductor  # noqa: F401  (registers flydsl::flex_attention*)
-    import torch_flydsl.library  # noqa: F401  (registers the flydsl:: GEMM ops)
+    import torch_flydsl.inductor
+    import torch_flydsl.library
     import torch_flydsl.transformers  # noqa: F401  (registers torch_flydsl::hf_*)
 
     ops = [f"{ns}::{name}" for ns in ("flydsl", "torch_flydsl") for name in dir(getattr(torch.ops, ns))

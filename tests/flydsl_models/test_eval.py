@@ -115,14 +115,17 @@ def test_readme_default_command(default_run):
     assert cov["module_context"] is False
     assert _flydsl(cov, "gemm") > 0 and _flydsl(cov, "attention") > 0
     assert _flydsl(cov, "other") < 0.05 * cov["total_us"]
-    assert eager["routes"]["counts"]["rms_norm"] == 5 and eager["routes"]["counts"]["add_rms_norm"] == 2
+    assert (
+        eager["routes"]["counts"]["rms_norm"] == 5
+        and eager["routes"]["counts"]["add_rms_norm"] == 2
+    )
     _check_files(out, "loss.png")
 
 
 def test_readme_train_command(default_run):
     """The train arm: off, eager and compile variants from the same weights; losses and the
     first step's gradients agree; the backward runs FlyDSL kernels (coverage, stats)."""
-    out, rc, r = default_run
+    out, _rc, r = default_run
     tr = r["train"]
     assert tr["ok"] and set(tr["variants"]) == {"off", "eager", "compile"}
     off = tr["variants"]["off"]["losses"]
@@ -208,7 +211,9 @@ def test_readme_config_command(tmp_path):
     assert r["model"]["source"] == "config" and r["model"]["summary"]["model_type"] == "qwen3"
     eager = r["arms"]["eager"]
     _check_correct(eager)
-    assert eager["stats"]["hf.attention"]["hits"] > 0 and _flydsl(eager["coverage"], "attention") > 0
+    assert (
+        eager["stats"]["hf.attention"]["hits"] > 0 and _flydsl(eager["coverage"], "attention") > 0
+    )
     assert eager["routes"]["counts"]["rms_norm"] == 9  # 2 x (input, post, q_norm, k_norm) + final
     tr = r["train"]["variants"]["eager"]
     assert tr["gradients"]["ok"] and tr["stats"]["hf.attention"]["hits"] > 0
@@ -221,9 +226,10 @@ def test_readme_checkpoint_command(tmp_path):
     models.build(spec, torch.bfloat16, "cpu", seed=5).save_pretrained(tmp_path / "ckpt")
     rc, r = _run(tmp_path / "out", "--model", str(tmp_path / "ckpt"), *SMALL, "--arms", "off,eager")
     assert rc == 0 and r["ok"], r
-    assert r["model"]["source"] == "checkpoint" and "from the checkpoint" in (
-        tmp_path / "out" / "report.md"
-    ).read_text()
+    assert (
+        r["model"]["source"] == "checkpoint"
+        and "from the checkpoint" in (tmp_path / "out" / "report.md").read_text()
+    )
     _check_correct(r["arms"]["eager"])
 
 
@@ -249,12 +255,14 @@ def test_a_failed_arm_is_marked_failed(default_run, tmp_path):
     with both marked (report and plots), and does not count as passing."""
     from flydsl_models import report
 
-    out, _, r = default_run
+    _out, _, r = default_run
     r = json.loads(json.dumps(r))
     r["arms"]["eager"] = {"available": True, "description": "x", "error": "RuntimeError: boom"}
     r["arms"]["compile"]["correctness"]["ok"] = False
     r["train"]["variants"]["eager"]["agreement"]["ok"] = False
-    assert report.arm_state(r["arms"]["eager"]) == report.arm_state(r["arms"]["compile"]) == "failed"
+    assert (
+        report.arm_state(r["arms"]["eager"]) == report.arm_state(r["arms"]["compile"]) == "failed"
+    )
     md = report.markdown(r)
     assert "`eager`: **failed**: RuntimeError: boom" in md and "**FAIL**" in md
     paths = report.write_all(r, tmp_path)
