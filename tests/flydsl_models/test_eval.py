@@ -23,8 +23,8 @@ from flydsl_models import eval as ev
 pytestmark = pytest.mark.cpu
 
 SMALL = ["--prompt-len", "8", "--gen-len", "3", "--repeats", "1", "--profile-steps", "1"]
-#: the default model (llama-tiny: 2 layers, 8 / 2 heads) at hidden 128 (head dim 16)
-DEFAULT = ["--hidden", "128", "--intermediate", "224", "--vocab", "512"]
+#: the default model (llama-tiny: 8 / 2 heads) at 1 layer, hidden 128 (head dim 16)
+DEFAULT = ["--layers", "1", "--hidden", "128", "--intermediate", "224", "--vocab", "512"]
 QWEN_MOE = [
     "--model", "qwen3-30b-a3b", "--layers", "1", "--hidden", "64", "--moe-intermediate", "32",
     "--experts", "6", "--top-k", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
@@ -62,7 +62,7 @@ def _flydsl(cov, family) -> float:
 
 def _check_correct(entry, *, reference="off"):
     c = entry["correctness"]
-    assert c["reference"] == reference and c["ok"], c
+    assert c["reference"] == reference and c["ok"] and "verdict_basis" not in c, c
     assert c["top1_agreement"] >= c["top1_min"] == 0.99
     assert c["logits_max_rel_error"] <= c["tolerance_rel"] == 3e-2
     assert c["top1_flips"] == 0 and c["positions"] > 0
@@ -116,8 +116,8 @@ def test_readme_default_command(default_run):
     assert _flydsl(cov, "gemm") > 0 and _flydsl(cov, "attention") > 0
     assert _flydsl(cov, "other") < 0.05 * cov["total_us"]
     assert (
-        eager["routes"]["counts"]["rms_norm"] == 5
-        and eager["routes"]["counts"]["add_rms_norm"] == 2
+        eager["routes"]["counts"]["rms_norm"] == 3
+        and eager["routes"]["counts"]["add_rms_norm"] == 1
     )
     _check_files(out, "loss.png")
 
@@ -187,10 +187,18 @@ def test_readme_gpt_oss_command(tmp_path):
 
 
 def test_gpt_oss_bf16_experts(tmp_path):
+    """gpt-oss's eager attention takes its softmax in bf16: on a random model the off arm is
+    about 40% (of the largest logit) from the model's fp32 math, FlyDSL's attention under 1%.
+    So the eager arm fails against off and passes against the fp32 model, both reported."""
     rc, r = _run(tmp_path, *GPT_OSS, *SMALL, "--mx-experts", "off", "--arms", "off,eager")
     assert rc == 0 and r["ok"]
     eager = r["arms"]["eager"]
-    _check_correct(eager)
+    c = eager["correctness"]
+    assert c["ok"] and c["verdict_basis"].startswith("fp32 model")
+    assert not c["logits_ok"] and c["vs_fp32"]["ok"] and c["vs_fp32"]["logits_max_rel_error"] < 0.01
+    off = r["fp32_reference"]["off_vs_fp32"]
+    assert off["logits_max_rel_error"] > c["vs_fp32"]["logits_max_rel_error"]
+    assert "### Against the model's fp32 math" in (tmp_path / "report.md").read_text()
     for key in ("hf.rms_norm", "hf.add_rms_norm", "hf.moe_router", "hf.experts", "hf.attention"):
         assert eager["stats"][key]["hits"] > 0, key
     assert "mx_reference" not in r

@@ -241,11 +241,15 @@ def run(args, console, spec=None, mx=None) -> dict:
                     entry["error"] = f"{type(e).__name__}: {e}"
                     continue
                 if name == "off":
+                    if dtype != torch.float32 and args.tp == 1:
+                        results["fp32_reference"] = _fp32_reference(
+                            args, model, ids, dtype, outputs_of, progress
+                        )
                     continue
                 mx_ran = arm.patch is not None and arm.patch.counts()["mx_experts"] > 0
                 if not mx_ran:
-                    entry["correctness"] = _compare(
-                        outputs_of["off"], outputs_of[name], dtype, "off"
+                    entry["correctness"] = _judge(
+                        outputs_of, "off", outputs_of[name], dtype, results
                     )
                     continue
                 ref = _mx_arm_reference(args, name, arm, model, ids, progress)
@@ -317,6 +321,48 @@ def _measure_arm(args, name, arm, model, ids, entry, progress):
     if arm.patch is not None:
         entry["routes"] = arm.patch.as_dict()
     return outputs
+
+
+#: the fp32 reference is made for models up to this many parameters (an fp32 copy of each)
+FP32_REFERENCE_MAX_PARAMS = 1_000_000_000
+
+
+def _fp32_reference(args, model, ids, dtype, outputs_of, progress) -> dict:
+    """The off model upcast to fp32 (a copy: the same weights, exactly): how far the off arm's
+    own low-precision numerics are from the model's math. An arm that disagrees with off
+    beyond the thresholds still passes when it agrees with this within them (``_judge``)."""
+    import copy
+
+    import torch
+
+    import torch_flydsl
+
+    from . import measure
+
+    n = sum(p.numel() for p in model.parameters())
+    if n > FP32_REFERENCE_MAX_PARAMS:
+        return {"skipped": f"{n / 1e9:.1f}G parameters: no fp32 copy made"}
+    with progress.phase("fp32 reference: off, upcast to fp32"), torch_flydsl.disabled():
+        ref = copy.deepcopy(model).float()
+        outputs_of["fp32"] = measure.Runner(ref, ref).greedy(ids, args.gen_len)
+        del ref
+    off = measure.compare(outputs_of["fp32"], outputs_of["off"], dtype, reference="off in fp32")
+    return {"off_vs_fp32": off, "dtype": str(torch.float32).replace("torch.", "")}
+
+
+def _judge(outputs_of, reference, got, dtype, results) -> dict:
+    """The arm against ``reference``; when that fails and an fp32 reference exists, against
+    the fp32 model too: an arm within the thresholds of the model's own math passes, however
+    far the off arm's low-precision numerics are from it (both shown)."""
+    c = _compare(outputs_of[reference], got, dtype, reference)
+    if c["ok"] or "fp32" not in outputs_of:
+        return c
+    f = _compare(outputs_of["fp32"], got, dtype, "off in fp32")
+    c["vs_fp32"] = f
+    if f["ok"]:
+        c["ok"] = True
+        c["verdict_basis"] = "fp32 model (off's own bf16 numerics are further from it)"
+    return c
 
 
 def _mx_arm_reference(args, name, arm, model, ids, progress):

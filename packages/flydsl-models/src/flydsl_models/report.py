@@ -79,8 +79,14 @@ def _correctness_row(name, c) -> str:
         f"{_fmt(c['logits_max_rel_error'])} (max {_fmt(c['tolerance_rel'])}, {c['tolerance_basis']}) | "
         f"{c['top1_agreement'] * 100:.2f}% (min {c['top1_min'] * 100:.0f}%) | "
         f"{c.get('top1_ties', 0)} / {c.get('top1_flips', '-')} of {c.get('positions', '-')} | {dec} | "
-        f"{'pass' if c['ok'] else '**FAIL**'} |"
+        f"{_verdict(c)} |"
     )
+
+
+def _verdict(c) -> str:
+    if not c["ok"]:
+        return "**FAIL**"
+    return "pass (against the fp32 model: see below)" if c.get("verdict_basis") else "pass"
 
 
 _CORRECTNESS_HEAD = [
@@ -147,6 +153,25 @@ def markdown(results) -> str:
     for name, arm in results["arms"].items():
         if arm.get("correctness"):
             lines.append(_correctness_row(name, arm["correctness"]))
+    f32 = results.get("fp32_reference") or {}
+    if f32.get("off_vs_fp32"):
+        lines += [
+            "",
+            "### Against the model's fp32 math",
+            "",
+            "The off model upcast to fp32 (the same weights). An arm outside the thresholds "
+            "against off passes when it is within them against this, i.e. when the off arm's "
+            "own low-precision numerics are what differs (gpt-oss's eager attention, for one, "
+            "takes its softmax in bf16):",
+            "",
+            *_CORRECTNESS_HEAD,
+            _correctness_row("off", f32["off_vs_fp32"]).replace("**FAIL**", "outside (reported)"),
+        ]
+        for name, arm in results["arms"].items():
+            if (arm.get("correctness") or {}).get("vs_fp32"):
+                lines.append(_correctness_row(name, arm["correctness"]["vs_fp32"]))
+    elif f32.get("skipped"):
+        lines += ["", f"No fp32 reference: {f32['skipped']}."]
     mxr = results.get("mx_reference")
     if mxr:
         reported = "outside the thresholds (reported, not judged)"

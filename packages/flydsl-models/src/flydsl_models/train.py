@@ -305,14 +305,17 @@ def run(args, spec, dtype, device, variants, progress) -> dict:
                 raise
             log.warning("train variant %s failed", v, exc_info=True)
             out["variants"][v] = {"variant": v, "error": f"{type(e).__name__}: {e}"}
-    off = out["variants"]["off"]["losses"]
+    off = out["variants"]["off"]
     for v, entry in out["variants"].items():
         if v != "off" and "losses" in entry:
-            entry["agreement"] = compare(off, entry["losses"], dtype)
+            entry["agreement"] = compare(off["losses"], entry["losses"], dtype)
+            entry["gradients"] = compare_grads(off["grad_sketch"], entry["grad_sketch"], dtype)
     for entry in out["variants"].values():
         entry.pop("grad_sketch", None)  # compared; too big to keep in results.json
     out["ok"] = all(
-        "error" not in e and e.get("agreement", {}).get("ok", True)
+        "error" not in e
+        and e.get("agreement", {}).get("ok", True)
+        and e.get("gradients", {}).get("ok", True)
         for e in out["variants"].values()
     )
     return out
