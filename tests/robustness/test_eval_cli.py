@@ -75,7 +75,7 @@ MOE = ["--model", "qwen3-30b-a3b", "--hidden", "64", "--moe-intermediate", "32",
         (["--train-steps", "0", "--arms", "train"], ["--train-steps 0"]),
         (["--train-lr", "0"], ["--train-lr 0"]),
         (
-            ["--model", "gpt-oss-20b", "--hidden", "48", "--heads", "4", "--head-dim", "16"],
+            ["--model", "gpt-oss-20b", "--hidden", "48", "--heads", "4", "--kv-heads", "2"],
             ["hidden size 48", "multiple of 32", "--mx-experts off"],
         ),
     ],

@@ -145,11 +145,11 @@ def checked(args):
     checks.check_world(args.tp)
     overrides = {n: getattr(args, n) for n, _ in _SIZE_OPTIONS}
     spec = models.resolve(args.model, overrides)
-    config = spec.config()  # transformers' own checks of the config, naming the file
     mx = {"on": True, "off": False}.get(args.mx_experts)  # None: auto
     if mx is None:
-        mx = models.is_mxfp4(config)
-    checks.check_model(args, spec, mx=mx)
+        mx = models.is_mxfp4_dict(spec.config_dict)
+    checks.check_model(args, spec, mx=mx)  # ours first: they name the option
+    spec.config()  # then transformers' own checks of the config, naming the file
     if int(os.environ.get("RANK", "0")) == 0:
         checks.check_out(args.out)
     return spec, mx

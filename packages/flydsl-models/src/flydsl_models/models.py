@@ -88,9 +88,10 @@ class ModelSpec:
         model_type = d.pop("model_type")
         try:
             return AutoConfig.for_model(model_type, **d)
-        except (ValueError, TypeError, KeyError) as e:
+        except Exception as e:  # transformers' and huggingface_hub's validators raise several kinds
+            why = " ".join(str(e).split())  # one line
             raise UsageError(
-                f"--model {self.path or self.name}: transformers rejects the config: {e}"
+                f"--model {self.path or self.name}: transformers rejects the config: {why}"
             ) from None
 
     @property
@@ -214,6 +215,12 @@ def apply_overrides(d: dict, overrides: dict) -> dict:
         if vocab and any(isinstance(i, int) and i >= vocab for i in ids):
             d[k] = None  # a scaled-down vocabulary has no such token
     return d
+
+
+def is_mxfp4_dict(d: dict) -> bool:
+    """``is_mxfp4`` of a config dict (before transformers builds the config)."""
+    q = d.get("quantization_config")
+    return isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
 
 
 def is_mxfp4(config) -> bool:
