@@ -497,8 +497,10 @@ def plot_coverage(results, path: Path) -> None:
         "(solid: FlyDSL kernels; hatched: ATen and other code)",
         fontsize=10,
     )
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.6 / len(rows)), ncol=5)
     fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    # below the axes and their label, whatever the number of rows (bbox_inches keeps it)
+    fig.legend(handles, labels, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, 0.0))
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
