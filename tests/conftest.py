@@ -10,6 +10,17 @@ import os
 import pytest
 from hypothesis import settings
 
+from flydsl_core import settings as flydsl_settings
+
+# the test suite's own FLYDSL_* variables (each package declares its own; these are ours)
+flydsl_settings.declare(
+    "tests",
+    flydsl_settings.Var("FLYDSL_ACCEPT", "flag", "1: the golden-file tests rewrite their golden "
+                        "files", False),
+    flydsl_settings.Var("FLYDSL_TEST_AOTI", "flag", "1: also run the AOTInductor package test on "
+                        "the CPU (opt-in: minutes)", False),
+)  # fmt: skip
+
 # CI explores the same examples every run (a red CI lands nothing); locally, runs vary.
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):

@@ -79,6 +79,10 @@ COMMANDS: dict[str, tuple] = {
     "uv run flydsl ir matmul --locs": ("test", "tests/flydsl_core/test_cli.py::test_check_passes_and_ir_prints"),
     "uv run flydsl targets": ("test", "tests/flydsl_core/test_cli.py::test_targets_and_cache"),
     "uv run flydsl settings": ("run", ["-m", "flydsl_core.cli", "settings"]),
+    "uv run flydsl export KERNEL_OR_FAMILY --target gfx950 --out DIR": (
+        "test",
+        "tests/flydsl_core/test_cli.py::test_export_writes_standalone_triton",
+    ),
     "uv run flydsl cache info|clear": (
         "run",
         ["-m", "flydsl_core.cli", "cache", "info"],

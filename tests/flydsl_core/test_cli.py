@@ -37,6 +37,9 @@ def test_inspect_reports_mfma_for_gfx950(capsys):
         ["inspect", "matmul", "--num-warps", "3"],
         ["compile", "matmul", "--out", __file__],  # a file, not a directory
         ["aot", "vector_add", "--target", "cpu-reference", "--out", "x"],
+        ["export", "softmax", "--target", "cpu-reference", "--out", "x"],
+        ["export", "nosuch_kernel", "--out", "x"],
+        ["export", "softmax"],
         ["cache", "bogus"],
         ["bogus"],
         [],
@@ -54,6 +57,35 @@ def test_bad_settings_are_one_line_and_exit_2(monkeypatch, capsys, var, value):
     assert main(["check", "vector_add", "--dtypes", "fp32"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and var in err
+
+
+@pytest.mark.parametrize("cmd", [["cache", "clear"], ["cache", "info"], ["check", "vector_add"]])
+@pytest.mark.parametrize("var", ["FLYDSL_CACHE_DIR", "FLYDSL_DUMP_DIR"])
+def test_a_folder_setting_at_a_file_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys, cmd, var):
+    f = tmp_path / "not_a_folder"
+    f.write_text("x")
+    monkeypatch.setenv(var, str(f))
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and var in err and "is a file, not a folder" in err
+    assert f.read_text() == "x"  # nothing touched
+
+
+def test_settings_lists_every_package_and_flags_unknown_names(monkeypatch, capsys):
+    from flydsl_core import settings
+
+    typo = "FLYDSL_DISABLE_" + "CAHCE"  # built here: the sources name declared variables only
+    monkeypatch.setattr(settings, "_CHECKED", False)
+    monkeypatch.setenv(typo, "1")
+    monkeypatch.setenv("FLYDSL_TORCH_DEVICE", "tpu")
+    with pytest.warns(settings.UnknownSettingWarning, match=typo):
+        assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    for name in ("FLYDSL_TARGET", "FLYDSL_TORCH_ARCHS", "FLYDSL_TORCH_GATES"):
+        assert name in out
+    assert "torch-flydsl" in out and "flydsl-core" in out
+    assert typo in out and "FLYDSL_DISABLE_CACHE?" in out
+    assert "invalid" in out  # the bad FLYDSL_TORCH_DEVICE, shown rather than failing
 
 
 def test_target_names_and_aliases_and_flydsl_target(monkeypatch, capsys):
@@ -74,6 +106,21 @@ def test_aot_writes_a_manifest(tmp_path, capsys):
     assert [e["kernel"] for e in m["kernels"]] == ["vector_add"] and m["kernels"][0][
         "target"
     ] == "gfx942"
+
+
+def test_export_writes_standalone_triton(tmp_path, capsys):
+    """The core's examples export with no other package's help (the families' groups come
+    from flydsl-kernels' entry point: tests/flydsl_kernels/test_export.py)."""
+    assert main(["export", "softmax", "--target", "gfx950", "--out", str(tmp_path)]) == 0
+    assert "wrote 2 kernels for gfx950" in capsys.readouterr().out
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    files = [k["file"] for k in m["groups"]["examples"]["kernels"]]
+    assert files == ["examples/softmax__37x1000_fp32.py", "examples/softmax__37x1000_bf16.py"]
+    src = (tmp_path / files[0]).read_text()
+    assert "\nimport triton\n" in src and "flydsl" not in src.split('"""')[2]
+    assert (tmp_path / "README.md").exists() and not (
+        tmp_path / "examples" / "tuning.json"
+    ).exists()
 
 
 def test_targets_and_cache(capsys):

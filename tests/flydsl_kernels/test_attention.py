@@ -261,6 +261,36 @@ def test_interpret_alibi_sinks_lse_log2():
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("scale", [0.0, -0.5, -1e-3])
+def test_scale_zero_or_negative_on_every_kernel(target, scale):
+    """Uniform (0) and inverted (< 0) attention are SDPA's answer, not NaN: forward with masked
+    edge tiles (causal, a window, keys past a tile), backward, paged decode with packed GQA
+    heads, and split-KV with its combine (the forward folds only a positive scale into exp2)."""
+    q, k, v = qkv(1, 19, 37, 4, 2, 16, seed=60, grad=True)
+    for kw in ({"causal": True}, {"window_size": (5, 2)}):
+        check_fwd_bwd(q, k, v, target, softmax_scale=scale, **kw)
+    qs, ks, vs = (t.detach().transpose(1, 2).double() for t in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        qs, ks, vs, scale=scale, enable_gqa=True
+    )
+    out = flash_attn_func(q, k, v, softmax_scale=scale, target=target, config=SMALL)
+    close(out, sdpa.transpose(1, 2), OUT_TOL[BF16], "vs SDPA")
+    g = gen(61)
+    qd = rand(2, 1, 4, 16, g=g)
+    kc, vc = rand(6, 16, 2, 16, g=g), rand(6, 16, 2, 16, g=g)
+    table = torch.tensor([[4, 1, 5], [0, 3, 2]], dtype=torch.int32)
+    lens = torch.tensor([45, 17], dtype=torch.int32)
+    kd, vd = kc[table.long()].flatten(1, 2), vc[table.long()].flatten(1, 2)
+    ref, _ = reference.attention(qd, kd, vd, softmax_scale=scale, seqused_k=lens)
+    for splits in (1, 3):
+        out = flash_attn_with_kvcache(
+            qd, kc, vc, cache_seqlens=lens, block_table=table, softmax_scale=scale,
+            num_splits=splits, target=target,
+        )  # fmt: skip
+        close(out, ref, OUT_TOL[BF16], f"decode splits={splits}")
+
+
 # -- determinism ----------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,10 @@
 ``call(fn, *args, **kw)`` (fixture) moves tensor arguments to the device, passes
 ``target="cpu-reference"`` on the CPU (the GPU resolves its own), runs ``fn`` with guard
 buffers after every tensor the kernel library allocates (``flydsl_kernels.guards``) and fails
-the test on an out-of-bounds write, and brings tensor results back to the CPU.
+the test on an out-of-bounds write, and brings tensor results back to the CPU. With
+``guard_inputs=True`` the tensor arguments are guarded too (a write past a KV cache the call
+appends to fails the test; a read past an input reads the guard's bytes) and the call returns
+``(result, args, kwargs)``, the arguments as the call left them, on the CPU.
 """
 
 from __future__ import annotations
@@ -41,14 +44,17 @@ def _tree(v, fn):
 def call(device):
     from flydsl_kernels.guards import GuardedAllocations
 
-    def run(fn, *args, **kw):
+    def run(fn, *args, guard_inputs=False, **kw):
         args, kw = _tree(args, lambda t: t.to(device)), _tree(kw, lambda t: t.to(device))
         kw.setdefault("target", "cpu-reference" if device == "cpu" else None)
         with GuardedAllocations() as g:
+            if guard_inputs:
+                args, kw = _tree(args, g.guard), _tree(kw, g.guard)
             out = fn(*args, **kw)
         bad = g.violations()
         assert not bad, "; ".join(map(str, bad))
-        return _tree(out, lambda t: t.cpu())
+        cpu = lambda v: _tree(v, lambda t: t.detach().cpu())  # noqa: E731
+        return (cpu(out), cpu(args), cpu(kw)) if guard_inputs else _tree(out, lambda t: t.cpu())
 
     return run
 

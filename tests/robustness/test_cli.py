@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,8 +36,22 @@ flydsl_argv = st.one_of(
         lambda a: ["cache", a]
     ),
     bad_example.map(lambda c: [c]),
+    bad_target.map(lambda t: ["export", "softmax", "--target", t, "--out", "x"]),
+    st.sampled_from(["cpu", "ref"]).map(lambda t: ["export", "all", "--target", t, "--out", "x"]),
+    word.filter(lambda w: w not in _export_names() and not w.startswith("-")).map(
+        lambda n: ["export", n, "--out", "x"]
+    ),
     word.filter(lambda w: not w.lstrip("-").isdigit()).map(lambda s: ["check", "--seed", s]),
 )
+
+
+@functools.cache
+def _export_names() -> frozenset:
+    """What ``flydsl export`` takes: ``all``, the groups and their kernels."""
+    from flydsl_core import export
+
+    groups = export.groups()
+    return frozenset({"all", *groups, *(c.kernel for g in groups.values() for c in g.cases())})
 
 
 def _one_line_usage_error(rc, err):
@@ -75,3 +91,37 @@ def test_flydsl_target_is_honoured_and_checked(monkeypatch, capsys, value):
     err = capsys.readouterr().err
     _one_line_usage_error(rc, err)
     assert "FLYDSL_TARGET" in err
+
+
+@ROBUST
+@given(
+    var=st.sampled_from(["FLYDSL_CACHE_DIR", "FLYDSL_DUMP_DIR"]),
+    where=st.sampled_from(["file", "under_file", "missing", "folder"]),
+    argv=st.sampled_from([["cache", "clear"], ["cache", "info"], ["targets"]]),
+)
+def test_folder_settings(capsys, tmp_path_factory, var, where, argv):
+    """A folder variable pointing at a file is one line, exit 2, naming it; nothing touched."""
+    base = tmp_path_factory.mktemp("folder_settings")
+    (base / "f").write_text("x")
+    path = {
+        "file": base / "f",
+        "under_file": base / "f" / "sub",
+        "missing": base / "new" / "cache",
+        "folder": base,
+    }[where]
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {var: str(path)}):  # per example, restored after it
+        if var == "FLYDSL_CACHE_DIR":  # (never unset the suite's isolated cache dir)
+            os.environ.pop("FLYDSL_DUMP_DIR", None)
+        rc = flydsl(argv)
+    out = capsys.readouterr()
+    if where in ("file", "under_file"):
+        _one_line_usage_error(rc, out.err)
+        assert var in out.err and "is a file, not a folder" in out.err
+        assert (base / "f").read_text() == "x"
+    else:
+        assert rc == 0, out.err
+        if argv == ["cache", "clear"] and var == "FLYDSL_CACHE_DIR":
+            assert "removed 0 entries" in out.out

@@ -9,10 +9,15 @@ import torch_flydsl
 @pytest.fixture
 def cpu_backend(monkeypatch, tmp_path):
     """torch_flydsl enabled on the CPU key (reference backend), stats reset; off afterwards."""
-    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "no_local_table.json"))
+    # an empty local table: the shipped rules only, whatever the user's cache holds
+    from torch_flydsl import gates
+
+    gates.write_table(tmp_path / "no_local_rules.json", [])
+    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "no_local_rules.json"))
     monkeypatch.delenv("FLYDSL_TORCH_PRECEDENCE", raising=False)
     torch_flydsl.disable()
     torch_flydsl.enable(device="cpu")
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")  # opt-in on the CPU key
     torch_flydsl.reset_stats()
     torch.manual_seed(0)
     yield torch_flydsl

@@ -116,8 +116,27 @@ def test_env_enables_at_import():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     enabled, st = json.loads(out.stdout.strip().splitlines()[-1])
-    assert enabled == [g for g in torch_flydsl.OPS if g != "sdpa"]  # sdpa is opt-in
+    # sdpa is opt-in; rms_norm is opt-in on the CPU (stock CPU decomposes F.rms_norm)
+    assert enabled == [g for g in torch_flydsl.OPS if g not in ("sdpa", "rms_norm")]
     assert st["hits"] == 1
+
+
+def test_enable_on_cpu_leaves_rms_norm_to_stock_torch(cpu_backend):
+    """``enable(device="cpu")`` does not reroute F.rms_norm through ``_fused_rms_norm`` (stock
+    CPU decomposes it); ``ops=["rms_norm"]`` opts in."""
+    torch_flydsl.disable()
+    torch_flydsl.enable(device="cpu")
+    assert torch_flydsl.enabled("topk") and not torch_flydsl.enabled("rms_norm")
+    assert "CompositeImplicitAutograd" in _kernel_of("_fused_rms_norm")
+    st = torch_flydsl.status("cpu")["ops"]["rms_norm"]
+    assert st["state"] == "off" and "opt-in on cpu" in st["why"]
+    x = torch.randn(3, 8, requires_grad=True)
+    y = torch.nn.functional.rms_norm(x, (8,))
+    assert type(y.grad_fn).__name__ != "FusedRmsNormBackward0"  # stock CPU's decomposition
+    assert _s("_fused_rms_norm")["calls"] == 0
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")
+    y = torch.nn.functional.rms_norm(x, (8,))
+    assert type(y.grad_fn).__name__ == "FusedRmsNormBackward0"
 
 
 def test_calibrate_refuses_without_gpu():
@@ -339,16 +358,25 @@ def test_bad_local_table_is_ignored(cpu_backend, monkeypatch, tmp_path, caplog):
 
 
 def test_arch_gate_on_gpu_backend(monkeypatch):
-    """The CUDA backend's arch check: allowed list from FLYDSL_TORCH_ARCHS, cached per index."""
-    monkeypatch.setattr(dispatch._runtime, "resolve_arch", lambda idx: "gfx942")
+    """The GPU arch check (``eligibility``): allowed list from FLYDSL_TORCH_ARCHS, names and
+    aliases alike, cached per index; the CUDA backend asks it."""
+    from torch_flydsl import _runtime, eligibility
+
+    monkeypatch.setattr(_runtime, "resolve_arch", lambda idx: "gfx942")
+    monkeypatch.delenv("FLYDSL_TARGET", raising=False)
     monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx950,sm90")
-    b = dispatch.Backend("cuda", gates.GateTable())
-    x = torch.empty(0)
-    assert b.arch(x) == ""
-    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx942")
-    b = dispatch.Backend("cuda", gates.GateTable())
-    assert b.arch(x) == "gfx942"
-    assert topk_spec.reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
+    eligibility.clear_caches()
+    try:
+        assert eligibility.device_arch("cuda", 0) == ""
+        monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "mi300x")  # an alias of gfx942
+        assert eligibility.device_arch("cuda", 0) == ""  # cached per index
+        eligibility.clear_caches()
+        assert eligibility.device_arch("cuda", 0) == "gfx942"
+        b = dispatch.Backend("cuda", gates.GateTable())
+        monkeypatch.setattr(b, "arch", lambda t: eligibility.device_arch("cuda", 0))
+        assert topk_spec.reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
+    finally:
+        eligibility.clear_caches()
 
 
 # -- rms_norm -------------------------------------------------------------------------------------
@@ -560,7 +588,7 @@ def test_precedence_ours_wraps_prior(cpu_backend, fake_upstream):
 
 def test_precedence_upstream_defers(cpu_backend, fake_upstream, monkeypatch):
     monkeypatch.setenv("FLYDSL_TORCH_PRECEDENCE", "upstream")
-    torch_flydsl.enable(device="cpu")
+    torch_flydsl.enable(ops=["topk", "rms_norm"], device="cpu")
     st = torch_flydsl.status("cpu")
     assert st["ops"]["topk"]["state"] == "deferred"
     assert "aten::topk@CPU" in st["ops"]["topk"]["why"]
@@ -614,3 +642,52 @@ def test_calibration_plan_covers_every_gate_op():
     assert {gates.DTYPE_NAMES[c[1]] for c in cases if c[0].op == "gemm"} == {"bfloat16", "float16"}
     narrowed = plan(["gemm"], dtypes=["bfloat16"], quick=True)
     assert narrowed and all(c[1] == torch.bfloat16 for c in narrowed)
+
+
+# -- the cheap decisions before the predicate -----------------------------------------------------
+
+
+def test_gate_corners_and_closed_keys():
+    f32 = torch.float32
+    t = gates.GateTable(
+        local=[
+            gates.Rule("cpu", "topk", "float32", m=(256, None), n=(1024, 8192)),
+            gates.Rule("cpu", "topk", "float32", m=(64, None), n=(8192, None)),
+            gates.Rule("cpu", "rms_norm", "float32", m=(1, 0)),  # a closed entry
+        ]
+    )
+    assert t.min_mn("cpu", "topk", f32) == 256 * 1024  # the smaller of the two corners
+    assert t.closed("cpu", "rms_norm", f32) and not t.closed("cpu", "topk", f32)
+    assert t.closed("cpu", "gemm", f32)  # no rule at all
+    assert t.allows("cpu", "topk", f32, 300, 2048) and t.allows("cpu", "topk", f32, 300, 2048)
+    assert not t.allows("cpu", "topk", f32, 3, 2048)
+
+
+def test_decisions_before_the_predicate(cpu_backend, monkeypatch, tmp_path):
+    """dtype / closed gate per (device, dtype), then the gate's smallest corner, then the
+    predicate: each gives the same answer the predicate would."""
+    p = tmp_path / "t.json"
+    rule = {"arch": "cpu", "op": "rms_norm", "dtype": "float32", "m": [8, None], "n": [64, None]}
+    gates.write_table(p, [gates.Rule.from_json(rule)], [
+        {"arch": "cpu", "op": "rms_norm", "dtype": "bfloat16"},
+    ])  # fmt: skip
+    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(p))
+    torch_flydsl.disable()
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")
+    torch_flydsl.reset_stats()
+    cases = [
+        (torch.randn(4, 64, dtype=torch.float64), "dtype"),
+        (torch.randn(4, 64, dtype=torch.bfloat16), "gate"),  # closed for bf16
+        (torch.randn(4, 64), "gate"),  # 256 elements: below the rule's corner (8 x 64)
+        (torch.randn(64, 8), "gate"),  # 512 elements, but n = 8: the predicate's gate check
+        (torch.randn(8, 64), None),  # inside: FlyDSL
+    ]
+    for x, want in cases:
+        torch_flydsl.reset_stats()
+        y = F.rms_norm(x, (x.shape[-1],), None, 1e-6)
+        with torch_flydsl.disabled():
+            ref = F.rms_norm(x, (x.shape[-1],), None, 1e-6)
+        torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2)
+        st = _s("_fused_rms_norm")
+        assert st["fallbacks"] == ({want: 1} if want else {}), (x.shape, x.dtype, st)
+        assert st["hits"] == (0 if want else 1)

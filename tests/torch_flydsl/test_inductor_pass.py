@@ -41,7 +41,10 @@ aten = torch.ops.aten
 
 @pytest.fixture(autouse=True)
 def _fresh_stats(monkeypatch, tmp_path):
-    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "none.json"))
+    from torch_flydsl import gates
+
+    gates.write_table(tmp_path / "no_local_rules.json", [])  # the shipped rules only
+    monkeypatch.setenv("FLYDSL_TORCH_GATES", str(tmp_path / "no_local_rules.json"))
     torch_flydsl.reset_stats()
     torch.manual_seed(0)
     yield

@@ -6,6 +6,7 @@ backward). bf16, tolerance 2e-2 of the largest reference value."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_flydsl
 
@@ -127,3 +128,24 @@ def test_flash_attention_provider_is_registered_not_activated():
 
     assert "flydsl" in list_flash_attention_impls()
     assert current_flash_attention_impl() != "flydsl"
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5, -1e-3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_scale_zero_or_negative_matches_aten(sdpa_on, scale, causal):
+    """A scale of zero (uniform attention) or below (inverted) is legal: SDPA's answer, not NaN
+    (the forward kernel folds only a positive scale into its exp2)."""
+    q, k, v = qkv(1, 2, 23 if causal else 19, 23, 32, seed=7)  # SDPA causal is top-left
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    st = sdpa_on.stats()
+    assert st[FWD]["hits"] == 1 and st[BWD]["hits"] == 1
+    # SDPA's math backend in fp32 (ATen's own CPU flash kernel is NaN at causal scale 0)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        ref, rgrads = aten(q32, k32, v32, do.float(), is_causal=causal, scale=scale)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) <= 2e-2
+    for a, r in zip(grads, rgrads):  # dq and dk are exactly zero at scale 0
+        assert (a.float() - r.float()).abs().max() <= 2e-2 * max(r.float().abs().max(), 1e-3)

@@ -4,6 +4,7 @@ flydsl check [--target cpu-reference] [EXAMPLE ...]   run the shipped examples, 
 flydsl ir EXAMPLE [--stage traced|final]               print an example's FlyIR
 flydsl inspect|compile EXAMPLE [--target gfx950]       cross-compile an example, print / write stages
 flydsl aot [EXAMPLE ...] --out DIR                     an AOT bundle of the examples
+flydsl export NAME ... --target gfx950 --out DIR       kernels as standalone Triton + contracts
 flydsl targets                                         list the known targets
 flydsl settings                                        the FLYDSL_* variables and their values
 flydsl cache info|clear                                the on-disk compile cache
@@ -286,6 +287,37 @@ def cmd_aot(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """Write kernels (groups, kernel names, ``all``) as standalone Triton (``export.py``)."""
+    from . import export
+
+    target = _target(args, "gfx950")
+    if args.list:
+        for name, g in export.groups().items():
+            kernels = sorted({c.kernel for c in g.cases()})
+            print(f"{name}: {g.description}\n    {', '.join(kernels)}")
+        return 0
+    if not args.names:
+        raise UsageError("name what to export: a group, a kernel, or all (--list lists them)")
+    if args.out is None:
+        raise UsageError("--out DIR is required")
+    from .targets import get_target
+
+    if get_target(target).compiler != "triton":
+        raise UsageError(
+            f"--target {target} does not generate Triton; export for a GPU target "
+            "(gfx950, gfx942, gfx1250, sm90) or cpu-interpret"
+        )
+    chosen = export.select(args.names, export.groups())  # a bad name: before writing anything
+    out = out_dir(args.out)
+    m = export.export(
+        chosen, target, out, specialized=args.specialized, progress=lambda s: print(f"  {s}")
+    )
+    n = sum(len(g["kernels"]) for g in m["groups"].values())
+    print(f"wrote {n} kernels for {target} to {out} (README.md, manifest.json)")
+    return 0
+
+
 def cmd_targets(args) -> int:
     from rich.table import Table
 
@@ -311,7 +343,9 @@ def cmd_targets(args) -> int:
 
 
 def cmd_settings(args) -> int:
-    """Every FLYDSL_* variable: what it takes, what it does, its value here."""
+    """Every FLYDSL_* variable of every installed package (``settings.load_all``): what it
+    takes, what it does, its value here; then the FLYDSL_* names set here that no package
+    declares (typos: ignored by FlyDSL, warned about at the first read of a setting)."""
     import os
 
     from rich.markup import escape
@@ -319,17 +353,27 @@ def cmd_settings(args) -> int:
 
     from . import settings
 
-    t = Table(title="FLYDSL_* environment variables (flydsl_core.settings.VARIABLES)")
+    variables = settings.load_all()
+    t = Table(title="FLYDSL_* environment variables (declared with flydsl_core.settings.declare)")
     for col in ("variable", "package", "takes", "meaning", "value here"):
         t.add_column(col, overflow="fold")
-    for v in settings.VARIABLES.values():
+    for v in sorted(variables.values(), key=lambda v: (v.package != "flydsl-core", v.package)):
         raw = os.environ.get(v.name)
         try:
             shown = "(unset)" if raw is None else repr(v.parse(raw))
-        except settings.SettingsError:
-            shown = f"[red]invalid: {escape(repr(raw))}[/]"
+        except settings.SettingsError as e:
+            shown = f"[red]invalid: {escape(e.msg if hasattr(e, 'msg') else str(e))}[/]"
         t.add_row(v.name, v.package, escape(v.accepted()), escape(v.doc), shown)
+    for name, close in settings.unknown().items():
+        hint = f"; did you mean {close}?" if close else ""
+        t.add_row(
+            f"[red]{name}[/]", "-", "-", f"[red]not a FlyDSL setting: ignored{escape(hint)}[/]",
+            escape(repr(os.environ.get(name))),
+        )  # fmt: skip
     _console().print(t)
+    for where, why in settings.load_errors().items():
+        print(f"flydsl settings: could not load the declarations at {where}: {why}",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -390,6 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--dtypes", nargs="+", type=dtype_name, default=["bf16"])
     a.add_argument("--out", required=True)
     a.set_defaults(func=cmd_aot)
+    e = sub.add_parser(
+        "export", help="write kernels as standalone Triton modules with launch contracts"
+    )
+    e.add_argument("names", nargs="*", help="groups (families, examples), kernel names, or all")
+    e.add_argument("--target", type=target_name, help=target_help.format("gfx950"))
+    e.add_argument("--out", help="the folder to write (created if missing)")
+    e.add_argument(
+        "--specialized",
+        action="store_true",
+        help="keep each problem's size facts (faster code, valid only for such shapes)",
+    )
+    e.add_argument("--list", action="store_true", help="list what can be exported")
+    e.set_defaults(func=cmd_export)
     t = sub.add_parser("targets", help="list the known targets")
     t.set_defaults(func=cmd_targets)
     st = sub.add_parser("settings", help="list the FLYDSL_* environment variables")
@@ -409,6 +466,7 @@ def main(argv=None) -> int:
         return 2
     prog = f"flydsl {args.cmd}"
     try:
+        settings.check_environment()  # a FLYDSL_* name no package declares: a warning, once
         if args.cmd != "settings":  # the one command that shows bad values instead
             settings.check_all()  # a bad FLYDSL_* value is reported before any work
         return args.func(args)

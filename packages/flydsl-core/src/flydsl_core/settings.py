@@ -1,27 +1,52 @@
-"""Every ``FLYDSL_*`` environment variable, declared once and parsed strictly.
+"""Every ``FLYDSL_*`` environment variable, declared once by the package that reads it, and
+parsed strictly.
 
-``VARIABLES`` is the one table of the variables flydsl-core, flydsl-kernels
-and torch-flydsl read; ``get(name)`` parses one of them. A value that does
-not parse raises ``SettingsError`` naming the variable and what it accepts,
-instead of being silently ignored or read as the default. Values are read
-at call time, so tests can change the environment.
+Each package declares its own variables in one table mechanism, ``declare(package, *vars)``:
+flydsl-core below; torch-flydsl in ``torch_flydsl/variables.py``; the test suite in
+``tests/conftest.py``. An installed package makes its declarations discoverable without
+importing it through the ``flydsl.settings`` entry point group (``pyproject.toml``)::
 
-Target names (``FLYDSL_TARGET``, ``FLYDSL_TORCH_CPU_TARGET``) are parsed here
-as names and checked against the target registry by the code that uses
-them (``targets.resolve_target``), whose error also names the variable:
-this module imports nothing above it.
+    [project.entry-points."flydsl.settings"]
+    torch-flydsl = "torch_flydsl.variables:VARIABLES"
+
+The module named there imports nothing but this one (it is loaded on its own, without its
+package's ``__init__``, so that listing or checking the variables never imports torch or runs
+a package's import-time work); ``load_all()`` loads every such module. Core names no other
+package: what is installed is what is listed (``flydsl settings``).
+
+``get(name)`` parses one variable. A value that does not parse raises ``SettingsError`` naming
+the variable and what it accepts, instead of being silently ignored or read as the default.
+Values are read at call time, so tests can change the environment. A ``FLYDSL_*`` name in
+the environment that no package declares (a typo of a declared name) is
+reported once per process through ``warnings`` (``UnknownSettingWarning``, naming the
+closest declared name) at the first read of any setting, and listed by ``flydsl settings``.
+
+Target names (``FLYDSL_TARGET``) are parsed here as names and checked against the target
+registry by the code that uses them (``targets.resolve_target``), whose error also names the
+variable: this module imports nothing above it.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import os
-from dataclasses import dataclass
+import sys
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .exc import SettingsError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+#: the entry point group through which installed packages declare their variables
+ENTRY_POINT_GROUP = "flydsl.settings"
+PREFIX = "FLYDSL_"
+
+
+class UnknownSettingWarning(UserWarning):
+    """A ``FLYDSL_*`` environment variable that no FlyDSL package declares (it is ignored)."""
 
 
 @dataclass(frozen=True)
@@ -29,12 +54,12 @@ class Var:
     """One environment variable: how it parses and what it means."""
 
     name: str
-    kind: str  # "flag" | "int" | "choice" | "str" | "path" | "list"
+    kind: str  # "flag" | "int" | "choice" | "str" | "path" | "dir" | "list"
     doc: str
     default: object = None
     choices: tuple[str, ...] = ()  # "choice": the accepted values (lower case)
     minimum: int | None = None  # "int"
-    package: str = "flydsl-core"  # the package that reads it
+    package: str = ""  # the package that declares (and reads) it; set by declare()
 
     def accepted(self) -> str:
         """What the variable accepts, in words (for errors and docs)."""
@@ -46,6 +71,8 @@ class Var:
             return "an integer" + (f" >= {self.minimum}" if self.minimum is not None else "")
         if self.kind == "list":
             return "a comma-separated list of names"
+        if self.kind == "dir":
+            return "a folder path (created when missing; not a file)"
         return "a path" if self.kind == "path" else "a name"
 
     def parse(self, raw: str | None):
@@ -69,6 +96,15 @@ class Var:
                 return val
         elif self.kind == "path":
             return Path(text).expanduser()
+        elif self.kind == "dir":
+            p = Path(text).expanduser()
+            blocker = next((a for a in (p, *p.parents) if a.exists()), None)
+            if blocker is None or blocker.is_dir():
+                return p
+            raise SettingsError(
+                f"{self.name}={raw!r}: {blocker} is a file, not a folder; it takes "
+                f"{self.accepted()}"
+            )
         elif self.kind == "list":
             items = tuple(p.strip() for p in text.split(","))
             if all(items):
@@ -78,57 +114,175 @@ class Var:
         raise SettingsError(f"{self.name}={raw!r} is not valid; it takes {self.accepted()}")
 
 
-_VARS = (
-    # -- flydsl-core -----------------------------------------------------------------------
+#: every declared FLYDSL_* variable, by name (what has been declared in this process so far:
+#: ``load_all()`` adds every installed package's)
+VARIABLES: dict[str, Var] = {}
+
+
+def declare(package: str, *variables: Var) -> tuple[Var, ...]:
+    """Declare ``package``'s variables (each package once, in one module); returns them with
+    ``package`` set. A name outside ``FLYDSL_*`` or declared differently by another package
+    is a ``ValueError``."""
+    out = []
+    for v in variables:
+        if not v.name.startswith(PREFIX) or not v.name[len(PREFIX) :]:
+            raise ValueError(f"{v.name!r}: FlyDSL settings are named FLYDSL_<NAME>")
+        v = replace(v, package=package)
+        old = VARIABLES.get(v.name)
+        if old is not None and old != v:
+            raise ValueError(f"{v.name} is declared by {old.package} already")
+        VARIABLES[v.name] = v
+        out.append(v)
+    return tuple(out)
+
+
+declare(
+    "flydsl-core",
     Var("FLYDSL_TARGET", "str", "the target to compile for, by name or alias (see `flydsl targets`); "
         "default: the current GPU, else cpu-reference"),
     Var("FLYDSL_GPU_ARCH", "str", "the arch to assume for the current GPU instead of the one torch "
         "reports (e.g. gfx950); only where a GPU is present"),
-    Var("FLYDSL_CACHE_DIR", "path", "the compile cache folder (default $XDG_CACHE_HOME/flydsl or "
+    Var("FLYDSL_CACHE_DIR", "dir", "the compile cache folder (default $XDG_CACHE_HOME/flydsl or "
         "~/.cache/flydsl)"),
     Var("FLYDSL_DISABLE_CACHE", "flag", "1: do not read or write the on-disk compile cache", False),
-    Var("FLYDSL_DUMP_DIR", "path", "write the FlyIR after tracing and after every pass here"),
+    Var("FLYDSL_DUMP_DIR", "dir", "write the FlyIR after tracing and after every pass here"),
     Var("FLYDSL_VERIFY", "flag", "0: skip the IR verifier between passes", True),
     Var("FLYDSL_GENERIC_BINDER", "flag", "1: compute launch keys with the plain loop instead of "
         "the generated per-kernel function (debugging)", False),
-    Var("FLYDSL_ACCEPT", "flag", "1: the golden-file tests rewrite their golden files", False,
-        package="tests"),
-    Var("FLYDSL_TEST_AOTI", "flag", "1: also run the AOTInductor package test on the CPU "
-        "(opt-in: minutes)", False, package="tests"),
-    # -- torch-flydsl ----------------------------------------------------------------------
-    Var("FLYDSL_TORCH", "flag", "1: `import torch_flydsl` enables the overrides", False,
-        package="torch-flydsl"),
-    Var("FLYDSL_TORCH_DEVICE", "choice", "the device enable() registers for when none is given",
-        "cuda", choices=("cuda", "cpu", "rocm", "hip", "gpu"), package="torch-flydsl"),
-    Var("FLYDSL_TORCH_PRECEDENCE", "choice", "ours: register over prior (e.g. torch's own) "
-        "overrides; upstream: leave op groups that already have one", "ours",
-        choices=("ours", "upstream"), package="torch-flydsl"),
-    Var("FLYDSL_TORCH_ARCHS", "list", "GPU archs the overrides dispatch to (default gfx950)",
-        package="torch-flydsl"),
-    Var("FLYDSL_TORCH_CPU_TARGET", "str", "the CPU target of the CPU test backend: cpu-reference "
-        "or cpu-interpret (or an alias)", "cpu-reference", package="torch-flydsl"),
-    Var("FLYDSL_TORCH_GATES", "path", "the local gate table (default <cache dir>/torch_gates.json)",
-        package="torch-flydsl"),
 )  # fmt: skip
 
-#: every FLYDSL_* variable, by name
-VARIABLES: dict[str, Var] = {v.name: v for v in _VARS}
+
+# -- installed packages' declarations (entry points) ---------------------------------------------
+
+_LOADED: set[str] = set()  # entry point values already loaded
+_LOAD_ERRORS: dict[str, str] = {}  # entry point value -> why it could not be loaded
+
+
+def _entry_points():
+    from importlib.metadata import entry_points
+
+    return tuple(entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _module_file(name: str) -> str | None:
+    """The source file of module ``name`` found without importing its parent packages."""
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if len(parts) == 1:
+        return spec.origin
+    dirs = list(spec.submodule_search_locations or ())
+    for p in parts[1:-1]:
+        dirs = [os.path.join(d, p) for d in dirs]
+    for d in dirs:
+        f = os.path.join(d, parts[-1] + ".py")
+        if os.path.isfile(f):
+            return f
+    return None
+
+
+def _load_module(name: str):
+    """Module ``name``, loaded on its own when its package is not imported yet (declaring
+    modules import nothing but this one, so their package's ``__init__`` need not run)."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    parent = name.rpartition(".")[0]
+    if not parent or parent in sys.modules:
+        return importlib.import_module(name)
+    path = _module_file(name)
+    if path is None:
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
+def load_all() -> dict[str, Var]:
+    """Load every installed package's declarations (``ENTRY_POINT_GROUP``); returns
+    ``VARIABLES``. A package whose declarations cannot be loaded is recorded
+    (``load_errors()``), not raised: the others still count."""
+    for ep in _entry_points():
+        if ep.value in _LOADED:
+            continue
+        _LOADED.add(ep.value)
+        try:
+            getattr(_load_module(ep.module), ep.attr) if ep.attr else _load_module(ep.module)
+        except Exception as e:  # a broken package must not hide every other variable
+            _LOAD_ERRORS[ep.value] = f"{type(e).__name__}: {e}"
+    return VARIABLES
+
+
+def load_errors() -> dict[str, str]:
+    """``{entry point: why}`` for declarations ``load_all()`` could not load."""
+    return dict(_LOAD_ERRORS)
+
+
+def unknown(environ=None) -> dict[str, str | None]:
+    """``{name: closest declared name or None}`` for every ``FLYDSL_*`` name set in
+    ``environ`` (default ``os.environ``) that no installed package declares."""
+    env = os.environ if environ is None else environ
+    names = [n for n in env if n.startswith(PREFIX)]
+    if all(n in VARIABLES for n in names):
+        return {}
+    load_all()
+    out = {}
+    for n in sorted(names):
+        if n not in VARIABLES:
+            close = difflib.get_close_matches(n, list(VARIABLES), n=1, cutoff=0.8)
+            out[n] = close[0] if close else None
+    return out
+
+
+_CHECKED = False
+
+
+def check_environment() -> dict[str, str | None]:
+    """Warn (``UnknownSettingWarning``, once per process) about every ``FLYDSL_*`` name in the
+    environment that no package declares; returns them (``unknown()``)."""
+    global _CHECKED
+    found = unknown()
+    if not _CHECKED:
+        _CHECKED = True
+        for name, close in found.items():
+            hint = f"; did you mean {close}?" if close else ""
+            warnings.warn(
+                f"{name} is set but no FlyDSL package declares it, so it is ignored{hint} "
+                "(`flydsl settings` lists the variables)",
+                UnknownSettingWarning,
+                stacklevel=3,
+            )
+    return found
 
 
 def get(name: str):
     """The parsed value of the declared variable ``name`` (its default when unset or blank)."""
-    try:
-        var = VARIABLES[name]
-    except KeyError:
+    if not _CHECKED:
+        check_environment()
+    var = VARIABLES.get(name)
+    if var is None:
+        var = load_all().get(name)
+    if var is None:
         raise SettingsError(
-            f"{name} is not a FlyDSL setting; declare it in flydsl_core.settings.VARIABLES"
-        ) from None
+            f"{name} is not a FlyDSL setting; declare it with flydsl_core.settings.declare"
+        )
     return var.parse(os.environ.get(name))
 
 
 def check_all() -> None:
-    """Parse every variable that is set (a bad one raises ``SettingsError``)."""
-    for name in VARIABLES:
+    """Parse every variable of every installed package that is set (a bad one raises
+    ``SettingsError``)."""
+    for name in list(load_all()):
         get(name)
 
 

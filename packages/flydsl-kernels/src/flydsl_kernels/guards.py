@@ -13,8 +13,13 @@ byte is an out-of-bounds write by whatever kernel wrote that tensor. The report
 (``report.collect``) runs each case's check and one timed-size run under it, on the GPU as
 on the CPU backends, and fails the case naming the tensor.
 
+``guard(t)`` puts a caller's tensor (an input, or a cache a kernel updates in place, as
+``flash_attn_with_kvcache`` appends to its KV cache) into a guarded copy the same way: a write
+past it shows in ``violations()``, and a read past it picks up the pattern's bytes, so a
+check against a reference fails.
+
 Only allocations made by the kernel library's own code (the function APIs: their outputs
-and workspaces) are guarded: the reference backend's and PyTorch's internal temporaries are
+and workspaces) are guarded automatically: the reference backend's and PyTorch's internal temporaries are
 not, so the check costs a copy per output, not one per program. Tensors that are not
 contiguous (``empty_like`` of a strided tensor) are left as they are. The guarded view
 starts ``PRE`` = 256 bytes into its buffer, so its data pointer keeps the 16-byte (and
@@ -111,6 +116,15 @@ class GuardedAllocations(TorchFunctionMode):
         if not out.is_contiguous() or out.layout != torch.strided or out.is_meta:
             return out
         return self._guard(out, who)
+
+    def guard(self, t):
+        """A guarded copy of the caller's tensor ``t`` (same values, shape and dtype,
+        contiguous, ``requires_grad`` kept); anything else comes back as it is."""
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta:
+            return t
+        with torch.no_grad():
+            g = self._guard(t.contiguous(), "caller")
+        return g.requires_grad_() if t.requires_grad else g
 
     def _guard(self, t: torch.Tensor, who: str) -> torch.Tensor:
         nbytes = t.numel() * t.element_size()

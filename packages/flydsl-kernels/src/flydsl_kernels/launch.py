@@ -9,6 +9,9 @@ place of the tensors. So each kernel's call is written once, in its family's pla
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,11 @@ class Launch:
     constexprs: dict
     options: dict = field(default_factory=dict)  # compiler options (num_warps, ...)
 
+    def __post_init__(self):
+        if getattr(_RECORDING, "launches", None) is not None:
+            f = sys._getframe(2)  # the plan line that built this launch (past __init__)
+            self.origin = (f.f_code.co_filename, f.f_lineno)
+
     @property
     def name(self) -> str:
         return self.kernel.name
@@ -41,7 +49,12 @@ class Launch:
         return self.kernel[self.grid](*self.args, **self.constexprs, target=target, options=opts)
 
     def compile(self, target):
-        """Compile for ``target`` without running (``TensorSpec`` arguments need no GPU)."""
+        """Compile for ``target`` without running (``TensorSpec`` arguments need no GPU); inside
+        ``recording()``, record this launch and return it instead."""
+        rec = getattr(_RECORDING, "launches", None)
+        if rec is not None:
+            rec.append(self)
+            return self
         return self.kernel.compile(
             *self.args, target=target, options=self.options, **self.constexprs
         )
@@ -51,3 +64,19 @@ def run_all(launches, target) -> None:
     """Run ``launches`` in order on ``target``."""
     for launch in launches:
         launch.run(target)
+
+
+_RECORDING = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """``with recording() as launches:`` on this thread, ``Launch.compile`` appends the launch
+    to ``launches`` (each with ``origin``, the plan line that built it) and compiles nothing:
+    how ``flydsl export`` reads the launches a report case compiles."""
+    prev = getattr(_RECORDING, "launches", None)
+    _RECORDING.launches = out = []
+    try:
+        yield out
+    finally:
+        _RECORDING.launches = prev

@@ -3,7 +3,7 @@
 Attribution (the same on a CPU and a GPU):
 
 * **Which time is FlyDSL's.** (1) Ops and ranges whose names start with
-  ``torch_flydsl.transformers.PROFILE_PREFIXES`` (``torch_flydsl::hf_*``, the
+  ``torch_flydsl.transformers.PROFILE_PREFIXES`` (``flydsl::hf_*``, the
   ``flydsl::`` ops of the compile pass): all of their time. (2) ATen ops that
   torch-flydsl's eager overrides took (``torch_flydsl.stats()`` keys that name an
   ATen overload, read over the profiled window): their time times the share of their
@@ -112,7 +112,7 @@ def flydsl_kernel_names() -> frozenset[str]:
 
 def registry_family(op: str) -> str | None:
     """The kernel family a FlyDSL op runs: ops are named after the family API function they
-    call (``flydsl::gemm`` -> ``gemm.gemm``, ``torch_flydsl::hf_moe_router`` ->
+    call (``flydsl::gemm`` -> ``gemm.gemm``, ``flydsl::hf_moe_router`` ->
     ``topk.moe_router``), a variant of one (``hf_add_rms_norm`` -> ``fused_add_rms_norm``),
     or name the family (``flydsl::flex_attention`` -> attention, ``flydsl::mx_mm`` -> mx)."""
     functions, kernels, report = _registry()

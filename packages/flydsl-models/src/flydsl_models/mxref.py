@@ -4,7 +4,7 @@ torch-flydsl's MX experts route (``patch(model, mx_experts=True)``) quantizes th
 experts' weights to MXFP4 and, per call, their activations to mxfp8 e4m3 (OCP MX,
 one E8M0 scale per 32 elements along K), then runs the grouped MX GEMM with fp32
 accumulation, the bias added in fp32 and one rounding to the model dtype: the op
-``torch_flydsl::hf_mx_grouped_mm`` (its documented contract). Compared with the
+``flydsl::hf_mx_grouped_mm`` (its documented contract). Compared with the
 bf16 ``off`` arm, that mixes the format's own error with our kernels' error, and
 the quantization amplifies any other difference (a last-bit change of an activation
 moves it across an e4m3 rounding boundary now and then). So:
@@ -26,14 +26,14 @@ import contextlib
 
 import torch
 
-OP_NAMESPACE, OP_NAME = "torch_flydsl", "hf_mx_grouped_mm"
+OP_NAME = "hf_mx_grouped_mm"  # in torch_flydsl.library.NAMESPACE
 NAME = "flydsl_models_mx_reference"  # the experts implementation
 _FP4 = torch.float4_e2m1fn_x2
 _FP8 = torch.float8_e4m3fn
 
 
 def reference_mx_grouped_mm(a, b_q, b_scale, offs, bias):
-    """``torch_flydsl::hf_mx_grouped_mm``'s contract by the format's specification: ``a (S, K)``
+    """``flydsl::hf_mx_grouped_mm``'s contract by the format's specification: ``a (S, K)``
     quantized to e4m3, times MXFP4 experts ``b_q (G, N, K/2)`` with their E8M0 scales by groups
     of rows (``offs``), fp32 accumulation, ``bias (G, N)`` in fp32, one rounding to ``a.dtype``."""
     from flydsl_kernels.mx import reference
@@ -46,9 +46,11 @@ def reference_mx_grouped_mm(a, b_q, b_scale, offs, bias):
 
 @contextlib.contextmanager
 def reference_op():
-    """``torch_flydsl::hf_mx_grouped_mm`` computed by ``reference_mx_grouped_mm`` inside the
+    """``flydsl::hf_mx_grouped_mm`` computed by ``reference_mx_grouped_mm`` inside the
     block (a kernel registered over the op's for the CPU and CUDA keys; removed after)."""
-    lib = torch.library.Library(OP_NAMESPACE, "IMPL")
+    from torch_flydsl.library import NAMESPACE
+
+    lib = torch.library.Library(NAMESPACE, "IMPL")
     try:
         for key in ("CPU", "CUDA"):
             lib.impl(OP_NAME, reference_mx_grouped_mm, key)

@@ -180,7 +180,7 @@ def markdown(results) -> str:
             "### The MX route: kernels and format apart",
             "",
             "An arm that runs the MX experts route is judged against itself run again with its MX "
-            "op (`torch_flydsl::hf_mx_grouped_mm`) computed by `flydsl_kernels.mx.reference`, the "
+            "op (`flydsl::hf_mx_grouped_mm`) computed by `flydsl_kernels.mx.reference`, the "
             "format's float64 specification: the same forwards or compiled graph, the same "
             "quantization of the same inputs, so its row above tests the kernels. Reported, not "
             "judged: the arm against `off`, and the format's own error (`mx_reference:off`: the off "

@@ -111,6 +111,7 @@ def _setup(variant: str, model, stack: contextlib.ExitStack) -> tuple[object, li
         return model, []
     dev = "cpu" if next(model.parameters()).device.type == "cpu" else "cuda"
     torch_flydsl.enable(device=dev)
+    torch_flydsl.enable(ops=["rms_norm"], device=dev)  # opt-in on the CPU key
     stack.callback(torch_flydsl.disable, device=dev)
     register()
     routes = []

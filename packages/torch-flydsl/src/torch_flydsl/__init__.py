@@ -6,14 +6,17 @@ Eager overrides of the ops users already call: ``F.rms_norm`` / ``torch.rms_norm
 ``F.scaled_mm`` / ``F.scaled_grouped_mm``::
 
     import torch_flydsl
-    torch_flydsl.enable()                  # every op group, on the GPU (ROCm gfx950 by default)
+    torch_flydsl.enable()                  # the default op groups, on the GPU (gfx950 by default)
     torch_flydsl.enable(ops=["grouped_mm", "scaled_mm"])
     torch_flydsl.enable(ops=["sdpa"])      # opt-in: F.scaled_dot_product_attention's kernels
     torch_flydsl.enable(device="cpu")      # the CPU test backend (FlyDSL reference backend)
+    torch_flydsl.enable(ops=["rms_norm"], device="cpu")   # opt-in there (ops/rms_norm.py)
     with torch_flydsl.disabled():
         ...                                # plain ATen here
     torch_flydsl.status(), torch_flydsl.stats(), torch_flydsl.reset_stats()
     torch_flydsl.disable()
+
+``torch_flydsl.custom_op``: ``torch.library.triton_op`` for FlyDSL kernels (``custom_ops.py``).
 
 ``torch_flydsl.flex_attention``: torch's ``flex_attention`` (same signature) on FlyDSL's
 attention kernels, its mods translated from PyTorch (``torch_flydsl.flex``).
@@ -38,15 +41,21 @@ from flydsl_core import settings as _settings
 # The submodule ``stats`` is loaded here, before the function ``stats()`` below takes its
 # name on the package: a first load later would rebind the package attribute to the module.
 from . import stats as _stats_module
+
+# our FLYDSL_* variables, declared before anything reads one
+from . import variables as _variables  # noqa: F401
+from .custom_ops import custom_op
 from .flex import flex_attention
+from .ops import EAGER as _EAGER
 
 __version__ = "0.1.0"
 
 log = logging.getLogger("torch_flydsl")
 
-#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides), in status() order;
-#: ``enable()`` without ``ops`` takes those whose spec is ``default`` (all but ``sdpa``)
-OPS = ("rms_norm", "topk", "grouped_mm", "scaled_mm", "scaled_grouped_mm", "sdpa")
+#: op groups ``enable(ops=...)`` accepts (the specs with eager overrides, ``ops.SPECS``), in
+#: status() order; ``enable()`` without ``ops`` takes those whose spec's ``default`` names the
+#: device (all but ``sdpa``; on the CPU also not ``rms_norm``)
+OPS: tuple[str, ...] = _EAGER
 PRECEDENCES = ("ours", "upstream")
 
 _installed: dict[tuple[str, str], object] = {}  # (device, group) -> dispatch.Installed
@@ -65,11 +74,12 @@ def _precedence_of(value) -> str:
     return p
 
 
-def _groups(ops, defaults: bool = False) -> tuple[str, ...]:
+def _groups(ops, device: str | None = None) -> tuple[str, ...]:
+    """The groups ``ops`` names; None: every group, or with ``device`` its default groups."""
     from .ops import NAMES, SPECS
 
     if ops is None:
-        return tuple(g for g in OPS if SPECS[g].default) if defaults else OPS
+        return OPS if device is None else tuple(g for g in OPS if device in SPECS[g].default)
     if isinstance(ops, str):
         ops = [ops]
 
@@ -85,8 +95,8 @@ def _groups(ops, defaults: bool = False) -> tuple[str, ...]:
 
 
 def enable(ops=None, device=None, *, precedence=None) -> None:
-    """Register the overrides of ``ops`` (default: the default groups of ``OPS``, all but the
-    opt-in ``sdpa``) for ``device``.
+    """Register the overrides of ``ops`` (default: the default groups of ``OPS`` for the device:
+    all but the opt-in ``sdpa``, and on the CPU not ``rms_norm`` either) for ``device``.
 
     ``device``: ``"cuda"`` (ROCm or CUDA builds; the default) or ``"cpu"``
     (the test backend); None reads ``$FLYDSL_TORCH_DEVICE``. ``precedence``
@@ -101,7 +111,7 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
 
     dev = _runtime.normalize_device(device)
     prec = _precedence_of(precedence)
-    groups = _groups(ops, defaults=True)
+    groups = _groups(ops, dev)
     why = _runtime.backend_unusable(dev)
     if why:
         _unusable[dev] = why
@@ -184,14 +194,15 @@ def status(device=None) -> dict:
     ``device`` as ``enable()``'s (None: the enabled device, if any); resolving the arch of a GPU reads its
     properties (status() is the one place besides eligible calls that does).
     """
-    from . import _runtime, dispatch, gates
+    from . import _runtime, dispatch, eligibility, gates
     from .ops import SPECS
 
     if device is None and _installed:  # the device something is enabled on
         device = next(iter(_installed))[0]
     dev = _runtime.normalize_device(device)
     why = _unusable.get(dev) or _runtime.device_unusable(dev)
-    arch = _runtime.CPU_ARCH if dev == "cpu" else _runtime.resolve_arch(None)
+    cpu = dev == "cpu"
+    arch = eligibility.CPU_ARCH if cpu else _runtime.resolve_arch(None)
     backend = _backends.get(dev)
     table = backend.table if backend is not None else gates.load()
     ops = {}
@@ -210,6 +221,8 @@ def status(device=None) -> dict:
             entry["why"] = _deferred[(dev, g)]
         else:
             entry["state"] = "off"
+            if dev not in SPECS[g].default:
+                entry["why"] = f"opt-in on {dev}: enable(ops=[{g!r}], device={dev!r})"
         ops[g] = entry
     return {
         "usable": why is None,
@@ -217,8 +230,10 @@ def status(device=None) -> dict:
         "device": dev,
         "dispatch_key": _runtime.dispatch_key(dev),
         "arch": arch,
-        "allowed_archs": sorted(_runtime.allowed_archs()) if dev != "cpu" else [_runtime.CPU_ARCH],
-        "cpu_target": _runtime.cpu_target() if dev == "cpu" else None,
+        "allowed_archs": [eligibility.CPU_ARCH] if cpu else sorted(eligibility.allowed_archs()),
+        # the target launches compile for (``eligibility.target``'s rule), None without a GPU
+        "target": eligibility.cpu_target() if cpu else eligibility.gpu_target(None),
+        "cpu_target": eligibility.cpu_target() if cpu else None,
         "enabled": [g for g in OPS if (dev, g) in _installed],
         "ops": ops,
         "precedence": _precedence.get(dev, _precedence_of(None)),
@@ -232,6 +247,7 @@ def status(device=None) -> dict:
 
 __all__ = [
     "OPS",
+    "custom_op",
     "disable",
     "disabled",
     "enable",

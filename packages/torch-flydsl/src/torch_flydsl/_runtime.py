@@ -1,8 +1,10 @@
-"""Runtime facts the overrides need: which devices and archs may run FlyDSL, and why not.
+"""Runtime facts the overrides need: the devices and dispatch keys they register for, the
+arch of a GPU, and why a device cannot run FlyDSL at all.
 
 Nothing here runs at import. Arch resolution touches the GPU (it reads the
 device properties), so it happens lazily: once per device index, on the
-first call that reaches the arch check, or in ``status()``.
+first call that reaches the arch check, or in ``status()``. Whether one call
+may run on FlyDSL, and for which target, is ``eligibility``'s.
 """
 
 from __future__ import annotations
@@ -13,36 +15,8 @@ import torch
 
 from flydsl_core import settings
 
-#: archs the CUDA/ROCm backend dispatches to by default (``$FLYDSL_TORCH_ARCHS`` overrides)
-DEFAULT_ARCHS = ("gfx950",)
-#: the arch name of the CPU test backend (its gate table entries use it)
-CPU_ARCH = "cpu"
-#: CPU targets the CPU test backend may run kernels on (``$FLYDSL_TORCH_CPU_TARGET``)
-CPU_TARGETS = ("cpu-reference", "cpu-interpret")
 #: devices ``enable(device=...)`` accepts
 DEVICES = ("cuda", "cpu")
-
-
-def allowed_archs() -> frozenset[str]:
-    """``$FLYDSL_TORCH_ARCHS`` (comma separated, e.g. ``gfx950,sm90``), else ``DEFAULT_ARCHS``."""
-    names = settings.get("FLYDSL_TORCH_ARCHS") or DEFAULT_ARCHS
-    return frozenset(a.split(":", 1)[0] for a in names)
-
-
-def cpu_target() -> str:
-    """The FlyDSL target CPU-backend kernels run on: ``$FLYDSL_TORCH_CPU_TARGET`` (a name or
-    alias of a CPU target), else the reference backend."""
-    from flydsl_core.exc import SettingsError
-    from flydsl_core.targets import lookup_target
-
-    raw = settings.get("FLYDSL_TORCH_CPU_TARGET")
-    t = lookup_target(raw)
-    if t is None or t.name not in CPU_TARGETS:
-        raise SettingsError(
-            f"FLYDSL_TORCH_CPU_TARGET={raw!r} is not valid; it takes one of "
-            f"{', '.join(CPU_TARGETS)} (or an alias of one)"
-        )
-    return t.name
 
 
 def normalize_device(device) -> str:
@@ -110,15 +84,23 @@ def device_unusable(device: str, index: int | None = None) -> str | None:
         return why
     if not torch.cuda.is_available():
         return "no GPU: torch.cuda.is_available() is False"
+    from . import eligibility
+
     arch = resolve_arch(index)
     if arch is None:
         return "the GPU's arch could not be determined"
-    allowed = allowed_archs()
-    if arch not in allowed:
-        return f"arch {arch} is not in the allowed list {sorted(allowed)} (FLYDSL_TORCH_ARCHS)"
+    tgt = eligibility.gpu_target(index)
+    if tgt is None:
+        return f"FlyDSL has no target for the GPU's arch {arch}"
+    allowed = eligibility.allowed_archs()
+    if tgt not in allowed:
+        return f"target {tgt} is not in the allowed list {sorted(allowed)} (FLYDSL_TORCH_ARCHS)"
     return None
 
 
 def clear_caches() -> None:
-    """Forget resolved archs (tests; a changed ``$FLYDSL_GPU_ARCH``)."""
+    """Forget resolved archs and targets (tests; a changed ``$FLYDSL_GPU_ARCH``)."""
+    from . import eligibility
+
     _ARCH_CACHE.clear()
+    eligibility.clear_caches()

@@ -84,11 +84,12 @@ def calibrate(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import _runtime
     from . import disabled as _plain_aten
+    from . import eligibility
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    arch = _runtime.resolve_arch(dev.index) or "unknown"
+    # the rules' arch is what the overrides look up: the GPU target (``eligibility``)
+    arch = eligibility.gpu_target(dev.index) or "unknown"
     name = torch.cuda.get_device_name(dev)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None

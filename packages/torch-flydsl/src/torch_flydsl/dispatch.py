@@ -26,52 +26,42 @@ import warnings
 
 import torch
 
-from . import _runtime, gates
+from . import _runtime, eligibility, gates
 from .spec import OpSpec, Overload
 from .stats import OpStats
 from .stats import get as _stat
 
 log = logging.getLogger("torch_flydsl")
 
-#: plain tensor types: anything else (FakeTensor, subclasses) goes to the captured kernel
-PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-
 
 class Backend:
     """What a registered kernel needs about its device: the arch check, the target, the gates.
 
-    The eager ``ctx`` of the spec predicates (``spec.py``).
+    The eager ``ctx`` of the spec predicates (``spec.py``); its answers are ``eligibility``'s.
     """
+
+    plain = staticmethod(eligibility.plain)
 
     def __init__(self, device: str, table: gates.GateTable):
         self.device = device
         self.cpu = device == "cpu"
         self.table = table
-        self.target = _runtime.cpu_target() if self.cpu else None
-        self.allowed = _runtime.allowed_archs()
+        #: the CPU target, read once per enable() (``eligibility.cpu_target``)
+        self.target = eligibility.cpu_target() if self.cpu else None
+        eligibility.allowed_archs()  # a bad $FLYDSL_TORCH_ARCHS is an error at enable()
         #: the keyset the captured kernels are called with (kernels registered without one
         #: are cheaper to enter: about 0.6 us a call on the CPU here)
         self.keyset = torch._C.DispatchKeySet(
             torch._C.DispatchKey.CPU if self.cpu else torch._C.DispatchKey.CUDA
         )
-        self._arch: dict[int | None, str] = {}  # device index -> arch, "" when not allowed
-
-    @staticmethod
-    def plain(t) -> bool:
-        return type(t) in PLAIN
 
     def arch(self, t: torch.Tensor) -> str:
         """The arch name for ``t``'s device, or "" when FlyDSL may not run there."""
-        if self.cpu:
-            return _runtime.CPU_ARCH
-        idx = t.device.index
-        a = self._arch.get(idx)
-        if a is None:
-            a = _runtime.resolve_arch(idx) or ""
-            if a not in self.allowed:
-                a = ""
-            self._arch[idx] = a
-        return a
+        return eligibility.CPU_ARCH if self.cpu else eligibility.arch(t)
+
+    def target_of(self, t: torch.Tensor) -> str | None:
+        """The FlyDSL target a launch on ``t`` compiles for (``eligibility.target``)."""
+        return self.target if self.cpu else eligibility.gpu_target(t.device.index)
 
     def run(self, t: torch.Tensor, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` under a device guard: Python kernels get none."""
@@ -105,13 +95,39 @@ def _default(arg) -> str:
     return "=" + repr(v)
 
 
+def first_reason(b: Backend, ov: Overload, t) -> str | int | None:
+    """The decision for every call of ``ov`` whose key tensor has ``t``'s device and dtype:
+    ``arch``, ``dtype``, ``gate`` (the gate is closed for every shape there), None (the
+    predicate decides per call) or, for ``numel_mn`` overloads, the least key-tensor numel any
+    gate rule takes (below it: ``gate``; else the predicate). The generated wrapper caches it
+    per (device, dtype)."""
+    arch = b.arch(t)
+    if not arch:
+        return "arch"
+    if ov.dtypes and t.dtype not in ov.dtypes:
+        return "dtype"
+    if ov.gate is not None:
+        if b.table.closed(arch, ov.gate, t.dtype):
+            return "gate"
+        if ov.numel_mn:
+            low = b.table.min_mn(arch, ov.gate, t.dtype)
+            return low if low > 1 else None
+    return None
+
+
 def make_kernel(ov: Overload, b: Backend, orig):
-    """The Python kernel registered for ``ov`` on ``b``'s key (see the module docstring)."""
+    """The Python kernel registered for ``ov`` on ``b``'s key (see the module docstring).
+
+    Cheapest first: the key tensor's type, then one dict lookup of the (device, dtype)
+    decision (``first_reason``: arch, dtype, a gate closed for every shape), and only where
+    that leaves the call open the spec's predicate, whose gate lookups are cached per shape
+    class (``gates.GateTable.allows``)."""
     schema = aten_overload(ov.op)._schema
     pos = [a for a in schema.arguments if not a.kwarg_only]
     kwo = [a for a in schema.arguments if a.kwarg_only]
     # schema names as parameter names: the dispatcher passes keyword-only arguments by name;
-    # the generated function's globals are prefixed ``_fly_`` so that no name clashes
+    # the generated function's own names (globals and locals) are prefixed ``_fly_`` so that
+    # none clashes with a schema's
     name = {a.name: (a.name + "_" if keyword.iskeyword(a.name) else a.name) for a in pos}
     name.update({a.name: a.name for a in kwo})
     every = ", ".join(name[a.name] for a in schema.arguments)
@@ -125,31 +141,48 @@ def make_kernel(ov: Overload, b: Backend, orig):
         fallback = f"_fly_fallback({to_fallback})"
     else:
         raise RuntimeError(f"aten::{ov.op} has no kernel for {b.keyset} to fall back to")
+    t = name[schema.arguments[ov.key].name]
+    # the decision cache's key: the dtype on the CPU key (one device), (dtype, index) on CUDA
+    key = f"{t}.dtype" if b.cpu else f"({t}.dtype, {t}.get_device())"
     fn_name = ov.op.replace(".", "_")
     src = (
         f"def {fn_name}({', '.join(params)}):\n"
-        f"    r = _fly_reason(_fly_b, {every})\n"
-        f"    if r is None:\n"
-        f"        try:\n"
-        f"            out = _fly_impl(_fly_b, {every})\n"
-        f"            _fly_st.hits += 1\n"
-        f"            return out\n"
-        f"        except Exception as e:\n"
-        f"            _fly_error(_fly_st, e)\n"
+        f"    if type({t}) in _fly_plain:\n"
+        f"        _fly_k = {key}\n"
+        f"        _fly_r = _fly_first.get(_fly_k, False)\n"
+        f"        if _fly_r is False:\n"
+        f"            _fly_r = _fly_first[_fly_k] = _fly_first_reason(_fly_b, _fly_ov, {t})\n"
+        f"        if _fly_r is None or (type(_fly_r) is int and {t}.numel() >= _fly_r):\n"
+        f"            _fly_r = _fly_reason(_fly_b, {every})\n"
+        f"        elif type(_fly_r) is int:\n"
+        f"            _fly_r = 'gate'\n"
         f"    else:\n"
-        f"        _fly_fb[r] = _fly_fb.get(r, 0) + 1\n"
-        f"        if _fly_debug():\n"
-        f"            _fly_log(r)\n"
+        f"        _fly_r = 'subclass'\n"
+        f"    if _fly_r is None:\n"
+        f"        try:\n"
+        f"            _fly_out = _fly_impl(_fly_b, {every})\n"
+        f"            _fly_st.hits += 1\n"
+        f"            return _fly_out\n"
+        f"        except Exception as _fly_e:\n"
+        f"            _fly_error(_fly_st, _fly_e)\n"
+        f"    else:\n"
+        f"        _fly_fb[_fly_r] = _fly_fb.get(_fly_r, 0) + 1\n"
+        f"        if _fly_debug({logging.DEBUG}):\n"
+        f"            _fly_log(_fly_r)\n"
         f"    return {fallback}\n"
     )
     st = _stat(ov.op)
     env = {
+        "_fly_plain": eligibility.PLAIN,
+        "_fly_first": {},  # (device,) dtype -> first_reason
+        "_fly_first_reason": first_reason,
+        "_fly_ov": ov,
         "_fly_reason": ov.reason,
         "_fly_impl": ov.impl,
         "_fly_b": b,
         "_fly_st": st,
         "_fly_fb": st.fallbacks,  # counted in place: reset() clears this very dict
-        "_fly_debug": functools.partial(log.isEnabledFor, logging.DEBUG),
+        "_fly_debug": log.isEnabledFor,
         "_fly_log": functools.partial(log.debug, "%s: ATen fallback (%s)", ov.op),
         "_fly_orig": orig,
         "_fly_keyset": b.keyset,

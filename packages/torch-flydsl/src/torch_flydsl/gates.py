@@ -36,25 +36,19 @@ closes the gate there (a calibration where FlyDSL never won).
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from .ops import GATES
+
 FORMAT = "torch_flydsl.gates/1"
-#: gate ops: the eager norms and TopK, and the GEMMs (``m`` rows, or rows per group for the
-#: grouped ones, ``n`` columns, ``k`` the contraction; MX keys are the A element dtype)
-OPS = (
-    "rms_norm",
-    "rms_norm_backward",
-    "topk",
-    "gemm",
-    "grouped_mm",
-    "mx_gemm",
-    "mx_grouped_mm",
-)
-GEMM_OPS = ("gemm", "grouped_mm")
-MX_OPS = ("mx_gemm", "mx_grouped_mm")
+#: gate ops, from the op specs (``Overload.gate``): the eager norms and TopK, and the GEMMs
+#: (``m`` rows, or rows per group for the grouped ones, ``n`` columns, ``k`` the contraction;
+#: MX keys are the A element dtype)
+OPS = tuple(GATES)
 DTYPE_NAMES = {
     torch.float32: "float32",
     torch.bfloat16: "bfloat16",
@@ -102,6 +96,8 @@ SRC_MX_GROUPED = (
     f"assumption: the upstream MX GEMM region ({_UPSTREAM}) reused for the grouped MX GEMM "
     "(upstream published no grouped MX figure); replace with `torch_flydsl calibrate`"
 )
+#: shape classes a table remembers the answer for (``GateTable.allows``); cleared when full
+MEMO_SIZE = 4096
 #: gfx950 compute units: the upstream TopK regions need a full wave of rows
 GFX950_CUS = 256
 
@@ -137,6 +133,14 @@ class Rule:
         if self.largest is not None and largest != self.largest:
             return False
         return self.sorted is None or sorted_ == self.sorted
+
+    @property
+    def empty(self) -> bool:
+        """Whether no shape satisfies the rule (a ``closed`` entry: ``m`` = [1, 0])."""
+        for lo, hi in (self.m, self.n, self.k):
+            if lo is not None and hi is not None and lo > hi:
+                return True
+        return self.k_in is not None and not self.k_in
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -184,17 +188,14 @@ def _shipped() -> list[Rule]:
                 Rule("gfx950", op, dt, m=(4096, None), n=(8192, 16383), source=src),
                 Rule("gfx950", op, dt, m=(2048, None), n=(16384, 114688), source=src),
             ]
-        for op in OPS:
-            if op not in MX_OPS:
-                rules.append(Rule("cpu", op, dt, source=SRC_CPU))
     for dt in ("bfloat16", "float16"):
         rules.append(Rule("gfx950", "gemm", dt, m=(1, 2048), source=SRC_GEMM))
         rules.append(Rule("gfx950", "grouped_mm", dt, source=SRC_GROUPED))
     for dt in MX_DTYPES:
         rules.append(Rule("gfx950", "mx_gemm", dt, source=SRC_MX))
         rules.append(Rule("gfx950", "mx_grouped_mm", dt, source=SRC_MX_GROUPED))
-        for op in MX_OPS:
-            rules.append(Rule("cpu", op, dt, source=SRC_CPU))
+    for op, dts in GATES.items():  # the CPU test backend: every gate op, in its dtypes
+        rules += [Rule("cpu", op, DTYPE_NAMES[dt], source=SRC_CPU) for dt in dts]
     fp32 = dict(arch="gfx950", op="topk", dtype="float32", m=(GFX950_CUS, None))
     fp32.update(largest=True, sorted=True)
     rules.append(
@@ -226,6 +227,30 @@ def local_path() -> Path:
     from flydsl_core import settings
 
     return settings.get("FLYDSL_TORCH_GATES") or settings.default_cache_dir() / "torch_gates.json"
+
+
+class GateTableWarning(UserWarning):
+    """The local gate table named by ``$FLYDSL_TORCH_GATES`` is missing or unreadable: the
+    shipped table is used."""
+
+
+_WARNED: set[str] = set()
+
+
+def _explicit_missing(path: Path) -> None:
+    """Warn once per path where ``$FLYDSL_TORCH_GATES`` names a file that is not there."""
+    from flydsl_core import settings
+
+    if settings.get("FLYDSL_TORCH_GATES") is None or str(path) in _WARNED:
+        return
+    _WARNED.add(str(path))
+    what = "a folder" if path.is_dir() else "no such file"
+    warnings.warn(
+        f"FLYDSL_TORCH_GATES={str(path)!r}: {what}; the shipped gate table is used "
+        "(`torch_flydsl calibrate` writes a table there)",
+        GateTableWarning,
+        stacklevel=3,
+    )
 
 
 def read_table(path: Path) -> list[Rule]:
@@ -264,12 +289,37 @@ class GateTable:
             idx.update(fresh)
             self.local_keys = set(fresh)
         self._idx = {k: tuple(v) for k, v in idx.items()}
+        self._memo: dict[tuple, bool] = {}
 
     def rules(self, arch: str, op: str, dtype: torch.dtype) -> tuple[Rule, ...]:
         return self._idx.get((arch, op, dtype), ())
 
+    def closed(self, arch: str, op: str, dtype: torch.dtype) -> bool:
+        """Whether no call of ``(arch, op, dtype)`` is inside the gate, whatever its shape."""
+        return all(r.empty for r in self._idx.get((arch, op, dtype), ()))
+
+    def min_mn(self, arch: str, op: str, dtype: torch.dtype) -> int:
+        """The least ``m * n`` any rule of ``(arch, op, dtype)`` takes (its lowest corner): a
+        call with fewer is outside the gate whatever its shape; 1 where a rule has no corner."""
+        low = None
+        for r in self._idx.get((arch, op, dtype), ()):
+            if not r.empty:
+                mn = max(r.m[0] or 1, 1) * max(r.n[0] or 1, 1)
+                low = mn if low is None else min(low, mn)
+        return low or 1
+
     def allows(self, arch, op, dtype, m, n, k=0, largest=True, sorted_=True) -> bool:
-        return any(r.holds(m, n, k, largest, sorted_) for r in self._idx.get((arch, op, dtype), ()))
+        """Whether a call is inside the gate; answers are kept per shape class (the rule
+        fields), so a repeated shape costs one dict lookup."""
+        key = (arch, op, dtype, m, n, k, largest, sorted_)
+        hit = self._memo.get(key)
+        if hit is None:
+            rules = self._idx.get((arch, op, dtype), ())
+            hit = any(r.holds(m, n, k, largest, sorted_) for r in rules)
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = hit
+        return hit
 
     def summary(self) -> dict:
         out: dict[str, list] = {}
@@ -287,9 +337,9 @@ class GateTable:
 def open_table() -> GateTable:
     """Every (arch, op, dtype) open, for every arch the overrides may run on: benchmarks and
     the GPU tests use it to run FlyDSL wherever it applies (``gates="open"``)."""
-    from . import _runtime
+    from . import eligibility
 
-    archs = sorted(_runtime.allowed_archs() | {"cpu"})
+    archs = sorted(eligibility.allowed_archs() | {eligibility.CPU_ARCH})
     src = "open table (gates='open'): every shape, no performance claim"
     rules = [Rule(a, op, dt, source=src) for a in archs for op in OPS for dt in _DTYPES]
     return GateTable(shipped=(), local=rules, local_source="open")
@@ -313,6 +363,10 @@ def load(source: str | None = None) -> GateTable:
             import logging
 
             logging.getLogger("torch_flydsl").warning(
-                "ignoring the local gate table %s: %s", path, e
+                "ignoring the local gate table %s (FLYDSL_TORCH_GATES or the cache dir): %s",
+                path,
+                e,
             )
+    else:
+        _explicit_missing(path)
     return GateTable()

@@ -13,18 +13,27 @@ options={"ops": [...]})`` accept) and lists its ATen overloads. Each ``Overload`
   the node (``inductor.Call``); ``eager=False`` overloads are compile-only (``aten.mm``);
 * ``devices``: the backends the eager override registers on (``"cuda"``, ``"cpu"``): an
   overload ATen only has for one of them (``_scaled_dot_product_flash_attention`` on CUDA,
-  its ``_for_cpu`` twin on CPU) names that one.
+  its ``_for_cpu`` twin on CPU) names that one;
+* ``gate``, ``dtypes``, ``key``: the gate-table op the predicate consults (None: none), the
+  dtypes it takes for its key tensor (argument ``key``). The eager wrapper decides these
+  first, once per (device, dtype) of the key tensor (``dispatch.make_kernel``): a dtype the
+  op does not take (``dtype``), a device FlyDSL does not run on (``arch``), a gate closed
+  for every shape and, with ``numel_mn``, a key tensor smaller than every gate rule
+  (``gate``) fall back before the predicate runs.
 
 ``ctx`` is the eager ``dispatch.Backend`` or the pass's ``inductor.CompileContext``: both
-answer ``arch(t)`` ("" where FlyDSL may not run), ``table`` (the gates), ``target`` and
+answer ``arch(t)`` ("" where FlyDSL may not run), ``table`` (the gates), ``target_of(t)`` and
 ``plain(t)`` (a tensor the predicate may look at: plain tensors in eager mode, FakeTensors
-in the pass). ``gate_ops`` are the gate table ops the predicates consult, ``calibration``
-the cases ``torch_flydsl calibrate`` times for them.
+in the pass); both answer from ``torch_flydsl.eligibility``. ``gate_ops`` (derived from the
+overloads' ``gate``) are the gate table ops the predicates consult, ``calibration`` the cases
+``torch_flydsl calibrate`` times for them.
 
 One generic wrapper (``dispatch.make_kernel``) serves every eager overload, and the
-Inductor pass (``inductor.pass_``) walks the same overloads, so adding an op is one spec
-module under ``torch_flydsl.ops`` and one line in ``ops.SPEC_MODULES``. Importing specs
-imports no kernels: implementations import ``flydsl_kernels`` on first use.
+Inductor pass (``inductor.graph_pass``) walks the same overloads; ``torch_flydsl.OPS``, the
+gate table's ops (``gates.OPS``) and ``enable(ops=...)``'s names are derived from the specs,
+so adding an op is one spec module under ``torch_flydsl.ops`` and one line in
+``ops.SPEC_MODULES``. Importing specs imports no kernels: implementations import
+``flydsl_kernels`` on first use.
 """
 
 from __future__ import annotations
@@ -44,6 +53,12 @@ class Overload:
     lower: Callable | None = None
     eager: bool = True
     devices: tuple[str, ...] = ("cuda", "cpu")
+    gate: str | None = None
+    dtypes: tuple = ()  # torch dtypes of the key tensor the predicate takes
+    key: int = 0
+    #: the key tensor's numel is the gate's ``m * n`` (RMSNorm, TopK): a call smaller than
+    #: every rule's lowest corner is outside the gate before the predicate runs
+    numel_mn: bool = False
 
     @property
     def name(self) -> str:
@@ -76,13 +91,18 @@ class Calibration:
 class OpSpec:
     name: str
     overloads: tuple[Overload, ...]
-    gate_ops: tuple[str, ...] = ()
     calibration: tuple[Calibration, ...] = ()
     aliases: tuple[str, ...] = ()
     summary: str = ""
-    #: in ``enable()`` / the compile pass when no ``ops=`` is given
-    default: bool = True
+    #: the devices where ``enable()`` without ``ops=`` takes this group (``sdpa``: none, it is
+    #: opt-in; ``rms_norm``: the GPU only, see ``ops/rms_norm.py``)
+    default: tuple[str, ...] = ("cuda", "cpu")
     extra: dict = field(default_factory=dict)
+
+    @property
+    def gate_ops(self) -> tuple[str, ...]:
+        """The gate table ops the predicates consult, in overload order."""
+        return tuple(dict.fromkeys(o.gate for o in self.overloads if o.gate is not None))
 
     @property
     def eager_overloads(self) -> tuple[Overload, ...]:

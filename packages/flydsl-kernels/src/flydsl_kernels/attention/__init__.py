@@ -5,13 +5,13 @@ FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods
     from flydsl_kernels.attention import flash_attn_with_kvcache
 
 Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels``, ``configs`` (config
-space, static model, per-target tables, schedule rules), ``api``, ``reference``, ``mods``, and
-the report cases (``cases``).
+space, static model, per-target tables, schedule rules), ``api``, ``validate`` (the checks of
+the API's numbers and index tensors), ``reference``, ``mods``, and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, mods, plan, reference
+from . import configs, mods, plan, reference, validate
 from .api import (
     SUPPORTED_DTYPES,
     BlockSparse,
@@ -40,4 +40,5 @@ __all__ = [
     "mods",
     "plan",
     "reference",
+    "validate",
 ]

@@ -34,6 +34,7 @@ import torch
 
 from .._target import table_target, target_name, tensor_target
 from . import configs, plan
+from . import validate as V
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -162,22 +163,6 @@ def _check_qkv(q, k, v, what, rank):
         )
 
 
-def _check_window(window_size):
-    try:
-        left, right = (int(x) for x in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair of ints, got {window_size!r}") from None
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size entries are >= 0, or -1 for unbounded; got {window_size}")
-    return left, right
-
-
-def _check_softcap(softcap):
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
-    return float(softcap)
-
-
 def _alibi(alibi_slopes, batch, H, Hk, device):
     """flash-attn's ``(nheads,)`` or ``(batch, nheads)`` fp32 slopes as ``(batch, Hk, G)``."""
     if alibi_slopes is None:
@@ -248,6 +233,8 @@ def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=No
                              device=q5.device)  # fmt: skip
         lse_part = torch.empty((s, bq, p.heads_k, p.group, rows), dtype=torch.float32,
                                device=q5.device)  # fmt: skip
+    if q5.is_meta:
+        return fp
     for launch in fp.launches(
         q=q5, k=k4, v=v4, o=o5, lse=lse4, sinks=sinks3, alibi=alibi3, cu_q=cu_q, cu_k=cu_k,
         seqused_k=seqused, block_table=block_table, batch_idx=batch_idx, mod_tensors=mt,
@@ -269,6 +256,8 @@ def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_
     if dk.numel():
         dk.zero_()  # keys no query block reaches (empty sequences) keep a zero gradient
         dv.zero_()
+    if q5.is_meta:
+        return dq, dk, dv, ld[:, :, :, 1]
     for launch in bp.launches(
         q=q5, k=k4, v=v4, o=o5, do=do5, lse=lse4, ld=ld, dq=dq, dk=dk, dv=dv,
         alibi=alibi3, cu_q=cu_q, cu_k=cu_k, mod_tensors=mt, sq_rows=q5.shape[1],
@@ -324,6 +313,12 @@ class _Attention(torch.autograd.Function):
         q, k, v, o, lse, sinks, alibi_slopes, *mt = ctx.saved_tensors
         opts = ctx.opts
         p, tgt = opts["problem"], opts["target"]
+        if p.page_size:
+            raise NotImplementedError(
+                "flash_attn_varlen_func with block_table (a paged KV cache) has no backward: "
+                "the paged path is inference-only (as flash-attn's); for training pass the "
+                "packed k and v (total_k, nheads_k, d) without block_table"
+            )
         if p.score_mod is not None and not p.score_mod.differentiable:
             raise NotImplementedError(
                 "the score_mod has no gradient: give ScoreMod(fn, grad=...) or additive=True"
@@ -342,22 +337,16 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, ds, None, None, None
 
 
-def _config_kw(config):
-    """``config`` may be a ``Config`` (forward) or a dict with keys fwd / bwd_dkdv / bwd_dq."""
-    if config is None:
-        return {}, {}
-    if isinstance(config, configs.Config):
-        return {"config": config}, {}
-    return {"config": config.get("fwd")}, {
-        "dkdv_config": config.get("bwd_dkdv"),
-        "dq_config": config.get("bwd_dq"),
-    }
-
-
 def _table(q, target, table) -> str:
     """The target whose tables plan a launch on ``q``: ``table`` where given, else the
     device's (``_target.table_target``)."""
-    return target_name(table) if table is not None else table_target(q, target)
+    return target_name(table) if table is not None else table_target(q, _meta(q, target))
+
+
+def _meta(q, target):
+    """Meta tensors (shape propagation) plan as on the CPU and launch nothing: no device is
+    probed for them."""
+    return "cpu-reference" if q.is_meta and target is None else target
 
 
 # -- the public functions ---------------------------------------------------------------------------
@@ -394,8 +383,9 @@ def flash_attn_func(
     ``block_sparse``: a ``BlockSparse`` or torch ``BlockMask``: only the listed KV blocks are
     visited, full blocks without the mask mod (flex_attention's meaning).
     """
+    what = "flash_attn_func"
     _check_dropout(dropout_p)
-    _check_qkv(q, k, v, "flash_attn_func", 4)
+    _check_qkv(q, k, v, what, 4)
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
     if k.shape[0] != B or v.shape[:2] != k.shape[:2]:
@@ -403,17 +393,19 @@ def flash_attn_func(
             f"flash_attn_func: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} "
             "disagree on batch or seqlen_k"
         )
-    window = _check_window(window_size)
-    cap = _check_softcap(softcap)
+    window = V.window(window_size, Sq, Sk, what)
+    cap = V.softcap(softcap, what)
+    scale = V.softmax_scale(softmax_scale, what)
+    splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
     bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
     p = _problem(
         q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=window, softcap=cap,
         alibi=alibi_slopes, sinks=sinks, lse_log2=lse_log2, score_mod=sm, mask_mod=mm,
-        scale=softmax_scale, sparse=bsp,
+        scale=scale, sparse=bsp,
     )  # fmt: skip
     G, Dv = H // Hk, v.shape[-1]
-    fkw, bkw = _config_kw(config)
+    fkw, bkw = V.config(config, what)
     if bsp is not None:
         fkw["sparse"], bkw["sparse"] = bsp, bsp
 
@@ -427,11 +419,11 @@ def flash_attn_func(
     tbl = _table(q, target, table)
     opts = {
         "problem": p,
-        "target": tensor_target(q, target),
+        "target": tensor_target(q, _meta(q, target)),
         "views": views,
         "out_view": lambda do: do.unflatten(2, (Hk, G)),
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
-        "kw": {**fkw, "splits": num_splits, "table": tbl},
+        "kw": {**fkw, "splits": splits, "table": tbl},
         "bkw": {**bkw, "table": tbl},
     }
     _sinks(sinks, H, Hk, q.device)  # validate before any launch
@@ -472,31 +464,50 @@ def flash_attn_varlen_func(
     ``(total_k, Hk, D)`` (or a paged cache ``(pages, page_size, Hk, D)`` with
     ``block_table``), ``cu_seqlens_*`` int32 ``(batch + 1,)``. Returns ``out (total_q, H,
     Dv)``, or ``(out, lse (H, total_q), None)``. Sequences may be empty. q/k/v positions in the
-    mods and masks count from each sequence's start."""
+    mods and masks count from each sequence's start.
+
+    The offsets start at 0, never decrease and end at the packed token counts (a paged cache
+    has no key total); ``max_seqlen_*`` is at least the longest sequence; with
+    ``block_table``, every page a sequence reads is a page of the cache (``validate``). With
+    a paged cache the forward is differentiable in form only: its backward raises, as
+    flash-attn's does."""
+    what = "flash_attn_varlen_func"
     _check_dropout(dropout_p)
     paged = block_table is not None
-    _check_qkv(q, k if not paged else k[0], v if not paged else v[0], "flash_attn_varlen_func", 3)
+    _check_qkv(q, k if not paged else k[0], v if not paged else v[0], what, 3)
     for n, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(c, torch.Tensor) or c.dtype != torch.int32 or c.dim() != 1:
-            raise TypeError(f"{n} must be a 1-D int32 tensor (batch + 1 cumulative offsets)")
-        if c.device != q.device:
-            raise ValueError(f"{n} must be on the inputs' device")
+        V.int32_tensor(c, n, what, (None,), q.device, "(batch + 1,)")
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.numel() < 1:
-        raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries")
+        raise ValueError(
+            f"{what}: cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got "
+            f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}"
+        )
+    max_q = V.integer(max_seqlen_q, "max_seqlen_q", what)
+    max_k = V.integer(max_seqlen_k, "max_seqlen_k", what)
     B = cu_seqlens_q.numel() - 1
     total_q, H, _ = q.shape
     Hk = k.shape[-2]
-    window = _check_window(window_size)
-    cap = _check_softcap(softcap)
+    page = _page_size(k, v, block_table, B, q.device, what) if paged else 0
+    if not paged and v.shape[0] != k.shape[0]:
+        raise ValueError(f"{what}: k has {k.shape[0]} tokens, v {v.shape[0]}")
+    window = V.window(window_size, max_q, max_k, what)
+    cap = V.softcap(softcap, what)
+    scale = V.softmax_scale(softmax_scale, what)
+    splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
-    page = _page_size(k, block_table, B, q.device) if paged else 0
+    fkw, bkw = V.config(config, what)
+    _sinks(sinks, H, Hk, q.device)
+    _alibi(alibi_slopes, B, H, Hk, q.device)
+    V.varlen(
+        cu_seqlens_q, cu_seqlens_k, max_q, max_k, total_q, None if paged else k.shape[0], what,
+        block_table=block_table, page=page, pool=k.shape[0],
+    )  # fmt: skip
     p = _problem(
-        q, k, v, batch=B, sq=int(max_seqlen_q), sk=int(max_seqlen_k), causal=causal,
-        window=window, softcap=cap, alibi=alibi_slopes, sinks=sinks, varlen=True, page=page,
-        lse_log2=lse_log2, score_mod=sm, mask_mod=mm, scale=softmax_scale,
+        q, k, v, batch=B, sq=max_q, sk=max_k, causal=causal, window=window, softcap=cap,
+        alibi=alibi_slopes, sinks=sinks, varlen=True, page=page, lse_log2=lse_log2,
+        score_mod=sm, mask_mod=mm, scale=scale,
     )  # fmt: skip
     G, Dv = H // Hk, v.shape[-1]
-    fkw, bkw = _config_kw(config)
 
     def views(q, k, v, o=None, lse=None):
         if o is None:
@@ -511,48 +522,60 @@ def flash_attn_varlen_func(
     tbl = _table(q, target, table)
     opts = {
         "problem": p,
-        "target": tensor_target(q, target),
+        "target": tensor_target(q, _meta(q, target)),
         "views": views,
         "out_view": lambda do: do.unflatten(1, (Hk, G))[None],
         "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
         "kw": {
             **fkw,
             **cu,
-            "splits": num_splits,
+            "splits": splits,
             "block_table": block_table,
             "table": tbl,
         },
         "bkw": {**bkw, **cu, "table": tbl},
     }
-    _sinks(sinks, H, Hk, q.device)
-    _alibi(alibi_slopes, B, H, Hk, q.device)
-    if paged and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        raise NotImplementedError(
-            "flash_attn_varlen_func with block_table (a paged KV cache) is inference-only"
-        )
     out, lse = _Attention.apply(q, k, v, sinks, alibi_slopes, mt, opts)
     return (out, lse, None) if return_attn_probs else out
 
 
-def _page_size(k_cache, block_table, batch, device) -> int:
+def _page_size(k_cache, v_cache, block_table, batch, device, what) -> int:
+    """The page size of a paged cache ``(num_pages, page_size, nheads_k, d)``, after the
+    shapes of the cache and its ``block_table (batch, max_pages)`` int32."""
     if k_cache.dim() != 4:
         raise ValueError(
-            f"a paged k_cache is (num_pages, page_size, nheads_k, d), got {list(k_cache.shape)}"
+            f"{what}: a paged k_cache is (num_pages, page_size, nheads_k, d), got "
+            f"{list(k_cache.shape)}"
         )
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+    if v_cache.dim() != 4 or v_cache.shape[:2] != k_cache.shape[:2]:
         raise ValueError(
-            f"block_table must be an int32 (batch, max_pages) = ({batch}, ...) tensor, got "
-            f"{block_table.dtype} {list(block_table.shape)}"
+            f"{what}: a paged v_cache has k_cache's pages and page size, (num_pages, "
+            f"page_size) = {tuple(k_cache.shape[:2])}; got {list(v_cache.shape)}"
         )
-    if block_table.device != device:
-        raise ValueError("block_table must be on the inputs' device")
+    V.int32_tensor(block_table, "block_table", what, (batch, None), device, "(batch, max_pages)")
     P = k_cache.shape[1]
     if P < 1 or P & (P - 1):
         raise ValueError(
-            f"paged KV cache: page sizes that are powers of two are supported (16 to 256 "
-            f"tested), got {P}"
+            f"{what}: paged KV cache: page sizes that are powers of two are supported (16 to "
+            f"256 tested), got {P}"
         )
     return P
+
+
+def _cache_seqlens(cache_seqlens, B, sk_max, snew, device, what):
+    """``(seqlens (B,) int32 for the kernels, the same as an int or None where it is one)``."""
+    if cache_seqlens is None:
+        if snew:
+            raise RuntimeError(
+                f"{what}: appending k and v needs cache_seqlens (where each sequence's new "
+                "tokens go); got None"
+            )
+        n = sk_max
+    elif isinstance(cache_seqlens, torch.Tensor):
+        return V.int32_tensor(cache_seqlens, "cache_seqlens", what, (B,), device, "(batch,)"), None
+    else:
+        n = V.integer(cache_seqlens, "cache_seqlens", what)
+    return torch.full((B,), n, dtype=torch.int32, device=device), n
 
 
 def flash_attn_with_kvcache(
@@ -591,60 +614,78 @@ def flash_attn_with_kvcache(
     page_size, Hk, D)`` with ``block_table (B, max_pages)`` int32. ``k``/``v`` ``(B, Snew,
     Hk, D)``, when given, are written into the cache at ``cache_seqlens`` first (in place, as
     flash-attn does) and attended to. ``cache_seqlens``: an int or ``(B,)`` int32 (None: the
-    whole cache). ``num_splits``: 0 picks split-KV by the rule in ``configs``. The query heads
-    of a KV group share a tile when there are few queries (``configs.packs_heads``).
+    whole cache), at least 0 and, with the new tokens, at most the cache's capacity
+    (``Sk_max``, or ``max_pages * page_size``); ``cache_batch_idx`` (dense): ``(B,)`` int32
+    rows of the cache. ``num_splits``: 0 picks split-KV by the rule in ``configs``. The query
+    heads of a KV group share a tile when there are few queries (``configs.packs_heads``).
+    ``config``: a ``Config`` or a dict whose ``fwd`` entry is one (the backward's are unused).
     """
+    what = "flash_attn_with_kvcache"
     if rotary_cos is not None or rotary_sin is not None:
         raise NotImplementedError(
-            "flash_attn_with_kvcache: rotary embedding is not implemented; apply it to q and k "
-            "before the call (rotary_cos=rotary_sin=None)"
+            f"{what}: rotary embedding is not implemented; apply it to q and k before the call "
+            "(rotary_cos=rotary_sin=None)"
         )
     if cache_leftpad is not None:
-        raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad is not implemented")
-    _check_qkv(q, k_cache, v_cache, "flash_attn_with_kvcache", 4)
+        raise NotImplementedError(f"{what}: cache_leftpad is not implemented")
+    _check_qkv(q, k_cache, v_cache, what, 4)
     B, Sq, H, _ = q.shape
     Hk = k_cache.shape[2]
     paged = block_table is not None
-    page = _page_size(k_cache, block_table, B, q.device) if paged else 0
+    page = _page_size(k_cache, v_cache, block_table, B, q.device, what) if paged else 0
     if paged and cache_batch_idx is not None:
-        raise ValueError("flash_attn_with_kvcache: cache_batch_idx applies to a dense cache only")
+        raise ValueError(f"{what}: cache_batch_idx applies to a dense cache only")
+    if not paged and v_cache.shape[:2] != k_cache.shape[:2]:
+        raise ValueError(
+            f"{what}: k_cache {list(k_cache.shape)} and v_cache {list(v_cache.shape)} disagree "
+            "on batch or seqlen"
+        )
     sk_max = block_table.shape[1] * page if paged else k_cache.shape[1]
-    if cache_seqlens is None:
-        seqlens = torch.full((B,), sk_max, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
-    else:
-        if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,):
-            raise ValueError(f"cache_seqlens must be an int or a ({B},) int32 tensor")
-        seqlens = cache_seqlens
-    bidx = None
-    if cache_batch_idx is not None:
-        if cache_batch_idx.dtype != torch.int32 or tuple(cache_batch_idx.shape) != (B,):
-            raise ValueError(f"cache_batch_idx must be a ({B},) int32 tensor")
-        bidx = cache_batch_idx
     if (k is None) != (v is None):
-        raise ValueError("flash_attn_with_kvcache: give both k and v, or neither")
+        raise ValueError(f"{what}: give both k and v, or neither")
     snew = 0
     if k is not None:
-        _check_qkv(q, k, v, "flash_attn_with_kvcache (k, v)", 4)
+        _check_qkv(q, k, v, f"{what} (k, v)", 4)
         if k.shape[:3] != (B, k.shape[1], Hk) or v.shape[:2] != k.shape[:2]:
             raise ValueError(
-                f"new k/v must be (batch, seqlen_new, nheads_k, d) = ({B}, *, {Hk}, *)"
+                f"{what}: new k/v must be (batch, seqlen_new, nheads_k, d) = ({B}, *, {Hk}, *), "
+                f"got {list(k.shape)} and {list(v.shape)}"
             )
+        if k.shape[-1] != k_cache.shape[-1] or v.shape[-1] != v_cache.shape[-1]:
+            raise ValueError(f"{what}: new k/v must have the cache's head dims")
         snew = k.shape[1]
-    window = _check_window(window_size)
-    cap = _check_softcap(softcap)
+    seqlens, n_int = _cache_seqlens(cache_seqlens, B, sk_max, snew, q.device, what)
+    bidx = None
+    if cache_batch_idx is not None:
+        bidx = V.int32_tensor(cache_batch_idx, "cache_batch_idx", what, (B,), q.device, "(batch,)")
+    elif not paged and k_cache.shape[0] < B:
+        raise ValueError(
+            f"{what}: k_cache has {k_cache.shape[0]} sequences for a batch of {B}; give "
+            "cache_batch_idx to map the batch onto the cache's rows"
+        )
+    window = V.window(window_size, Sq, sk_max, what)
+    cap = V.softcap(softcap, what)
+    scale = V.softmax_scale(softmax_scale, what)
+    splits = V.integer(num_splits, "num_splits", what)
+    fkw, _ = V.config(config, what, forward_only=True)
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    sinks3 = _sinks(sinks, H, Hk, q.device)
+    alibi3 = _alibi(alibi_slopes, B, H, Hk, q.device)
+    V.kvcache(
+        seqlens if n_int is None else n_int, snew, sk_max, what, block_table=block_table,
+        page=page, pool=k_cache.shape[0], batch_idx=bidx, batch_cache=k_cache.shape[0],
+        batch=B,
+    )  # fmt: skip
     G, Dv = H // Hk, v_cache.shape[-1]
-    tgt, tbl = tensor_target(q, target), _table(q, target, table)
+    tgt, tbl = tensor_target(q, _meta(q, target)), _table(q, target, table)
     decode = configs.packs_heads(Sq, G)
     p = _problem(
         q, k_cache, v_cache, batch=B, sq=Sq, sk=sk_max, causal=causal, window=window,
         softcap=cap, alibi=alibi_slopes, sinks=sinks, seqused=True, page=page,
         batch_idx=bidx is not None, lse_log2=lse_log2, decode=decode, score_mod=sm, mask_mod=mm,
-        scale=softmax_scale,
+        scale=scale,
     )  # fmt: skip
-    if snew and B:
+    if snew and B and not q.is_meta:
         plan.append_launch(
             p, k_new=k, v_new=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqlens,
             block_table=block_table, batch_idx=bidx, snew=snew,
@@ -655,10 +696,9 @@ def flash_attn_with_kvcache(
     with torch.no_grad():
         _forward(
             p, tgt, q.unflatten(2, (Hk, G)), k_cache, v_cache, o.unflatten(2, (Hk, G)),
-            lse.view(B, Hk, G, Sq), sinks3=_sinks(sinks, H, Hk, q.device),
-            alibi3=_alibi(alibi_slopes, B, H, Hk, q.device), seqused=seqlens,
-            block_table=block_table, batch_idx=bidx, mt=mt, config=config,
-            splits=num_splits or None, table=tbl,
+            lse.view(B, Hk, G, Sq), sinks3=sinks3, alibi3=alibi3, seqused=seqlens,
+            block_table=block_table, batch_idx=bidx, mt=mt, splits=splits or None, table=tbl,
+            **fkw,
         )  # fmt: skip
     return (o, lse) if return_softmax_lse else o
 
@@ -674,7 +714,8 @@ def flash_attn_backward(
     using autograd. Same options and support as ``flash_attn_func`` (mods and block sparsity
     included; a score mod needs its gradient) without ALiBi or sinks; any strides. Rows with
     no visible key have ``lse = +inf`` (the forward's convention)."""
-    _check_qkv(q, k, v, "flash_attn_backward", 4)
+    what = "flash_attn_backward"
+    _check_qkv(q, k, v, what, 4)
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
     Dv = v.shape[-1]
@@ -692,14 +733,14 @@ def flash_attn_backward(
         )
     bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
     p = _problem(
-        q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=_check_window(window_size),
-        softcap=_check_softcap(softcap), alibi=None, sinks=None, scale=softmax_scale,
-        score_mod=sm, mask_mod=mm, sparse=bsp,
+        q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=V.window(window_size, Sq, Sk, what),
+        softcap=V.softcap(softcap, what), alibi=None, sinks=None,
+        scale=V.softmax_scale(softmax_scale, what), score_mod=sm, mask_mod=mm, sparse=bsp,
     )  # fmt: skip
     G = H // Hk
     dq5, dk, dv, _ = _backward(
-        p, tensor_target(q, target), q.unflatten(2, (Hk, G)), k, v, out.unflatten(2, (Hk, G)),
-        dout.to(q.dtype).unflatten(2, (Hk, G)), lse.contiguous().view(B, Hk, G, Sq),
-        table=_table(q, target, table), mt=mt, sparse=bsp,
+        p, tensor_target(q, _meta(q, target)), q.unflatten(2, (Hk, G)), k, v,
+        out.unflatten(2, (Hk, G)), dout.to(q.dtype).unflatten(2, (Hk, G)),
+        lse.contiguous().view(B, Hk, G, Sq), table=_table(q, target, table), mt=mt, sparse=bsp,
     )  # fmt: skip
     return dq5.reshape(q.shape), dk, dv

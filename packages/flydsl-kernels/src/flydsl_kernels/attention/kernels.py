@@ -88,6 +88,9 @@ class Fwd:
     SPARSE_Q: int = 0  # block sparsity: the BlockMask's (Q, KV) block sizes (0: dense)
     SPARSE_KV: int = 0
     SPARSE_FULL: bool = False  # full-block lists given (their tiles skip the mask mod)
+    #: the scale is > 0 and may be folded into the softmax's ``exp2`` (``_scores``); a scale of
+    #: zero or below is applied to the scores first, so masked ``-inf`` logits stay ``-inf``
+    FOLD_SCALE: bool = True
 
     @property
     def BMS(self) -> int:
@@ -209,8 +212,10 @@ def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
 
     Without softcap, mods or ALiBi the scale stays out of ``z``: the softmax takes the max of
     the raw scores and folds the scale into ``exp2(z * zc - m)``, one fma per score instead of
-    a multiply and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)``)."""
-    if not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
+    a multiply and a subtract (rounding is monotonic, so ``max(z) * zc == max(z * zc)``). That
+    needs ``scale > 0`` (``C.FOLD_SCALE``): at zero or below, the masks' ``-inf`` times the scale
+    is NaN or ``+inf``, and the max of the raw scores is not the max of the logits."""
+    if C.FOLD_SCALE and not C.SOFTCAP and C.score_mod is None and not C.ALIBI:
         return s, scale * LOG2E
     z = s * scale
     if C.SOFTCAP:

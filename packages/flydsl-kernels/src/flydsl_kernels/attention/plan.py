@@ -14,10 +14,11 @@ Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._target import table_target
+from ..launch import Launch as _Launch
 from . import configs
 from .kernels import (
     Bwd,
@@ -77,26 +78,15 @@ class Problem:
         return int(left), int(right)
 
 
-@dataclass
-class Launch:
-    """One kernel launch: call ``run(target)``, or ``compile(target)`` without running."""
-
-    kernel: Any
-    grid: tuple
-    args: tuple
-    constexprs: dict
-    options: dict = field(default_factory=dict)
+class Launch(_Launch):
+    """``launch.Launch`` whose ``run`` skips an empty grid (the attention APIs launch with
+    zero-size grids where a problem is empty)."""
 
     def run(self, target):
         g = self.grid
         if any(x == 0 for x in g):
             return None
         return self.kernel[g](*self.args, **self.constexprs, target=target, options=self.options)
-
-    def compile(self, target):
-        return self.kernel.compile(
-            *self.args, target=target, options=self.options, **self.constexprs
-        )
 
 
 def _cdiv(a, b):
@@ -183,7 +173,7 @@ def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=Non
         SINKS=p.sinks, VARLEN=p.varlen, SEQUSED=p.seqused, PAGE=p.page_size,
         BATCH_IDX=p.batch_idx, LSE=p.lse, LSE_LOG2=p.lse_log2, score_mod=p.score_mod,
         mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
-        SPARSE_FULL=p.sparse_full,
+        SPARSE_FULL=p.sparse_full, FOLD_SCALE=scale_of(p) > 0,
     )  # fmt: skip
     BMS = C.BMS
     NG = _cdiv(G, GP)

@@ -7,8 +7,8 @@ anything outside that, torch's own ``flex_attention`` with the reason counted un
 torch's, so a compiled graph holds torch's flex_attention HOP (no graph break), which
 ``backend="flydsl"`` rewrites.
 
-Checks, in order: subclass, arch (the device must run FlyDSL: an allowed GPU arch, or the CPU
-test backend when it is enabled or ``FLYDSL_TORCH_DEVICE=cpu``), dtype (bf16 / fp16, one
+Checks, in order: subclass, arch (the device must run FlyDSL: ``torch_flydsl.eligibility``,
+an allowed GPU target or the CPU test backend), dtype (bf16 / fp16, one
 dtype), params (4-D, head dims <= 256, batch sizes equal, GQA as torch allows it, no
 ``max_scores``), empty, block_mask (its lengths are the call's, block sizes multiples of 16,
 transposed lists present when a gradient is needed), grad (an LSE output under autograd, or a
@@ -24,9 +24,9 @@ from collections import OrderedDict
 
 import torch
 
-from flydsl_core import settings
-
-from .. import _runtime
+from ..eligibility import PLAIN as _PLAIN
+from ..eligibility import device_reason as _device_reason
+from ..eligibility import target as _target
 from ..stats import get as _stat
 from . import _fx, _program
 
@@ -34,7 +34,6 @@ log = logging.getLogger("torch_flydsl")
 
 STAT = "flex_attention"
 _DTYPES = (torch.bfloat16, torch.float16)
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 MAX_HEAD_DIM = 256
 
 
@@ -191,18 +190,6 @@ def translate_mods(score_mod, mask_mod, need_grad: bool, device):
 # -- the call ----------------------------------------------------------------------------------
 
 
-def _device_reason(t) -> str | None:
-    if t.device.type == "cpu":
-        from .. import enabled
-
-        on = enabled(device="cpu") or settings.get("FLYDSL_TORCH_DEVICE") == "cpu"
-        return None if on else "arch"
-    if t.device.type != "cuda":
-        return "arch"
-    arch = _runtime.resolve_arch(t.device.index)
-    return None if arch is not None and arch in _runtime.allowed_archs() else "arch"
-
-
 def _block_reason(bm, sq, sk, device, need_grad) -> str | None:
     if bm is None:
         return None
@@ -263,10 +250,6 @@ def _plan(query, key, value, score_mod, block_mask, scale, enable_gqa, want_lse,
         "block_sparse": block_mask,
         "softmax_scale": float(scale) if scale is not None else 1.0 / math.sqrt(D),
     }
-
-
-def _target(t):
-    return _runtime.cpu_target() if t.device.type == "cpu" else None
 
 
 def _run(query, key, value, kw):

@@ -1,4 +1,4 @@
-"""The post-grad pass: eligible GEMM nodes become ``flydsl::`` ops (``library.py``).
+"""The post-grad pass: eligible GEMM nodes become ``flydsl::`` ops (``library/gemm.py``).
 
 For every node whose target is a compile overload of an enabled spec (``ops/``), the spec's
 predicate runs on the node's FakeTensors (``CompileContext`` is its ``ctx``). A rejected
@@ -30,7 +30,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from .. import _runtime, gates
+from .. import eligibility, gates
 from .. import library as _library  # noqa: F401 - registers the flydsl:: ops the pass emits
 from ..dispatch import aten_overload
 from ..ops import SPECS, _sym
@@ -43,13 +43,20 @@ log = logging.getLogger("torch_flydsl")
 
 
 class CompileContext:
-    """The spec predicates' ``ctx`` in the pass: FakeTensors are what it looks at."""
+    """The spec predicates' ``ctx`` in the pass: FakeTensors are what it looks at.
+
+    Eligibility is ``torch_flydsl.eligibility``'s, with the pass's two settings on top: CPU
+    nodes only with ``device="cpu"``, and ``arch`` naming the GPU target to compile for where
+    the device cannot be asked."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
         self.table = gates.load(settings.gates)
-        self.allowed = _runtime.allowed_archs()
+        self.allowed = eligibility.allowed_archs()
         self.target = None
+        #: the GPU target traced kernels are generated for where set (``arch``, else
+        #: ``$FLYDSL_TARGET`` naming a GPU target), else None: the device's own
+        self.assumed_arch = settings.arch or eligibility.env_gpu_target()
         self._arch: dict = {}
 
     @staticmethod
@@ -59,12 +66,12 @@ class CompileContext:
     def arch(self, t) -> str:
         dev = t.device
         if dev.type == "cpu":
-            return _runtime.CPU_ARCH if self.settings.cpu else ""
+            return eligibility.CPU_ARCH if self.settings.cpu else ""
         if dev.type != "cuda":
             return ""
         a = self._arch.get(dev.index)
         if a is None:
-            a = self.settings.arch or _runtime.resolve_arch(dev.index) or ""
+            a = self.assumed_arch or eligibility.gpu_target(dev.index) or ""
             self._arch[dev.index] = a = a if a in self.allowed else ""
         return a
 
@@ -96,8 +103,9 @@ def fingerprint(settings: Settings) -> str:
         _tree_hash(torch_flydsl),
         settings.key(),
         repr(sorted(table.summary().items())),
-        repr(sorted(_runtime.allowed_archs())),
-        _runtime.cpu_target() if settings.cpu else "",
+        repr(sorted(eligibility.allowed_archs())),
+        eligibility.cpu_target() if settings.cpu else "",
+        eligibility.env_gpu_target() or "",
     ):
         h.update(part.encode() + b"\0")
     return h.hexdigest()
@@ -282,7 +290,7 @@ class Rewriter:
         elif isinstance(low, Call):
             splice(
                 self.graph, node, low.build, args, _decompose(self.settings, vals[0]),
-                self.settings.arch,
+                self.ctx.assumed_arch,
             )  # fmt: skip
         st.hits += 1
         self.rewritten += 1
@@ -325,7 +333,7 @@ class Rewriter:
             build,
             [a, b, c, bias, residual, shape],
             _decompose(self.settings, vals[d.a]),
-            self.settings.arch,
+            self.ctx.assumed_arch,
         )
         _repoint_sizes([node, *chain.nodes], out, a)
         if chain.fused:
@@ -352,7 +360,7 @@ class Rewriter:
 
         out = splice(
             self.graph, mul, build, [a, wg, wu, shape], _decompose(self.settings, gvals[0]),
-            self.settings.arch,
+            self.ctx.assumed_arch,
         )  # fmt: skip
         gate_chain = [found.gate, *found.gate.users, found.up, *found.up.users]
         _repoint_sizes(gate_chain, out, a)

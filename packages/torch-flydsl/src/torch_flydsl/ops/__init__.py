@@ -2,7 +2,8 @@
 
 Adding an op: a module here whose ``SPEC`` (or several) describes it, listed in
 ``SPEC_MODULES``; ``enable()``, ``status()``, the torch.compile pass and ``calibrate`` pick
-it up from ``SPECS``.
+it up from ``SPECS``, and the lists of op groups (``torch_flydsl.OPS``: ``EAGER``) and gate
+table ops (``gates.OPS``: ``GATES``) are derived from it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ NAMES: dict[str, str] = {
     **{a: s.name for s in SPECS.values() for a in s.aliases},
     **{s.name: s.name for s in SPECS.values()},
 }
+
+
+#: the op groups with eager overrides (``torch_flydsl.OPS``), in status() order
+EAGER: tuple[str, ...] = tuple(s.name for s in SPECS.values() if s.eager_overloads)
+#: gate table op -> the dtypes its rules key on (the key-tensor dtypes of the overloads that
+#: consult it), in spec order (``gates.OPS``)
+GATES: dict[str, tuple] = {}
+for _s in SPECS.values():
+    for _o in _s.overloads:
+        if _o.gate is not None:
+            GATES[_o.gate] = tuple(dict.fromkeys((*GATES.get(_o.gate, ()), *_o.dtypes)))
+del _s, _o
 
 
 def spec(name: str) -> OpSpec:

@@ -1,7 +1,7 @@
 """``gemm``: dense GEMMs under torch.compile (``aten.mm``, ``addmm``, ``bmm``, ``baddbmm``).
 
 Compile-only (no eager override of ``aten::mm``): the pass rewrites eligible nodes into
-``flydsl::gemm`` (``library.py``) and extends them with the epilogue chain that follows and
+``flydsl::gemm`` (``library/gemm.py``) and extends them with the epilogue chain that follows and
 the SwiGLU pattern (``inductor.epilogue``). ``F.linear`` reaches the post-grad graph as
 ``addmm`` / ``mm`` of a ``permute``d weight.
 
@@ -132,15 +132,16 @@ def _make(dt, m, n, k, device):
     return (lambda: kernel("gemm")(a, b)), (lambda: torch.mm(a, b))
 
 
+_GATE = {"gate": "gemm", "dtypes": DTYPES}
+
 SPEC = OpSpec(
     name="gemm",
     overloads=(
-        Overload("mm", mm_reason, lower=mm_lower, eager=False),
-        Overload("addmm", addmm_reason, lower=addmm_lower, eager=False),
-        Overload("bmm", bmm_reason, lower=bmm_lower, eager=False),
-        Overload("baddbmm", baddbmm_reason, lower=baddbmm_lower, eager=False),
+        Overload("mm", mm_reason, lower=mm_lower, eager=False, **_GATE),
+        Overload("addmm", addmm_reason, lower=addmm_lower, eager=False, key=1, **_GATE),
+        Overload("bmm", bmm_reason, lower=bmm_lower, eager=False, **_GATE),
+        Overload("baddbmm", baddbmm_reason, lower=baddbmm_lower, eager=False, key=1, **_GATE),
     ),
-    gate_ops=("gemm",),
     calibration=(Calibration("gemm", _cases, _make, dtypes=("bfloat16", "float16")),),
     aliases=("mm", "linear", "bmm"),
     summary="mm / addmm / bmm / baddbmm / F.linear under torch.compile (+ epilogue, SwiGLU)",

@@ -2,11 +2,13 @@
 persistent grouped GEMM, in eager mode (transformers' MoE experts call it there) and under
 torch.compile.
 
-Predicate order: subclass, arch, dtype (bf16 / fp16, one dtype; ``out_dtype`` None or the
-input's), params (what ATen itself would reject stays ATen's, so its error is the user's:
-ranks, contraction, 16-byte strides, ``offs`` 1-D int32 exactly where a 2-D operand needs
-it, group counts, ``bias`` (ATen: not supported)), dynamic (compile: N, K and the group
-count fixed), empty, gate (op ``grouped_mm`` at (rows per group, N, K)).
+Predicate order (cheapest first, the gate before the stride and ``offs`` checks): subclass,
+arch, dtype (bf16 / fp16, one dtype; ``out_dtype`` None or the input's), params (ranks,
+``offs`` 1-D exactly where a 2-D operand needs it, group counts, contraction, ``bias`` (ATen:
+not supported)), dynamic (compile: N, K and the group count fixed), empty, gate (op
+``grouped_mm`` at (rows per group, N, K)), params (devices, 16-byte strides, ``offs`` int32 and
+unit-stride: what ATen itself would reject stays ATen's, so its error is the user's). The
+eager wrapper decides subclass / arch / dtype / a closed gate before calling it.
 """
 
 from __future__ import annotations
@@ -57,40 +59,44 @@ def reason(ctx, a, b, offs=None, bias=None, out_dtype=None) -> str | None:
     if out_dtype is not None and out_dtype != a.dtype:
         return "params"  # ATen: the output dtype must match mat_a's
     da, db = a.dim(), b.dim()
-    if da not in (2, 3) or db not in (2, 3) or b.device != a.device or bias is not None:
+    if da not in (2, 3) or db not in (2, 3) or bias is not None:
         return "params"
-    if (da, db) != (2, 2) and not _sym.eq(a.shape[-1], b.shape[-2]):
-        return "params"
-    if not aten_strides_ok(a) or not aten_strides_ok(b):
-        return "params"
+    sa, sb = a.shape, b.shape
     if (da, db) == (3, 3):
-        if offs is not None or not _sym.eq(a.shape[0], b.shape[0]):
+        if offs is not None or not _sym.eq(sa[0], sb[0]):
             return "params"
-        groups = a.shape[0]
+        groups = sa[0]
     else:
-        if offs is None or not _offs_ok(ctx, offs) or offs.device != a.device:
+        if offs is None or offs.dim() != 1:
             return "params"
         groups = offs.shape[0]
-        if (da, db) == (2, 3) and not _sym.eq(b.shape[0], groups):
+        if (da, db) == (2, 3) and not _sym.eq(sb[0], groups):
             return "params"
-        if (da, db) == (3, 2) and not _sym.eq(a.shape[0], groups):
+        if (da, db) == (3, 2) and not _sym.eq(sa[0], groups):
             return "params"
-    n, k, g = _sym.fixed(b.shape[-1]), _sym.fixed(a.shape[-1]), _sym.fixed(groups)
+    if (da, db) != (2, 2) and not _sym.eq(sa[-1], sb[-2]):
+        return "params"
+    n, k, g = _sym.fixed(sb[-1]), _sym.fixed(sa[-1]), _sym.fixed(groups)
     if (da, db) == (2, 2):
         k = 1  # ragged K: the contraction is split by offs, any length
     if n is None or k is None or g is None:
         return "dynamic"
-    m = a.shape[-2]
-    if _sym.known_zero(m) or n == 0 or g == 0 or _sym.known_zero(a.shape[-1]):
+    m = sa[-2]
+    if _sym.known_zero(m) or n == 0 or g == 0 or _sym.known_zero(sa[-1]):
         return "empty"
     rows = _sym.hint(m) // g if (da, db) == (2, 3) else _sym.hint(m)
     if not ctx.table.allows(arch, "grouped_mm", a.dtype, max(1, rows), n, k):
         return "gate"
+    # what ATen itself rejects stays ATen's, so its error is the user's
+    if b.device != a.device or not aten_strides_ok(a) or not aten_strides_ok(b):
+        return "params"
+    if offs is not None and (not _offs_ok(ctx, offs) or offs.device != a.device):
+        return "params"
     return None
 
 
 def impl(ctx, a, b, offs=None, bias=None, out_dtype=None):
-    return ctx.run(a, kernel("grouped_mm"), a, b, offs, bias, out_dtype, target=ctx.target)
+    return ctx.run(a, kernel("grouped_mm"), a, b, offs, bias, out_dtype, target=ctx.target_of(a))
 
 
 def _build(a, b, offs=None, bias=None, out_dtype=None):
@@ -126,8 +132,9 @@ def _make(dt, m, n, k, device):
 
 SPEC = OpSpec(
     name="grouped_mm",
-    overloads=(Overload("_grouped_mm", reason, impl, lower=lower),),
-    gate_ops=("grouped_mm",),
+    overloads=(
+        Overload("_grouped_mm", reason, impl, lower=lower, gate="grouped_mm", dtypes=DTYPES),
+    ),
     calibration=(Calibration("grouped_mm", _cases, _make, dtypes=("bfloat16", "float16")),),
     summary="torch._grouped_mm (MoE experts), eager and torch.compile",
 )

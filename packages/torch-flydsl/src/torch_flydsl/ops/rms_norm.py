@@ -7,22 +7,32 @@ stock CPU has none and decomposes) and the weight's dtype matches. Autograd is
 ``_fused_rms_norm_backward``. ATen has no CPU kernel for that one: the CPU fallback is torch's
 registered decomposition (``torch._decomp``), the same math.
 
-Predicate order: subclass, arch, dtype, params (``normalized_shape`` a suffix, weight of that
-shape, ``eps >= 0``), empty, layout (contiguous), span, gate.
+On the CPU key the group is opt-in (``enable(ops=["rms_norm"], device="cpu")``; ``enable()``
+without ``ops=`` leaves it off there, ``OpSpec.default``): registering ``_fused_rms_norm`` at
+the CPU key reroutes every CPU ``F.rms_norm`` through it, and its fallbacks through the
+composite ``_fused_rms_norm`` and the Python backward decomposition, where stock CPU torch
+decomposes ``rms_norm`` itself: a cost on every CPU call that FlyDSL does not take. The test
+backend opts in to exercise the GPU's dispatch path.
+
+Predicate order (the gate before the weight, stride and span checks): subclass, arch, dtype,
+params (``normalized_shape`` a suffix), empty, gate, params (weight of that shape, ``eps >= 0``),
+layout (contiguous), span. The eager wrapper decides subclass / arch / dtype / a closed gate
+before calling it (``dispatch.make_kernel``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..eligibility import PLAIN
 from ..spec import Calibration, OpSpec, Overload
 from ._kernels import kernel
 
 _SPAN = (1 << 32) - 1
 _I32 = (1 << 31) - 1
-_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = frozenset(DTYPES)
 _FP32 = torch.float32
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _rows(x, ns) -> tuple[int, int] | None:
@@ -44,7 +54,7 @@ def _rows(x, ns) -> tuple[int, int] | None:
 def _weight_reason(x, w, ns) -> str | None:
     if w is None:
         return None
-    if type(w) not in _PLAIN:
+    if type(w) not in PLAIN:
         return "subclass"
     if w.dtype != x.dtype:
         return "dtype"
@@ -58,7 +68,7 @@ def _weight_reason(x, w, ns) -> str | None:
 
 
 def _reason(b, op, x, ns, w, eps) -> str | None:
-    if type(x) not in _PLAIN:
+    if type(x) not in PLAIN:
         return "subclass"
     arch = b.arch(x)
     if not arch:
@@ -68,20 +78,20 @@ def _reason(b, op, x, ns, w, eps) -> str | None:
     mn = _rows(x, ns)
     if mn is None:
         return "params"
+    m, n = mn
+    if m == 0 or n == 0:
+        return "empty"
+    if not b.table.allows(arch, op, x.dtype, m, n):
+        return "gate"
     r = _weight_reason(x, w, ns)
     if r is not None:
         return r
     if eps is not None and not eps >= 0.0:  # NaN and negative eps stay on ATen
         return "params"
-    m, n = mn
-    if m == 0 or n == 0:
-        return "empty"
     if not x.is_contiguous() or (w is not None and not w.is_contiguous()):
         return "layout"
     if m * n * x.element_size() > _SPAN or n > _I32 or m > _I32:
         return "span"
-    if not b.table.allows(arch, op, x.dtype, m, n):
-        return "gate"
     return None
 
 
@@ -90,7 +100,7 @@ def reason(b, x, ns, w, eps) -> str | None:
 
 
 def impl(b, x, ns, w, eps):
-    return b.run(x, kernel("rms_norm"), x, ns, w, eps, target=b.target)
+    return b.run(x, kernel("rms_norm"), x, ns, w, eps, target=b.target_of(x))
 
 
 def _n(ns) -> int:
@@ -101,7 +111,7 @@ def _n(ns) -> int:
 
 
 def backward_reason(b, g, x, ns, rstd, w, mask) -> str | None:
-    if type(g) not in _PLAIN or type(rstd) not in _PLAIN:
+    if type(g) not in PLAIN or type(rstd) not in PLAIN:
         return "subclass"
     if g.dtype != x.dtype or rstd.dtype != _FP32:
         return "dtype"
@@ -128,7 +138,7 @@ def backward_impl(b, g, x, ns, rstd, w, mask):
         torch.are_deterministic_algorithms_enabled(),
         normalized_shape=ns,
         output_mask=mask,
-        target=b.target,
+        target=b.target_of(x),
     )
 
 
@@ -183,19 +193,23 @@ def _make_bwd(dt, m, n, k, device):
 SPEC = OpSpec(
     name="rms_norm",
     overloads=(
-        Overload("_fused_rms_norm", reason, impl),
+        Overload("_fused_rms_norm", reason, impl, gate="rms_norm", dtypes=DTYPES, numel_mn=True),
         Overload(
             "_fused_rms_norm_backward",
             backward_reason,
             backward_impl,
             fallback=backward_decomposition,
+            gate="rms_norm_backward",
+            dtypes=DTYPES,
+            key=1,  # the input x (argument 0 is the gradient)
+            numel_mn=True,
         ),
     ),
-    gate_ops=("rms_norm", "rms_norm_backward"),
     calibration=(
         Calibration("rms_norm", _cases, _make_fwd),
         Calibration("rms_norm_backward", _cases, _make_bwd),
     ),
     aliases=("rmsnorm",),
     summary="F.rms_norm / torch.rms_norm (aten::_fused_rms_norm and its backward)",
+    default=("cuda",),  # opt-in on the CPU key (the module docstring)
 )

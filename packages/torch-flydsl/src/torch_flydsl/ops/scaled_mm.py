@@ -151,7 +151,7 @@ def _mm_call(a, b, sa, sb, bias, out_dtype, swz_a, swz_b, mm):
 def _eager_mx_mm(ctx):
     def mm(a, sa, b, sb, fa, fb, bias, out_dtype):
         return kernel("mx_gemm")(
-            a, sa, b, sb, fa, fb, bias=bias, out_dtype=out_dtype, target=ctx.target
+            a, sa, b, sb, fa, fb, bias=bias, out_dtype=out_dtype, target=ctx.target_of(a)
         )
 
     return mm
@@ -310,7 +310,7 @@ def gv2_impl(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=
              contraction=(), fast=False):  # fmt: skip
     def run(a, sa, b, sb, fa, fb, offs, bias, out_dtype):
         return kernel("mx_grouped_mm")(
-            a, sa, b, sb, fa, fb, offs, bias=bias, out_dtype=out_dtype, target=ctx.target
+            a, sa, b, sb, fa, fb, offs, bias=bias, out_dtype=out_dtype, target=ctx.target_of(a)
         )
 
     return ctx.run(a, _grouped_call, a, b, sa[0], sb[0], offs, bias, out_dtype, run)
@@ -357,13 +357,16 @@ def _make(dt, m, n, k, device):
     )
 
 
+#: the MX gates key on the A element dtype
+_MX_GEMM = {"gate": "mx_gemm", "dtypes": tuple(FORMATS)}
+_MX_GROUPED = {"gate": "mx_grouped_mm", "dtypes": tuple(FORMATS)}
+
 SCALED_MM = OpSpec(
     name="scaled_mm",
     overloads=(
-        Overload("_scaled_mm", v1_reason, v1_impl, lower=v1_lower),
-        Overload("_scaled_mm_v2", v2_reason, v2_impl, lower=v2_lower),
+        Overload("_scaled_mm", v1_reason, v1_impl, lower=v1_lower, **_MX_GEMM),
+        Overload("_scaled_mm_v2", v2_reason, v2_impl, lower=v2_lower, **_MX_GEMM),
     ),
-    gate_ops=("mx_gemm",),
     calibration=(
         Calibration("mx_gemm", _cases, _make, dtypes=("float8_e4m3fn", "float4_e2m1fn_x2")),
     ),
@@ -374,10 +377,9 @@ SCALED_MM = OpSpec(
 SCALED_GROUPED_MM = OpSpec(
     name="scaled_grouped_mm",
     overloads=(
-        Overload("_scaled_grouped_mm", gv1_reason, lower=_never, eager=False),
-        Overload("_scaled_grouped_mm_v2", gv2_reason, gv2_impl, lower=gv2_lower),
+        Overload("_scaled_grouped_mm", gv1_reason, lower=_never, eager=False, **_MX_GROUPED),
+        Overload("_scaled_grouped_mm_v2", gv2_reason, gv2_impl, lower=gv2_lower, **_MX_GROUPED),
     ),
-    gate_ops=("mx_grouped_mm",),
     aliases=("mx_grouped_mm",),
     summary="MX torch._scaled_grouped_mm_v2 / F.scaled_grouped_mm (MoE experts)",
 )

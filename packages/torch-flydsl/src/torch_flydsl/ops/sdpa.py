@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import torch
 
+from ..eligibility import PLAIN
 from ..spec import OpSpec, Overload
 from ._kernels import kernel
 
-_DTYPES = frozenset({torch.bfloat16, torch.float16})
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+DTYPES = (torch.bfloat16, torch.float16)
+_DTYPES = frozenset(DTYPES)
 _MAX_D = 256
 
 
 def _qkv_reason(b, q, k, v, dropout_p, is_causal) -> str | None:
-    if type(q) not in _PLAIN or type(k) not in _PLAIN or type(v) not in _PLAIN:
+    if type(q) not in PLAIN or type(k) not in PLAIN or type(v) not in PLAIN:
         return "subclass"
     if not b.arch(q):
         return "arch"
@@ -73,7 +74,7 @@ def _forward(b, q, k, v, is_causal, scale):
     """``(out (B, H, Sq, Dv), lse (B, H, Sq))`` from the FlyDSL FMHA."""
     out, lse, _ = b.run(
         q, kernel("flash_attn_func"), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        softmax_scale=scale, causal=is_causal, return_attn_probs=True, target=b.target,
+        softmax_scale=scale, causal=is_causal, return_attn_probs=True, target=b.target_of(q),
     )  # fmt: skip
     return out.transpose(1, 2), lse
 
@@ -83,7 +84,7 @@ def _backward(b, g, q, k, v, out, lse, is_causal, scale):
     lse = lse[..., : q.shape[2]]
     dq, dk, dv = b.run(
         q, kernel("flash_attn_backward"), t(g), t(q), t(k), t(v), t(out), lse.float(),
-        softmax_scale=scale, causal=is_causal, target=b.target,
+        softmax_scale=scale, causal=is_causal, target=b.target_of(q),
     )  # fmt: skip
     return t(dq), t(dk), t(dv)
 
@@ -107,7 +108,7 @@ def cpu_impl(b, q, k, v, dropout_p, is_causal, attn_mask, scale):
 
 
 def cpu_bwd_reason(b, g, q, k, v, out, lse, dropout_p, is_causal, attn_mask, scale):
-    if attn_mask is not None or type(g) not in _PLAIN or type(out) not in _PLAIN:
+    if attn_mask is not None or type(g) not in PLAIN or type(out) not in PLAIN:
         return "params" if attn_mask is not None else "subclass"
     return _qkv_reason(b, q, k, v, dropout_p, is_causal)
 
@@ -140,7 +141,7 @@ def flash_impl(b, q, k, v, dropout_p, is_causal, return_debug_mask, scale):
 
 def flash_bwd_reason(b, g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed,
                      offset, scale):  # fmt: skip
-    if type(g) not in _PLAIN or type(out) not in _PLAIN:
+    if type(g) not in PLAIN or type(out) not in PLAIN:
         return "subclass"
     return _qkv_reason(b, q, k, v, dropout_p, is_causal)
 
@@ -169,7 +170,7 @@ def eff_bwd_reason(b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, 
                    scale):  # fmt: skip
     if attn_bias is not None and attn_bias.numel():
         return "params"
-    if type(g) not in _PLAIN or type(out) not in _PLAIN:
+    if type(g) not in PLAIN or type(out) not in PLAIN:
         return "subclass"
     if lse.dim() != 3 or lse.shape[2] < q.shape[2]:
         return "params"  # no LSE kept (compute_log_sumexp=False)
@@ -182,38 +183,58 @@ def eff_bwd_impl(b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, ma
     return dq, dk, dv, None
 
 
+#: no gate table for attention; the key tensor is q (argument 1 of the backwards, after the
+#: output gradient)
+_FWD = {"dtypes": DTYPES}
+_BWD = {"dtypes": DTYPES, "key": 1}
+
 SPEC = OpSpec(
     name="sdpa",
     overloads=(
         Overload(
-            "_scaled_dot_product_flash_attention_for_cpu", cpu_reason, cpu_impl, devices=("cpu",)
+            "_scaled_dot_product_flash_attention_for_cpu",
+            cpu_reason,
+            cpu_impl,
+            devices=("cpu",),
+            **_FWD,
         ),
         Overload(
             "_scaled_dot_product_flash_attention_for_cpu_backward",
             cpu_bwd_reason,
             cpu_bwd_impl,
             devices=("cpu",),
+            **_BWD,
         ),
         Overload(
-            "_scaled_dot_product_flash_attention", flash_reason, flash_impl, devices=("cuda",)
+            "_scaled_dot_product_flash_attention",
+            flash_reason,
+            flash_impl,
+            devices=("cuda",),
+            **_FWD,
         ),
         Overload(
             "_scaled_dot_product_flash_attention_backward",
             flash_bwd_reason,
             flash_bwd_impl,
             devices=("cuda",),
+            **_BWD,
         ),
         Overload(
-            "_scaled_dot_product_efficient_attention", eff_reason, eff_impl, devices=("cuda",)
+            "_scaled_dot_product_efficient_attention",
+            eff_reason,
+            eff_impl,
+            devices=("cuda",),
+            **_FWD,
         ),
         Overload(
             "_scaled_dot_product_efficient_attention_backward",
             eff_bwd_reason,
             eff_bwd_impl,
             devices=("cuda",),
+            **_BWD,
         ),
     ),
     aliases=("scaled_dot_product_attention", "attention"),
     summary="F.scaled_dot_product_attention's flash / efficient kernels and backwards",
-    default=False,
+    default=(),
 )

@@ -1,7 +1,9 @@
 """``topk``: ``torch.topk`` / ``Tensor.topk`` (``aten::topk``, ``aten::topk.values``) on FlyDSL's TopK.
 
-Predicate order (cost order): subclass, arch, dtype, params (dim, ``0 < k <= N``), empty,
-layout (contiguous, last dim), span (32-bit buffer descriptors), gate. ``out=``: the out
+Predicate order (cost order, the gate before the stride and span checks): subclass, arch,
+dtype, params (dim, ``0 < k <= N``), layout (last dim), empty, gate, layout (contiguous), span
+(32-bit buffer descriptors). The eager wrapper decides subclass / arch / dtype / a closed
+gate before calling it (``dispatch.make_kernel``). ``out=``: the out
 tensors must have exactly the result's shape and dtypes (ATen's resize-and-warn stays ATen's).
 Under ``torch.use_deterministic_algorithms(True)`` the kernel runs its deterministic variant.
 """
@@ -10,58 +12,64 @@ from __future__ import annotations
 
 import torch
 
+from ..eligibility import PLAIN
 from ..spec import Calibration, OpSpec, Overload
 from ._kernels import kernel
 
 _SPAN = (1 << 32) - 1  # bytes one AMD buffer descriptor addresses
 _I32 = (1 << 31) - 1  # int32 element offsets
-_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DTYPES = frozenset(DTYPES)
 _INT64 = torch.int64
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def reason(b, x, k, dim, largest, sorted_) -> str | None:
-    if type(x) not in _PLAIN:
+    if type(x) not in PLAIN:
         return "subclass"
     arch = b.arch(x)
     if not arch:
         return "arch"
     if x.dtype not in _DTYPES:
         return "dtype"
-    nd = x.dim()
+    shape = x.shape
+    nd = len(shape)
     if nd == 0:
         return "empty"
     if dim < 0:
         dim += nd
     if not 0 <= dim < nd:
         return "params"
-    n = x.shape[dim]
+    n = shape[dim]
     if not 0 < k <= n:
         return "params"
-    if dim != nd - 1 or not x.is_contiguous():
+    if dim != nd - 1:
         return "layout"
     numel = x.numel()
     if numel == 0:
         return "empty"
     m = numel // n
-    if numel * x.element_size() > _SPAN or m * k * 8 > _SPAN or n > _I32 or m > _I32:
-        return "span"
     if not b.table.allows(arch, "topk", x.dtype, m, n, k, largest, sorted_):
         return "gate"
+    if not x.is_contiguous():
+        return "layout"
+    if numel * x.element_size() > _SPAN or m * k * 8 > _SPAN or n > _I32 or m > _I32:
+        return "span"
     return None
 
 
 def impl(b, x, k, dim, largest, sorted_):
     """The FlyDSL topk for an eligible call (deterministic variant under torch's flag)."""
     det = torch.are_deterministic_algorithms_enabled()
-    return b.run(x, kernel("topk"), x, k, dim, largest, sorted_, deterministic=det, target=b.target)
+    return b.run(
+        x, kernel("topk"), x, k, dim, largest, sorted_, deterministic=det, target=b.target_of(x)
+    )
 
 
 def out_reason(b, x, k, dim, largest, sorted_, values, indices) -> str | None:
     r = reason(b, x, k, dim, largest, sorted_)
     if r is None and (
-        type(values) not in _PLAIN
-        or type(indices) not in _PLAIN
+        type(values) not in PLAIN
+        or type(indices) not in PLAIN
         or values.dtype != x.dtype
         or indices.dtype != _INT64
         or values.device != x.device
@@ -116,10 +124,9 @@ def _extra(k):
 SPEC = OpSpec(
     name="topk",
     overloads=(
-        Overload("topk", reason, impl),
-        Overload("topk.values", out_reason, out_impl),
+        Overload("topk", reason, impl, gate="topk", dtypes=DTYPES, numel_mn=True),
+        Overload("topk.values", out_reason, out_impl, gate="topk", dtypes=DTYPES, numel_mn=True),
     ),
-    gate_ops=("topk",),
     calibration=(Calibration("topk", _cases, _make, rule_extra=_extra),),
     summary="torch.topk / Tensor.topk (out= too)",
 )

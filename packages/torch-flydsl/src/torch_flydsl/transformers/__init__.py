@@ -11,7 +11,7 @@ these models. ``patch`` routes each family explicitly and reversibly::
     p.undo()                  # the model is exactly as before
 
 Modules are recognized by their ``forward`` bodies (``_forms``), not their
-names; every FlyDSL launch is a ``torch_flydsl::hf_*`` custom op (``_ops``),
+names; every FlyDSL launch is a ``flydsl::hf_*`` custom op (``torch_flydsl.library.hf``),
 so torch.compile treats it as one opaque node and torch.profiler names it.
 Linear layers stay on ATen and attention on the model's ``attn_implementation``: ``patch``
 lists them under ``not_routed``. ``register()`` adds ``"flydsl"`` to transformers'
@@ -24,10 +24,10 @@ from __future__ import annotations
 from ._attention import NAME as ATTENTION_IMPLEMENTATION
 from ._attention import attention_forward
 from ._attention import register as register_attention
+from ._checks import PROFILE_PREFIXES, STAT_KEYS
 from ._experts import NAME as EXPERTS_IMPLEMENTATION
 from ._experts import experts_forward
 from ._experts import register as register_experts
-from ._ops import PROFILE_PREFIXES, STAT_KEYS
 from ._patch import ROUTES, NotRouted, Patch, Replacement, patch
 
 

@@ -26,12 +26,13 @@ import logging
 
 import torch
 
+from ..eligibility import PLAIN, device_reason, target
+
 log = logging.getLogger("torch_flydsl")
 
 NAME = "flydsl"
 STAT = "hf.attention"
 _DTYPES = (torch.bfloat16, torch.float16)
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def register(name: str = NAME) -> None:
@@ -79,12 +80,10 @@ def _mask_tensor(mask, B, Sq, Sk):
 
 
 def _reason(module, query, key, value, mask, dropout) -> str | None:
-    from ..flex._eager import _device_reason
-
     for t in (query, key, value):
-        if type(t) not in _PLAIN:
+        if type(t) not in PLAIN:
             return "subclass"
-    r = _device_reason(query)
+    r = device_reason(query)
     if r:
         return r
     if query.dtype not in _DTYPES or not (query.dtype == key.dtype == value.dtype):
@@ -170,8 +169,6 @@ def attention_forward(
 def _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks):
     from flydsl_kernels.attention import flash_attn_func
 
-    from ..flex._eager import _target
-
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     kw = {}
     if mask is not None:
@@ -182,6 +179,6 @@ def _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks):
     if sinks is not None:
         kw["sinks"] = sinks
     out = flash_attn_func(
-        q, k, v, softmax_scale=scale, softcap=float(softcap or 0.0), target=_target(query), **kw
+        q, k, v, softmax_scale=scale, softcap=float(softcap or 0.0), target=target(query), **kw
     )
     return out

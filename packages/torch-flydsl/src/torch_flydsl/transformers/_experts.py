@@ -8,11 +8,11 @@ is registered there as ``"flydsl"``; it is transformers' own
 ``histc`` the group sizes, two grouped GEMMs around the gate, weight and sum)
 with the grouped GEMMs replaced:
 
-* bf16 / fp16 experts: ``torch_flydsl::hf_grouped_mm`` (``flydsl_kernels.gemm.grouped_mm``),
+* bf16 / fp16 experts: ``flydsl::hf_grouped_mm`` (``flydsl_kernels.gemm.grouped_mm``),
   the per-expert bias fused into the GEMM (one rounding instead of
   transformers' two: GEMM to bf16, then ``add_`` in bf16);
 * MXFP4 experts (``patch`` quantized the module's weights with ``to_mx`` into
-  the ``flydsl_mx_*`` buffers): ``torch_flydsl::hf_mx_grouped_mm``.
+  the ``flydsl_mx_*`` buffers): ``flydsl::hf_mx_grouped_mm``.
 
 A module that cannot take the route (dtype, device, expert parallelism) runs
 the implementation its config named before ``patch`` (``_flydsl_fallback``).
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops
+from ..eligibility import device_reason, target
+from ..library import hf as _hf  # noqa: F401 - registers the flydsl::hf_* ops
+from . import _checks
 
 NAME = "flydsl"
 #: the non-persistent buffers ``patch`` adds to an experts module for the MX route
@@ -63,13 +65,11 @@ def _reason(module, hidden_states, mx: bool) -> str | None:
     if getattr(module, "_is_expert_parallel", False):
         return "params"  # EP sentinels: transformers' own implementations handle them
     if mx:
-        why = _ops._device_reason(hidden_states) or _ops._grad_reason(
-            hidden_states, *_weights(module)
-        )
+        why = device_reason(hidden_states) or _checks._grad_reason(hidden_states, *_weights(module))
         if why:
             return why
         return "dtype" if hidden_states.dtype not in (torch.bfloat16, torch.float16) else None
-    return _ops.why_not_experts(
+    return _checks.why_not_experts(
         hidden_states, *_weights(module), *(b for b in _biases(module) if b is not None)
     )
 
@@ -80,20 +80,20 @@ def _linear(module, x, which: int, offs, mx: bool):
     if mx:
         q = getattr(module, MX_BUFFERS[2 * which])
         s = getattr(module, MX_BUFFERS[2 * which + 1])
-        return torch.ops.torch_flydsl.hf_mx_grouped_mm(x, q, s, offs, bias)
+        return torch.ops.flydsl.hf_mx_grouped_mm(x, q, s, offs, bias)
     w = _weights(module)[which]
     # transformers' layouts: (G, K, N) when is_transposed, else (G, N, K) (a K-contiguous view)
     b = w if module.is_transposed else w.transpose(-2, -1)
-    return torch.ops.torch_flydsl.hf_grouped_mm(x, b, offs, bias)
+    return torch.ops.flydsl.hf_grouped_mm(x, b, offs, bias)
 
 
 def experts_forward(module, hidden_states, top_k_index, top_k_weights):
     """transformers' ``grouped_mm_experts_forward`` with FlyDSL grouped GEMMs (module docstring)."""
     mx = hasattr(module, MX_BUFFERS[0])
-    key = _ops.MX_EXPERTS if mx else _ops.EXPERTS
+    key = _checks.MX_EXPERTS if mx else _checks.EXPERTS
     why = _reason(module, hidden_states, mx)
     if why:
-        _ops.count_fallback(key, why, 2)  # the two grouped GEMMs of the forward
+        _checks.count_fallback(key, why, 2)  # the two grouped GEMMs of the forward
         return fallback(module, hidden_states, top_k_index, top_k_weights)
 
     device = hidden_states.device
@@ -149,9 +149,9 @@ def quantize_mx(module) -> float:
     worst = 0.0
     for which, w in enumerate(_weights(module)):
         nt = (w.transpose(-2, -1) if module.is_transposed else w).detach().contiguous()
-        target = _ops._target(nt)
-        q, s = to_mx(nt, fp4, target=target)
-        back = from_mx(q, s, fp4, out_dtype=torch.float32, target=target)
+        tgt = target(nt)
+        q, s = to_mx(nt, fp4, target=tgt)
+        back = from_mx(q, s, fp4, out_dtype=torch.float32, target=tgt)
         worst = max(worst, float((back - nt.float()).abs().max()) if nt.numel() else 0.0)
         module.register_buffer(MX_BUFFERS[2 * which], q, persistent=False)
         module.register_buffer(MX_BUFFERS[2 * which + 1], s, persistent=False)

@@ -45,7 +45,7 @@ def _forms(**sources: str) -> dict[str, str]:
     return {_body(src): name for name, src in sources.items()}
 
 
-#: RMSNorm ``forward`` bodies -> the numerics (``_ops.MODES``) that reproduce them
+#: RMSNorm ``forward`` bodies -> the numerics (``library.hf.MODES``) that reproduce them
 NORM_FORMS = _forms(
     llama="""
 input_dtype = hidden_states.dtype

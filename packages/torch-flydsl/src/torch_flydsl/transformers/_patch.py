@@ -9,7 +9,8 @@ import types
 
 import torch
 
-from . import _experts, _forms, _ops
+from ..library import hf as _hf  # registers the flydsl::hf_* ops
+from . import _checks, _experts, _forms
 
 log = logging.getLogger("torch_flydsl")
 
@@ -123,22 +124,22 @@ def _del_buffers(module, names) -> None:
 
 def _norm_forward(module, hidden_states, *, eps: float, mode: int):
     w = module.weight
-    why = _ops.why_not_norm(hidden_states, w)
+    why = _checks.why_not_norm(hidden_states, w)
     if why:
-        _ops.count_fallback(_ops.RMS_NORM, why)
+        _checks.count_fallback(_checks.RMS_NORM, why)
         return type(module).forward(module, hidden_states)
-    return torch.ops.torch_flydsl.hf_rms_norm(hidden_states, w, eps, mode)
+    return torch.ops.flydsl.hf_rms_norm(hidden_states, w, eps, mode)
 
 
 def _add_norm(norm, x, residual, eps: float, mode: int):
     """``(norm(residual + x), residual + x)``, fused when FlyDSL can take it."""
     w = norm.weight
-    why = _ops.why_not_add_norm(x, residual, w)
+    why = _checks.why_not_add_norm(x, residual, w)
     if why:
-        _ops.count_fallback(_ops.ADD_RMS_NORM, why)
+        _checks.count_fallback(_checks.ADD_RMS_NORM, why)
         h = residual + x
         return norm(h), h
-    return torch.ops.torch_flydsl.hf_add_rms_norm(x, residual, w, eps, mode)
+    return torch.ops.flydsl.hf_add_rms_norm(x, residual, w, eps, mode)
 
 
 def _layer_forward(
@@ -188,14 +189,12 @@ def _router_forward(router, hidden_states, *, scoring: str, renormalize, has_bia
         hidden_states, router.weight, router.bias if has_bias else None
     )
     renorm = router.norm_topk_prob if renormalize is None else renormalize
-    why = _ops.why_not_router(logits, router.top_k)
+    why = _checks.why_not_router(logits, router.top_k)
     if why:
-        _ops.count_fallback(_ops.ROUTER, why)
-        weights, ids = _ops.router_reference(logits, router.top_k, scoring, bool(renorm))
+        _checks.count_fallback(_checks.ROUTER, why)
+        weights, ids = _hf.router_reference(logits, router.top_k, scoring, bool(renorm))
     else:
-        weights, ids = torch.ops.torch_flydsl.hf_moe_router(
-            logits, router.top_k, scoring, bool(renorm)
-        )
+        weights, ids = torch.ops.flydsl.hf_moe_router(logits, router.top_k, scoring, bool(renorm))
     # transformers returns the routing weights in the logits' dtype
     return logits, weights.to(logits.dtype), ids
 
@@ -220,13 +219,13 @@ def patch(
 
     * ``norms``: every module whose ``forward`` is a known RMSNorm body
       (``_forms.NORM_FORMS``: LlamaRMSNorm's, GptOssRMSNorm's, GemmaRMSNorm's and
-      their copies) runs ``torch_flydsl::hf_rms_norm`` with that body's cast order.
+      their copies) runs ``flydsl::hf_rms_norm`` with that body's cast order.
     * ``fuse_residual``: decoder layers whose ``forward`` is the known pre-norm
       body add the attention output to the residual inside
-      ``post_attention_layernorm`` (``torch_flydsl::hf_add_rms_norm``). The MLP's
+      ``post_attention_layernorm`` (``flydsl::hf_add_rms_norm``). The MLP's
       residual add feeds the next layer's norm, across the layer boundary: not fused.
     * ``router``: known router bodies (Qwen3-MoE's softmax top-k, gpt-oss's top-k
-      softmax) run ``torch_flydsl::hf_moe_router`` after their gate ``F.linear``.
+      softmax) run ``flydsl::hf_moe_router`` after their gate ``F.linear``.
     * ``experts``: experts modules take transformers' ``ExpertsInterface``
       implementation ``"flydsl"`` (their config's ``_experts_implementation`` is
       set, and restored by ``undo``).
@@ -254,7 +253,7 @@ def patch(
         if eps is None or not isinstance(getattr(m, "weight", None), torch.Tensor):
             p.not_routed.append(NotRouted("rms_norm", name, type(m).__name__, "no eps or weight"))
             continue
-        modes[m] = (_ops.MODES[mode], eps)
+        modes[m] = (_checks.MODES[mode], eps)
         if not norms:
             continue
         if _instance_forward(m):
@@ -264,7 +263,7 @@ def patch(
                 )
             )
             continue
-        p.set_forward(m, _norm_forward, eps=eps, mode=_ops.MODES[mode])
+        p.set_forward(m, _norm_forward, eps=eps, mode=_checks.MODES[mode])
         p.replaced.append(
             Replacement("rms_norm", name, type(m).__name__, f"{mode} numerics, eps={eps:g}")
         )

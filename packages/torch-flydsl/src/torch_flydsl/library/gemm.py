@@ -1,4 +1,4 @@
-"""The ``flydsl::`` operators: what the torch.compile pass rewrites GEMMs into.
+"""The GEMM ``flydsl::`` operators: what the torch.compile pass rewrites GEMMs into.
 
 ================  =========================================================================
 op                computes
@@ -35,8 +35,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op, triton_op
 
-from . import _runtime
-from ._trace import (
+from .._trace import (
     by_m,
     dense_ranges,
     grouped_ranges,
@@ -45,21 +44,14 @@ from ._trace import (
     sink,
     traces_cpu,
 )
-from .ops._kernels import kernel
-from .stats import get as _stat
+from ..eligibility import plain, target
+from ..ops._kernels import kernel
+from ..stats import get as _stat
 
-NAMESPACE = "flydsl"
 ACTIVATIONS = ("", "relu", "gelu", "gelu_tanh", "silu")
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+#: the namespace of every torch_flydsl custom op (``torch_flydsl.library``)
+NAMESPACE = "flydsl"
 Tensor = torch.Tensor
-
-
-def _real(t) -> bool:
-    return type(t) in _PLAIN
-
-
-def _target(t):
-    return _runtime.cpu_target() if t.device.type == "cpu" else None
 
 
 def _eager(name: str, fn):
@@ -104,8 +96,8 @@ def gemm(
     out_dtype: torch.dtype | None,
 ) -> Tensor:
     args = (a, b, bias, c, residual, alpha, beta, activation, out_dtype)
-    if _real(a):
-        return _eager("gemm", lambda: _gemm_call(*args, target=_target(a)))
+    if plain(a):
+        return _eager("gemm", lambda: _gemm_call(*args, target=target(a)))
     if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.gemm_cpu(*args)
     tensors, unpack = _opt((a, b, bias, c, residual))
@@ -132,10 +124,10 @@ def gemm(
 
 @triton_op(f"{NAMESPACE}::swiglu", mutates_args=())
 def swiglu(a: Tensor, w_gate: Tensor, w_up: Tensor, out_dtype: torch.dtype | None) -> Tensor:
-    if _real(a):
+    if plain(a):
         return _eager(
             "swiglu",
-            lambda: kernel("swiglu")(a, w_gate, w_up, out_dtype=out_dtype, target=_target(a)),
+            lambda: kernel("swiglu")(a, w_gate, w_up, out_dtype=out_dtype, target=target(a)),
         )
     if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.swiglu_cpu(a, w_gate, w_up, out_dtype)
@@ -166,10 +158,10 @@ def grouped_mm(
     bias: Tensor | None,
     out_dtype: torch.dtype | None,
 ) -> Tensor:
-    if _real(a):
+    if plain(a):
         return _eager(
             "grouped_mm",
-            lambda: kernel("grouped_mm")(a, b, offs, bias, out_dtype, target=_target(a)),
+            lambda: kernel("grouped_mm")(a, b, offs, bias, out_dtype, target=target(a)),
         )
     if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.grouped_mm_cpu(a, b, offs, bias, out_dtype)
@@ -207,10 +199,10 @@ def mx_mm(
     out_dtype: torch.dtype,
 ) -> Tensor:
     args = (a, a_scale, b, b_scale, a_format, b_format)
-    if _real(a):
+    if plain(a):
         return _eager(
             "mx_mm",
-            lambda: kernel("mx_gemm")(*args, bias=bias, out_dtype=out_dtype, target=_target(a)),
+            lambda: kernel("mx_gemm")(*args, bias=bias, out_dtype=out_dtype, target=target(a)),
         )
     if a.device.type == "cpu" and not traces_cpu():
         return torch.ops.flydsl.mx_mm_cpu(*args, bias, out_dtype)
@@ -246,11 +238,11 @@ def mx_grouped_mm(
     out_dtype: torch.dtype,
 ) -> Tensor:
     args = (a, a_scale, b, b_scale, a_format, b_format, offs)
-    if _real(a):
+    if plain(a):
         return _eager(
             "mx_grouped_mm",
             lambda: kernel("mx_grouped_mm")(
-                *args, bias=bias, out_dtype=out_dtype, target=_target(a)
+                *args, bias=bias, out_dtype=out_dtype, target=target(a)
             ),
         )
     if a.device.type == "cpu" and not traces_cpu():

@@ -1,23 +1,23 @@
-"""The FlyDSL launches of the transformers routes, as ``torch_flydsl::*`` custom ops.
+"""The ``flydsl::hf_*`` ops: the FlyDSL launches of the transformers routes
+(``torch_flydsl.transformers``).
 
-Each route's kernel call is one ``torch.library.custom_op`` with a fake
-(meta) implementation, for two reasons:
+Each route's kernel call is one custom op with a fake (meta) implementation
+(``torch_flydsl.custom_op`` for the RMSNorms, whose launches then trace into Inductor's graph
+as Triton kernels; ``torch.library.custom_op`` for the others), for two reasons:
 
-* torch.compile sees an opaque node with known output shapes instead of
-  tracing into a FlyDSL launch (which it cannot), so patched models compile
-  without graph breaks at the routes;
-* the op's name (``torch_flydsl::hf_rms_norm`` ...) is what torch.profiler
-  records around the launch, on the CPU and on a GPU, so a profile tells
-  FlyDSL time from ATen time by the namespace alone (``PROFILE_PREFIXES``).
+* torch.compile sees an opaque node with known output shapes instead of tracing into a FlyDSL
+  launch, so patched models compile without graph breaks at the routes;
+* the op's name (``flydsl::hf_rms_norm`` ...) is what torch.profiler records around the
+  launch, on the CPU and on a GPU, so a profile tells FlyDSL time from ATen time by the
+  namespace alone (``PROFILE_PREFIXES``).
 
-Eligibility is decided before the op is called (``why_not_*``, a reason
-from ``torch_flydsl.stats.REASONS`` or ``autograd``, or None: the ops are
-forward-only, so a call that autograd records, grad mode on and an input or
-weight requiring grad, takes the module's own forward); the ops count their hits in
-``torch_flydsl.stats`` (keys ``STAT_KEYS``) every time they run, compiled or
-not. A kernel that raises inside an op is logged at warning, counted as an
-``error`` fallback, and answered by the PyTorch formula of the same route,
-so a FlyDSL exception never reaches the user.
+The ops count their hits in ``torch_flydsl.stats`` (keys ``STAT_KEYS``) every time they run,
+compiled or not. A kernel that raises inside an op is logged at warning, counted as an
+``error`` fallback, and answered by the PyTorch formula of the same route, so a FlyDSL
+exception never reaches the user. ``hf_grouped_mm`` is the experts route's form of
+``flydsl::grouped_mm`` (2-D x 3-D with a per-group bias; same kernel and output shape rule,
+``gemm.grouped_mm_meta``), kept as its own op for the route's opaque node, counters and error
+formula.
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ import logging
 
 import torch
 
-from .. import _runtime
+from ..custom_ops import custom_op
+from ..eligibility import target
 from ..stats import get as _stat
+from .gemm import NAMESPACE, grouped_mm_meta
 
 log = logging.getLogger("torch_flydsl")
 
-#: profiler event names that mark FlyDSL work: these ops, and ``record_function`` ranges
-#: named ``flydsl::...`` (for launches outside this module)
-PROFILE_PREFIXES = ("torch_flydsl::", "flydsl::")
+#: profiler event names that mark FlyDSL work: the ``flydsl::`` ops, and ``record_function``
+#: ranges named ``flydsl::...`` (for launches outside them)
+PROFILE_PREFIXES = ("flydsl::",)
 
 #: stats keys of the routes (``torch_flydsl.stats()``)
 RMS_NORM, ADD_RMS_NORM, ROUTER, EXPERTS, MX_EXPERTS = (
@@ -45,106 +47,9 @@ RMS_NORM, ADD_RMS_NORM, ROUTER, EXPERTS, MX_EXPERTS = (
 )
 STAT_KEYS = (RMS_NORM, ADD_RMS_NORM, ROUTER, EXPERTS, MX_EXPERTS)
 
-#: RMSNorm numerics (transformers' module forwards; see _forms.py)
+#: RMSNorm numerics (transformers' module forwards; see transformers/_forms.py)
 MODE_ATEN, MODE_LLAMA, MODE_GEMMA = 0, 1, 2
 MODES = {"aten": MODE_ATEN, "llama": MODE_LLAMA, "gemma": MODE_GEMMA}
-
-_FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
-_GEMM_DTYPES = frozenset({torch.bfloat16, torch.float16})
-_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-_arch_ok: dict[int | None, bool] = {}
-
-
-def _target(t: torch.Tensor):
-    """The FlyDSL target for ``t``: the CPU test backend's on the CPU, the device's own on a GPU."""
-    return _runtime.cpu_target() if t.device.type == "cpu" else None
-
-
-def _grad_reason(*ts) -> str | None:
-    """``autograd`` when a backward may follow: the routes are forward-only kernels."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
-        return "autograd"
-    return None
-
-
-def _device_reason(t: torch.Tensor) -> str | None:
-    """``subclass`` / ``arch`` when FlyDSL may not run on ``t`` (FakeTensor, DTensor, other GPUs)."""
-    if type(t) not in _PLAIN:
-        return "subclass"
-    dev = t.device.type
-    if dev == "cpu":
-        return None
-    if dev != "cuda":
-        return "arch"
-    idx = t.device.index
-    ok = _arch_ok.get(idx)
-    if ok is None:
-        ok = _arch_ok[idx] = _runtime.resolve_arch(idx) in _runtime.allowed_archs()
-    return None if ok else "arch"
-
-
-def _norm_reason(x, weight) -> str | None:
-    why = _device_reason(x) or _grad_reason(x, weight)
-    if why:
-        return why
-    if x.dtype not in _FLOATS or (weight is not None and weight.dtype not in _FLOATS):
-        return "dtype"
-    if weight is not None and (
-        type(weight) not in _PLAIN
-        or weight.device != x.device
-        or tuple(weight.shape) != (x.shape[-1],)
-    ):
-        return "params" if type(weight) in _PLAIN else "subclass"
-    if x.dim() == 0 or x.numel() == 0:
-        return "empty"
-    if x.stride(-1) != 1 and x.shape[-1] > 1:
-        return "layout"
-    return None
-
-
-def why_not_norm(x, weight) -> str | None:
-    """Why ``x`` (with ``weight``) cannot take the FlyDSL RMSNorm, or None."""
-    return _norm_reason(x, weight)
-
-
-def why_not_add_norm(x, residual, weight) -> str | None:
-    why = _norm_reason(x, weight) or _norm_reason(residual, None)
-    if why:
-        return why
-    if residual.shape != x.shape or residual.dtype != x.dtype:
-        return "params"
-    return None
-
-
-def why_not_router(logits, top_k: int) -> str | None:
-    why = _device_reason(logits) or _grad_reason(logits)
-    if why:
-        return why
-    if logits.dtype not in _FLOATS:
-        return "dtype"
-    if logits.dim() != 2 or not 1 <= top_k <= logits.shape[1] or logits.shape[1] > 4096:
-        return "params"
-    if logits.shape[0] == 0:
-        return "empty"
-    return None
-
-
-def why_not_experts(hidden, *weights) -> str | None:
-    why = _device_reason(hidden) or _grad_reason(hidden, *weights)
-    if why:
-        return why
-    for w in weights:
-        if type(w) not in _PLAIN:
-            return "subclass"
-        if w.dtype not in _GEMM_DTYPES or w.dtype != hidden.dtype:
-            return "dtype"
-        if w.device != hidden.device:
-            return "params"
-    if hidden.dtype not in _GEMM_DTYPES:
-        return "dtype"
-    if hidden.shape[0] == 0:
-        return "empty"
-    return None
 
 
 def _failed(key: str, e: Exception) -> None:
@@ -159,13 +64,6 @@ def _failed(key: str, e: Exception) -> None:
 
 def _hit(key: str) -> None:
     _stat(key).hits += 1
-
-
-def count_fallback(key: str, reason: str, n: int = 1) -> None:
-    """Count ``n`` calls of a route that went to the PyTorch path, for ``reason``."""
-    st = _stat(key)
-    for _ in range(n):
-        st.fallback(reason)
 
 
 # -- RMSNorm ------------------------------------------------------------------------------------
@@ -193,7 +91,7 @@ def _norm_dtype(x, weight, mode: int):
     return x.dtype
 
 
-@torch.library.custom_op("torch_flydsl::hf_rms_norm", mutates_args=())
+@custom_op(f"{NAMESPACE}::hf_rms_norm", mutates_args=())
 def hf_rms_norm(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> torch.Tensor:
@@ -208,7 +106,7 @@ def hf_rms_norm(
             eps,
             llama_numerics=mode == MODE_LLAMA,
             gemma=mode == MODE_GEMMA,
-            target=_target(x),
+            target=target(x),
         )[0]
     except Exception as e:
         _failed(RMS_NORM, e)
@@ -222,7 +120,7 @@ def _(x, weight, eps, mode):
     return torch.empty(x.shape, dtype=_norm_dtype(x, weight, mode), device=x.device)
 
 
-@torch.library.custom_op("torch_flydsl::hf_add_rms_norm", mutates_args=())
+@custom_op(f"{NAMESPACE}::hf_add_rms_norm", mutates_args=())
 def hf_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, mode: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,7 +135,7 @@ def hf_add_rms_norm(
             eps,
             llama_numerics=mode == MODE_LLAMA,
             gemma=mode == MODE_GEMMA,
-            target=_target(x),
+            target=target(x),
         )
     except Exception as e:
         _failed(ADD_RMS_NORM, e)
@@ -270,7 +168,7 @@ def router_reference(logits, top_k: int, scoring: str, renormalize: bool):
     return v, i
 
 
-@torch.library.custom_op("torch_flydsl::hf_moe_router", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_moe_router", mutates_args=())
 def moe_router(
     logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,7 +177,7 @@ def moe_router(
 
     try:
         w, i = kernel(
-            logits, top_k, scoring=scoring, renormalize=renormalize, target=_target(logits)
+            logits, top_k, scoring=scoring, renormalize=renormalize, target=target(logits)
         )
     except Exception as e:
         _failed(ROUTER, e)
@@ -314,7 +212,7 @@ def grouped_reference(a, b, offs, bias):
     return out
 
 
-@torch.library.custom_op("torch_flydsl::hf_grouped_mm", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_grouped_mm", mutates_args=())
 def grouped_mm(
     a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -322,7 +220,7 @@ def grouped_mm(
     from flydsl_kernels.gemm import grouped_mm as kernel
 
     try:
-        out = kernel(a, b, offs, bias, target=_target(a))
+        out = kernel(a, b, offs, bias, target=target(a))
     except Exception as e:
         _failed(EXPERTS, e)
         return grouped_reference(a, b, offs, bias)
@@ -332,10 +230,10 @@ def grouped_mm(
 
 @grouped_mm.register_fake
 def _(a, b, offs, bias):
-    return a.new_empty((a.shape[0], b.shape[-1]))
+    return grouped_mm_meta(a, b, offs, bias, None)
 
 
-@torch.library.custom_op("torch_flydsl::hf_mx_grouped_mm", mutates_args=())
+@torch.library.custom_op(f"{NAMESPACE}::hf_mx_grouped_mm", mutates_args=())
 def mx_grouped_mm(
     a: torch.Tensor,
     b_q: torch.Tensor,
@@ -352,7 +250,7 @@ def mx_grouped_mm(
     from flydsl_kernels.mx import to_mx
 
     try:
-        t = _target(a)
+        t = target(a)
         aq, sa = to_mx(a, torch.float8_e4m3fn, target=t)
         out = kernel(
             aq, sa, b_q, b_scale, "e4m3", "e2m1", offs, bias=bias, out_dtype=a.dtype, target=t
@@ -361,7 +259,7 @@ def mx_grouped_mm(
         _failed(MX_EXPERTS, e)
         from flydsl_kernels.mx import from_mx
 
-        w = from_mx(b_q, b_scale, torch.float4_e2m1fn_x2, out_dtype=a.dtype, target=_target(a))
+        w = from_mx(b_q, b_scale, torch.float4_e2m1fn_x2, out_dtype=a.dtype, target=target(a))
         return grouped_reference(a, w.transpose(1, 2), offs, bias)
     _hit(MX_EXPERTS)
     return out
