@@ -424,7 +424,7 @@ def plot_speedup(results, path: Path) -> None:
         if a not in sp or state == "unavailable" or "error" in results["arms"][a]:
             for x in xs:
                 ax.bar(x, top * 0.15, width, color="none", edgecolor="#C44E52", hatch="xx")
-                ax.text(x, top * 0.17, state.upper(), ha="center", va="bottom", fontsize=7,
+                ax.text(x, top * 0.17, f"{state.upper()}: no figure", ha="center", va="bottom", fontsize=7,
                         color="#C44E52", rotation=90)  # fmt: skip
             ax.bar(0, 0, 0, color="none", edgecolor="#C44E52", hatch="xx", label=f"{a} ({state})")
             continue
