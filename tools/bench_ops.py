@@ -204,11 +204,11 @@ def kernel_of(c: Case) -> str:
     if c.op == "topk":
         from flydsl_kernels.topk import select
 
-        p = select(c.m, c.n, c.k, c.dtype)
+        p = select("topk", c.m, c.n, c.k, c.dtype)
         return p.kernel + (f"+sort_{p.sorter}" if p.sorter else "")
     from flydsl_kernels.rmsnorm import configs
 
-    return configs.select_forward(c.n, c.dtype, c.m).kernel
+    return configs.select("fwd", c.n, c.dtype, c.m).kernel
 
 
 def time_cpu(fns, reps: int) -> list[float]:

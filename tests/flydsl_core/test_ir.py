@@ -35,11 +35,15 @@ def scale_rows(x: fly.Tensor, out: fly.Tensor, alpha: float, BLOCK: fly.constexp
     out[row].tile((BLOCK,), 0).store(v * alpha)
 
 
-def _golden(name: str, text: str):
-    path = os.path.join(GOLDEN, name)
-    if settings.get("FLYDSL_ACCEPT") or not os.path.exists(path):
+def _golden(name: str, text: str, golden_dir: str = GOLDEN):
+    """``text`` must equal the golden file ``name``; ``FLYDSL_ACCEPT=1`` (re)writes it. A
+    missing golden fails: writing it silently would let a deleted golden pass."""
+    path = os.path.join(golden_dir, name)
+    if settings.get("FLYDSL_ACCEPT"):
         with open(path, "w") as f:
             f.write(text + "\n")
+    if not os.path.exists(path):
+        pytest.fail(f"golden file {path} is missing; run with FLYDSL_ACCEPT=1 to write it")
     with open(path) as f:
         assert text + "\n" == f.read(), f"{name} changed; rerun with FLYDSL_ACCEPT=1 if intended"
 
@@ -47,6 +51,16 @@ def _golden(name: str, text: str):
 def test_final_ir_matches_golden():
     x = torch.randn(4, 64)
     _golden("scale_rows.ir", print_function(scale_rows.ir(x, torch.empty_like(x), 2.0, BLOCK=64)))
+
+
+def test_a_missing_golden_fails_unless_accepted(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLYDSL_ACCEPT", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="missing"):
+        _golden("gone.ir", "text", str(tmp_path))
+    assert not (tmp_path / "gone.ir").exists()
+    monkeypatch.setenv("FLYDSL_ACCEPT", "1")
+    _golden("gone.ir", "text", str(tmp_path))
+    assert (tmp_path / "gone.ir").read_text() == "text\n"
 
 
 def test_two_traces_print_the_same():

@@ -191,7 +191,7 @@ def test_gpu_host_checks_reject_cpu_tensors_and_pick_the_2gb_fallback():
 
 
 def test_launch_sink_takes_launches_over(rec):
-    from flydsl_core.runtime.kernel import launch_sink
+    from flydsl_core import launch_sink
 
     k = _kernel()
     x = torch.zeros(8)
@@ -229,6 +229,32 @@ def test_triton_function_generates_without_compiling():
     assert {p.kind for p in gen.params} <= {"tensor", "shape", "stride", "scalar"}
     with pytest.raises(ArgumentError, match="does not generate Triton"):
         k.triton_function(spec, spec, 3, 2.0, BLOCK=64, target="cpu-reference")
+
+
+def test_generated_launch_hands_out_the_source_its_options_and_arguments():
+    """The public hand-over another framework uses (torch-flydsl's traced launches): the
+    launch options split as a launch splits them, the generated function for the given specs,
+    the options a compile would use, and its arguments read from the launch's values."""
+    from flydsl_core import TensorSpec, generated_launch, split_launch_options
+
+    k = _kernel()
+    x, o = torch.randn(64), torch.empty(64)
+    kwargs, target, options = split_launch_options(
+        k, {"BLOCK": 16, "target": "interpret", "num_warps": 2}
+    )
+    assert (kwargs, target, options) == ({"BLOCK": 16}, "interpret", {"num_warps": 2})
+    bound = k.bind((x, o, 64, 2.0), kwargs)
+    spec = TensorSpec("fp32", (None,))
+    gl = generated_launch(k, {**bound, "x": spec, "out": spec}, target=target, options=options)
+    assert gl.target == "cpu-interpret" and gl.options == {"num_warps": 2, "num_stages": 2}
+    assert gl.runtime == ("x", "out", "n", "alpha")
+    args = gl.arguments(bound)
+    assert len(args) == len(gl.generated.params) == len(gl.function.params)
+    assert args[0] is x and any(a is o for a in args)
+    with pytest.raises(ArgumentError, match="does not generate Triton"):
+        generated_launch(k, bound, target="cpu-reference")
+    gpu = generated_launch(k, {**bound, "x": spec, "out": spec}, target="gfx950", options={})
+    assert gpu.options == {"num_warps": 4, "num_stages": 2}  # the compile's defaults
 
 
 # -- the in-process cache covers what the disk key covers (issue 14) -------------------------

@@ -85,24 +85,161 @@ def test_torch_and_triton_are_imported_lazily_outside_the_reference_backend():
     ]
 
 
-@pytest.mark.parametrize(
-    "pkg, pairs",
-    [
-        ("flydsl_core", [("runtime.binder", "runtime.kernel")]),
-        ("flydsl_kernels", [("mx.configs", "mx.api")]),
-    ],
-)
-def test_no_import_cycles_that_need_not_be(pkg, pairs):
-    import importlib
+#: the four packages of the workspace; the cycle test walks all of their modules
+PACKAGES = ("flydsl_core", "flydsl_kernels", "torch_flydsl", "flydsl_models")
+
+
+def _import_graph(packages=PACKAGES) -> dict[str, set[str]]:
+    """``{module: {module it imports}}`` over every module of ``packages`` (by AST, without
+    importing them), lazy (function-level) imports included, edges inside ``packages`` only.
+
+    ``from P import n`` is an edge to ``P.n`` where that is a module, else to ``P`` (a
+    package's ``__init__``); a module's own parent packages are imported before it anyway, so
+    reaching one only counts when a name is taken from its ``__init__``. Imports under ``if
+    TYPE_CHECKING:`` never run and are left out; so is ``importlib.import_module`` of a
+    computed name (the families' registry)."""
+    import ast
+    import importlib.util
     import pathlib
 
-    root = pathlib.Path(importlib.import_module(pkg).__file__).parent
-    graph = {m: {n for n, _ in found} for m, found in _imports(root, pkg).items()}
-    for a, b in pairs:
-        a, b = f"{pkg}.{a}", f"{pkg}.{b}"
-        assert not (b in graph[a] and a in graph[b]), (a, b)
-    # nothing in the launch path imports back into a module that imports it
-    runtime = [m for m in graph if m.startswith(f"{pkg}.runtime.")]
-    for a in runtime:
-        for b in runtime:
-            assert a == b or not (b in graph[a] and a in graph[b]), (a, b)
+    files = {}
+    for pkg in packages:
+        spec = importlib.util.find_spec(pkg)
+        root = pathlib.Path(next(iter(spec.submodule_search_locations)))
+        for p in root.rglob("*.py"):
+            parts = [pkg, *p.relative_to(root).with_suffix("").parts]
+            is_pkg = parts[-1] == "__init__"
+            files[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+
+    def type_checking_only(tree):
+        skip = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+        return skip
+
+    graph = {}
+    for name, (p, is_pkg) in files.items():
+        base = name.split(".") if is_pkg else name.split(".")[:-1]
+        tree = ast.parse(p.read_text())
+        skip = type_checking_only(tree)
+        edges = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:
+                    mod = ".".join(base[: len(base) - node.level + 1] + ([mod] if mod else []))
+                for a in node.names:
+                    sub = f"{mod}.{a.name}"
+                    edges.add(sub if sub in files else mod)
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) in ("importlib.import_module", "import_module")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                edges.add(node.args[0].value)
+        graph[name] = {e for e in edges if e in files and e != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph)))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return out
+
+
+#: cycles that exist on this branch, each with who removes it; strict, so the test fails (XPASS)
+#: once the cycle is gone and the entry must go too
+KNOWN_CYCLES = {
+    "torch_flydsl": "_runtime and eligibility import each other (function-level imports): "
+    "torch-flydsl's to fix",
+}
+
+
+@pytest.mark.parametrize(
+    "pkg",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CYCLES[p]))
+        if p in KNOWN_CYCLES
+        else p
+        for p in PACKAGES
+    ],
+)
+def test_no_import_cycles(pkg):
+    """docs/architecture.md's rule: no import cycle, lazy imports included, in the whole graph
+    of the four packages (a cycle through another package is reported for each package)."""
+    bad = [c for c in _cycles(_import_graph()) if any(m.split(".")[0] == pkg for m in c)]
+    assert not bad, "import cycles: " + "; ".join(" <-> ".join(c) for c in bad)
+
+
+def test_the_cycle_finder_sees_lazy_imports(tmp_path, monkeypatch):
+    """A cycle closed by a function-level import counts; one under TYPE_CHECKING does not."""
+    pkg = tmp_path / "cyclepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import x\n")
+    (pkg / "c.py").write_text("from . import d\n")
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import y\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _cycles(_import_graph(("cyclepkg",))) == [["cyclepkg.a", "cyclepkg.b"]]
+
+
+def test_the_runtime_imports_no_backend_module():
+    """docs/architecture.md's backend rule: the runtime reaches backends only through the
+    protocol (``backends.get_backend``); what a backend can do beyond ``compile`` is declared
+    (``Backend.generates_source``), never probed."""
+    kinds = {p.name for p in (_core_root() / "backends").iterdir() if p.is_dir()} - {"__pycache__"}
+    assert kinds >= {"reference", "triton"}
+    for mod, found in _imports(_core_root(), "flydsl_core").items():
+        if mod.startswith("flydsl_core.runtime."):
+            named = [n for n, _ in found if n.startswith("flydsl_core.backends.")]
+            assert not [n for n in named if n.split(".")[2] in kinds], (mod, sorted(named))
+    src = (_core_root() / "runtime" / "kernel.py").read_text()
+    assert "hasattr(backend" not in src
+
+
+def test_backends_declare_source_generation():
+    from flydsl_core.backends import get_backend
+
+    assert not get_backend("cpu-reference").generates_source
+    assert get_backend("cpu-interpret").generates_source

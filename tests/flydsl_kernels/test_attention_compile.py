@@ -1,9 +1,9 @@
 """Attention kernels cross-compiled (no GPU): the shipped configs' code quality on gfx950, and
 no spills on sm90, gfx942 and gfx1250.
 
-Figures measured with Triton 3.9 at the static model's problems (``configs.model_problem``:
+Figures measured with Triton 3.9 at the static model's problems (``model.model_problem``:
 B4 S4096 H32/8 bf16 causal; decode B64 ctx8192 paged), per KV tile (per query step for dK/dV),
-"per MFMA" = loop instructions per useful 32x32x16 MFMA-equivalent (``configs.useful_mfma``):
+"per MFMA" = loop instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``):
 
 =================  ========================  ====  ==========  ========
 kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
@@ -26,7 +26,7 @@ import re
 
 import pytest
 
-from flydsl_kernels.attention import configs
+from flydsl_kernels.attention import configs, model
 
 pytestmark = pytest.mark.compile
 
@@ -40,9 +40,9 @@ PINNED = [("fwd", "d64"), ("fwd", "d128"), ("fwd", "d256"), ("decode", "d128"),
 
 def _compile(kind, dcls, cfg=None, target="gfx950", **problem_kw):
     cfg = cfg or configs.select(kind, int(dcls[1:]), target)
-    p = configs.model_problem(kind, dcls, **problem_kw)
-    ck = configs.compile_config(kind, cfg, p, target)
-    return ck, configs.figures(ck, kind, cfg, p), cfg
+    p = model.model_problem(kind, dcls, **problem_kw)
+    ck = model.compile_config(kind, cfg, p, target)
+    return ck, model.figures(ck, kind, cfg, p), cfg
 
 
 @pytest.mark.parametrize("kind, dcls", PINNED)
@@ -93,30 +93,30 @@ def test_direct_to_lds_where_the_pipeline_allows_it():
 @pytest.mark.parametrize("page, d", [(16, 128), (32, 128), (256, 64), (32, 256)])
 def test_paged_decode_without_spills_at_every_page_size(page, d):
     # a tile never spans pages (plan.plan_forward): one page id per tile, no SGPR spills
-    from flydsl_kernels.attention import cases, plan
+    from flydsl_kernels.attention import plan
 
     p = plan.Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, "gfx950")
     assert max(page, 16) >= fp.C.BN and fp.C.GP == 4
-    r = cases.forward_launches(fp)[0].compile("gfx950").executable.report
+    r = model.forward_launches(fp)[0].compile("gfx950").executable.report
     assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count
     assert (r.occupancy or 0) >= 2
 
 
 def test_gpt_oss_sliding_window_backward_without_spills():
-    from flydsl_kernels.attention import cases, plan
+    from flydsl_kernels.attention import plan
 
     p = plan.Problem(4, 4096, 4096, 64, 8, 64, 64, causal=True, window=(127, 0), sinks=True)
     for which in ("bwd_dkdv", "bwd_dq"):
-        r = cases.backward_launch(p, "gfx950", which).compile("gfx950").executable.report
+        r = model.backward_launch(p, "gfx950", which).compile("gfx950").executable.report
         assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count, which
 
 
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx1250"])
 @pytest.mark.parametrize("kind, dcls", [("fwd", "d128"), ("decode", "d128"), ("bwd_dkdv", "d128")])
 def test_other_targets_compile_without_spills(target, kind, dcls):
-    # a sample per target (every entry of every table: python -m flydsl_kernels.attention.configs
+    # a sample per target (every entry of every table: python -m flydsl_kernels.attention.model
     # --check-tables, about 40 compiles)
     # the forward also without the causal mask (its loop differs: gfx942's 128x64 spilled there)
     for causal in (True, False) if kind == "fwd" else (True,):
@@ -132,13 +132,13 @@ def test_other_targets_compile_without_spills(target, kind, dcls):
 def test_split_kv_combine_at_16_splits_and_dv_256_without_spills(target):
     # the combine loops over the splits at run time: unrolled, 16 splits' loads were all issued
     # up front (560 B of scratch on gfx950 at this problem)
-    from flydsl_kernels.attention import cases, plan
+    from flydsl_kernels.attention import plan
 
     p = plan.Problem(1, 1, 131072, 64, 8, 256, 256, causal=True, seqused=True, page_size=64,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target)
     assert fp.splits == configs.MAX_SPLITS
-    r = cases.forward_launches(fp)[1].compile(target).executable.report
+    r = model.forward_launches(fp)[1].compile(target).executable.report
     assert not (r.scratch_bytes or 0)
     assert not (r.vgpr_spill_count or 0) and not (r.sgpr_spill_count or 0)
     assert not (getattr(r, "spill_store_bytes", 0) or 0)

@@ -105,7 +105,7 @@ def test_grid_rules_come_from_the_plans(gfx950):
     rule = c["grid"]["rule"]
     assert rule["expression"] == "(tiles, self.batch, 1)" and "gemm/plan.py:" in rule["where"]
     assert any(
-        d.startswith("tiles = _cdiv(M, cfg.BM) * _cdiv(N, cfg.BN)") for d in rule["definitions"]
+        d.startswith("tiles = cdiv(M, cfg.BM) * cdiv(N, cfg.BN)") for d in rule["definitions"]
     )
     assert c["grid"]["example"] == [1 * 32, 1, 1]  # 16 x 4096 in 16 x 128 tiles
     s = json.loads((gfx950 / "examples" / "softmax__37x1000_fp32.json").read_text())

@@ -128,7 +128,7 @@ def test_split_k_rule_and_determinism(target):
 def test_shipped_configs_reference():
     """Every shipped config at a shape that is not a tile multiple (reference backend)."""
     g = gen(5)
-    for cfg in configs.SHIPPED.values():
+    for cfg in configs.TABLES["gfx950"].values():
         a, b = rand(cfg.BM + 3, 200, g=g), rand(cfg.BN - 5, 200, g=g).t()
         close(api.gemm(a, b, config=cfg, split_k=1), reference.gemm(a, b))
         close(
@@ -237,13 +237,15 @@ def test_family_checks():
 
 
 def test_select_shape_classes_and_grid_fill():
-    S = configs.SHIPPED
-    assert configs.select(1, 4096, 4096) == S["decode"]
-    assert configs.select(64, 4096, 4096) == S["small"]
-    assert configs.select(128, 6144, 4096) == S["medium"]
-    assert configs.select(4096, 4096, 4096) == S["large"]  # 16 x 16 tiles of 256: every CU
-    assert configs.select(4096, 1024, 4096) == S["medium"]  # 16 x 4 large tiles would idle CUs
-    assert configs.select(1024, 1024, 4096, batch=16) == S["large"]
+    S = configs.TABLES["gfx950"]
+    assert configs.select("dense", 1, 4096, 4096) == S["decode"]
+    assert configs.select("dense", 64, 4096, 4096) == S["small"]
+    assert configs.select("dense", 128, 6144, 4096) == S["medium"]
+    assert configs.select("dense", 4096, 4096, 4096) == S["large"]  # 16 x 16 tiles of 256: every CU
+    assert (
+        configs.select("dense", 4096, 1024, 4096) == S["medium"]
+    )  # 16 x 4 large tiles would idle CUs
+    assert configs.select("dense", 1024, 1024, 4096, batch=16) == S["large"]
 
 
 @pytest.mark.parametrize("programs", [5, 11, 16])
@@ -293,11 +295,14 @@ def test_swiglu_tile_rule():
     """The dense class tile, BN halved while two accumulators pass 128 fp32 per lane, then BK
     halved while the pipeline passes 80 KiB of LDS per 4 waves."""
     for m in (1, 16, 64, 128, 200, 4096):
-        cfg, dense = configs.select_swiglu(m, 14336, 4096), configs.select(m, 14336, 4096)
+        cfg, dense = (
+            configs.select("swiglu", m, 14336, 4096),
+            configs.select("dense", m, 14336, 4096),
+        )
         assert (cfg.BM, cfg.num_warps) == (dense.BM, dense.num_warps)
         assert 2 * cfg.BM * cfg.BN // (64 * cfg.num_warps) <= configs.SWIGLU_MAX_ACC_PER_LANE
         assert configs.swiglu_lds(cfg) <= configs.SWIGLU_LDS_PER_4_WAVES * cfg.num_warps // 4
-    assert configs.select_swiglu(4096, 14336, 4096).BN == 128  # large: 256x256 -> 256x128
+    assert configs.select("swiglu", 4096, 14336, 4096).BN == 128  # large: 256x256 -> 256x128
 
 
 def test_gemm_and_grouped_write_into_out():

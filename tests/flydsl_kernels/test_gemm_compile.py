@@ -2,7 +2,7 @@
 
 Figures measured with Triton 3.9 (bf16 NT, M = N = K = 4096, ResourceReport
 of the gfx950 AMDGCN; "K-loop instr" counts every instruction of the
-innermost loop body, found by its backward branch, ``configs.k_loop_body``):
+innermost loop body, found by its backward branch, ``model.k_loop_body``):
 
 ===========================  ======  =======  ============  ==================  =============
 shipped config               VGPR    LDS      K-loop instr  MFMA                global loads
@@ -29,7 +29,7 @@ import re
 
 import pytest
 
-from flydsl_kernels.gemm import FAMILY, configs
+from flydsl_kernels.gemm import FAMILY, configs, model
 from flydsl_kernels.gemm.configs import Config
 
 pytestmark = pytest.mark.compile
@@ -43,7 +43,7 @@ LDS_LIMIT = 160 * 1024
 
 @pytest.fixture(scope="module")
 def compiled():
-    return {name: configs.compile_config(cfg) for name, cfg in configs.SHIPPED.items()}
+    return {name: model.compile_config(cfg) for name, cfg in configs.TABLES["gfx950"].items()}
 
 
 def loop_source(triton_src: str) -> str:
@@ -59,11 +59,11 @@ def loop_source(triton_src: str) -> str:
     return "\n".join(body)
 
 
-@pytest.mark.parametrize("name", list(configs.SHIPPED))
+@pytest.mark.parametrize("name", list(configs.TABLES["gfx950"]))
 def test_shipped_config(compiled, name, capsys):
-    cfg = configs.SHIPPED[name]
+    cfg = configs.TABLES["gfx950"][name]
     ck = compiled[name]
-    fig = configs.figures(ck)
+    fig = model.figures(ck)
     r = ck.executable.report
     with capsys.disabled():
         print(f"\n[gfx950 {name}] {cfg.as_dict()} -> {fig}")
@@ -77,7 +77,7 @@ def test_shipped_config(compiled, name, capsys):
     assert fig["k_loop"] <= instr + INSTR_MARGIN, (fig["k_loop"], instr)
     # the loop really is the K loop: it holds one K tile's MFMAs per wave (the pipeline's
     # last tile is peeled after it)
-    body = configs.k_loop_body(ck.stages()["amdgcn"])
+    body = model.k_loop_body(ck.stages()["amdgcn"])
     per_tile = cfg.BM * cfg.BN * cfg.BK // (cfg.nonkdim**2 * (512 // cfg.nonkdim)) // cfg.num_warps
     assert sum(ln.startswith("v_mfma") for ln in body) == per_tile
 
@@ -89,7 +89,7 @@ def test_no_k_mask_when_even(compiled):
     assert "tl.load" in body and "tl.dot" in body
     assert not re.search(r" (<|<=|>=|>) ", body), body
     # and the K tail does appear when K is not a multiple of BK
-    odd = configs.compile_config(configs.SHIPPED["large"], K=4096 + 32).stages()["triton"]
+    odd = model.compile_config(configs.TABLES["gfx950"]["large"], K=4096 + 32).stages()["triton"]
     assert re.search(r" < K\b", loop_source(odd))
 
 
@@ -97,22 +97,22 @@ def test_layouts_all_128_bit():
     """Every layout (the unit-stride dim differs) keeps 128-bit global loads."""
     cfg = Config(128, 128, 64, 8, 4, 2, 32, 1)
     for layout in ("NN", "NT", "TN", "TT"):
-        ck = configs.compile_config(cfg, layout=layout)
+        ck = model.compile_config(cfg, layout=layout)
         r = ck.executable.report
         assert set(r.load_widths_bits) == {128}, (layout, r.load_widths_bits)
         assert not r.scratch_bytes
 
 
 def test_split_k_and_reduce_compile():
-    ck = configs.compile_config(configs.SHIPPED["decode"], M=16, split_k=4)
+    ck = model.compile_config(configs.TABLES["gfx950"]["decode"], M=16, split_k=4)
     assert not ck.executable.report.scratch_bytes
 
 
 def test_static_model_picks_shipped():
     """The model's ranking over the decode candidates still puts the shipped one first."""
     cands = [Config(16, bn, bk, 1, 4, 2, 16, 1) for bn in (64, 128) for bk in (128, 256)]
-    ranked = configs.rank(cands)
-    assert ranked[0][0] == configs.SHIPPED["decode"], [r[0] for r in ranked[:2]]
+    ranked = model.rank("dense", candidates=cands)
+    assert ranked[0][0] == configs.TABLES["gfx950"]["decode"], [r[0] for r in ranked[:2]]
 
 
 def test_report_cases_compile():
@@ -124,8 +124,8 @@ def test_report_cases_compile():
 @pytest.mark.parametrize("target", ["gfx942", "gfx1250"])
 def test_other_targets_report(target, capsys):
     """Printed, not pinned: the large config on the previous and the next AMD generation."""
-    ck = configs.compile_config(configs.SHIPPED["large"], target=target)
-    fig = configs.figures(ck)
+    ck = model.compile_config(configs.TABLES["gfx950"]["large"], target=target)
+    fig = model.figures(ck)
     with capsys.disabled():
         print(f"\n[{target} large] {fig}")
     assert fig["mfma"]
@@ -141,11 +141,11 @@ def test_swiglu_tiles_do_not_spill(m):
     from flydsl_kernels.gemm.plan import plan_swiglu
 
     n, k = 14336, 4096
-    cfg = configs.select_swiglu(m, n, k)
-    a, b = configs.operand_specs(m, n, k, "bf16")
+    cfg = configs.select("swiglu", m, n, k)
+    a, b = model.operand_specs(m, n, k, "bf16")
     o = TensorSpec("bf16", (1, m, n))
     ck = plan_swiglu(a, b, b, o, config=cfg, target="gfx950").compile("gfx950")
-    fig = configs.figures(ck)
+    fig = model.figures(ck)
     assert fig["scratch"] == 0 and fig["occ"] >= 2 and fig["lds"] <= LDS_LIMIT, fig
     assert 128 in fig["loads"] and MFMA[cfg.nonkdim] in fig["mfma"], fig
 
@@ -160,8 +160,8 @@ def test_swiglu_tiles_do_not_spill_on_other_targets(target, m):
     from flydsl_kernels.gemm.plan import plan_swiglu
 
     n, k = 14336, 4096
-    cfg = configs.select_swiglu(m, n, k, target=target)
-    a, b = configs.operand_specs(m, n, k, "bf16")
+    cfg = configs.select("swiglu", m, n, k, target=target)
+    a, b = model.operand_specs(m, n, k, "bf16")
     o = TensorSpec("bf16", (1, m, n))
     ck = plan_swiglu(a, b, b, o, config=cfg, target=target).compile(target)
-    assert configs.figures(ck)["scratch"] == 0, (target, cfg)
+    assert model.figures(ck)["scratch"] == 0, (target, cfg)

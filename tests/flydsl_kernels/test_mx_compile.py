@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 
-from flydsl_kernels.mx import FAMILY, configs
+from flydsl_kernels.mx import FAMILY, model
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.compile
@@ -40,7 +40,7 @@ FORMATS = (("e4m3", "e4m3"), ("e2m1", "e2m1"), ("e4m3", "e2m1"))
 
 @pytest.mark.parametrize("fa, fb", FORMATS)
 def test_gemm_uses_the_native_scaled_mfma_on_gfx950(fa, fb):
-    ck = configs.compile_gemm(32, 4096, 4096, fa, fb, target="gfx950")
+    ck = model.compile_gemm(32, 4096, 4096, fa, fb, target="gfx950")
     r = ck.executable.report
     print(
         f"gfx950 {fa}x{fb}: {dict(r.matrix_ops)} vgpr={r.vgpr} lds={r.lds_bytes} occ={r.occupancy}"
@@ -57,9 +57,9 @@ def test_gemm_scale_loads_on_gfx950_are_bytes_staged_through_lds():
     new Triton), the shuffled-layout investigation is worth redoing."""
     from collections import Counter
 
-    from flydsl_kernels.gemm.configs import k_loop_body
+    from flydsl_kernels.gemm.model import k_loop_body
 
-    body = k_loop_body(configs.compile_gemm(32, 4096, 4096, "e4m3", "e4m3").stages()["amdgcn"])
+    body = k_loop_body(model.compile_gemm(32, 4096, 4096, "e4m3", "e4m3").stages()["amdgcn"])
     ops = Counter(line.split()[0] for line in body)
     print(f"K loop: {len(body)} instructions, {dict(ops)}")
     assert ops["buffer_load_ubyte"] == 1 and ops["buffer_load_ushort"] == 1  # A and B scales
@@ -69,14 +69,14 @@ def test_gemm_scale_loads_on_gfx950_are_bytes_staged_through_lds():
 @pytest.mark.parametrize("fa, fb", FORMATS[:1])
 def test_gemm_is_emulated_on_gfx942(fa, fb):
     """Recorded, not asserted: what Triton does without block-scaled MFMA."""
-    r = configs.compile_gemm(32, 4096, 4096, fa, fb, target="gfx942").executable.report
+    r = model.compile_gemm(32, 4096, 4096, fa, fb, target="gfx942").executable.report
     print(f"gfx942 {fa}x{fb}: {dict(r.matrix_ops)} vgpr={r.vgpr} instr={r.instruction_count}")
     assert not set(r.matrix_ops) & SCALED_MFMA  # gfx942 has no such instruction
 
 
 @pytest.mark.parametrize("fmt", ("e4m3", "e2m1"))
 def test_quantizer_on_gfx950(fmt):
-    r = configs.compile_quant(32, 4096, fmt).executable.report
+    r = model.compile_quant(32, 4096, fmt).executable.report
     print(
         f"quant {fmt}: vgpr={r.vgpr} instr={r.instruction_count} loads={dict(r.load_widths_bits)} "
         f"stores={dict(r.store_widths_bits)} lds={r.lds_bytes}"
@@ -88,7 +88,7 @@ def test_quantizer_on_gfx950(fmt):
 
 @pytest.mark.parametrize("fmt, out", [("e4m3", "bf16"), ("e2m1", "bf16"), ("e4m3", "fp32")])
 def test_dequantizer_on_gfx950(fmt, out):
-    r = configs.compile_dequant(32, 4096, fmt, out_dtype=out).executable.report
+    r = model.compile_dequant(32, 4096, fmt, out_dtype=out).executable.report
     print(
         f"dequant {fmt} -> {out}: vgpr={r.vgpr} instr={r.instruction_count} "
         f"loads={dict(r.load_widths_bits)} stores={dict(r.store_widths_bits)} lds={r.lds_bytes}"

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import pytest
 
-from flydsl_kernels.mx import FAMILY, configs
+from flydsl_kernels.mx import FAMILY, configs, model
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.compile
 
 SCALED_MFMA = {"v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4"}
-SHAPE = configs.GROUPED_MODEL_SHAPE
+SHAPE = model.GROUPED_MODEL_SHAPE
+GROUPED = configs.TABLES["gfx950"]["grouped"]
 CASES = [
     ("decode", "e4m3", "e4m3"),
     ("small", "e4m3", "e4m3"),
@@ -49,8 +50,8 @@ CASES = [
 
 @pytest.mark.parametrize("cls, fa, fb", CASES)
 def test_grouped_uses_the_native_scaled_mfma_on_gfx950(cls, fa, fb):
-    cfg = configs.GROUPED_SHIPPED[cls]
-    ck = configs.compile_grouped(*SHAPE, fa, fb, cfg=cfg, target="gfx950")
+    cfg = GROUPED[cls]
+    ck = model.compile_grouped(*SHAPE, fa, fb, cfg=cfg, target="gfx950")
     r = ck.executable.report
     print(
         f"gfx950 {cls} {fa}x{fb}: {dict(r.matrix_ops)} vgpr={r.vgpr} agpr={r.agpr} sgpr={r.sgpr} "
@@ -65,9 +66,9 @@ def test_grouped_uses_the_native_scaled_mfma_on_gfx950(cls, fa, fb):
 
 def test_grouped_ragged_k_uses_the_scaled_mfma_on_gfx950():
     """The weight-gradient form (K masked at each group's end) still lowers to the scaled MFMA."""
-    cfg = configs.select_grouped(2048, 1536, 4096 * 8, "e4m3", "e4m3")  # M = hidden 2048: large
-    ck = configs.compile_grouped(
-        *configs.WGRAD_MODEL_SHAPE, "e4m3", "e4m3", cfg=cfg, ragged_k=True, target="gfx950"
+    cfg = configs.select("grouped", 2048, 1536, 4096 * 8, "e4m3", "e4m3")  # M = hidden 2048: large
+    ck = model.compile_grouped(
+        *model.WGRAD_MODEL_SHAPE, "e4m3", "e4m3", cfg=cfg, ragged_k=True, target="gfx950"
     )
     r = ck.executable.report
     print(
@@ -82,17 +83,19 @@ def test_grouped_ragged_k_uses_the_scaled_mfma_on_gfx950():
 
 
 def test_select_grouped_follows_the_shape_classes():
-    sel = configs.select_grouped
-    assert sel(4, 1536, 2048, "e4m3", "e4m3") == configs.GROUPED_SHIPPED["decode"]
-    assert sel(48, 1536, 2048, "e4m3", "e4m3") == configs.GROUPED_SHIPPED["small"]
-    assert sel(256, 1536, 2048, "e4m3", "e4m3") == configs.GROUPED_SHIPPED["large"]
+    def sel(*sizes):
+        return configs.select("grouped", *sizes)
+
+    assert sel(4, 1536, 2048, "e4m3", "e4m3") == GROUPED["decode"]
+    assert sel(48, 1536, 2048, "e4m3", "e4m3") == GROUPED["small"]
+    assert sel(256, 1536, 2048, "e4m3", "e4m3") == GROUPED["large"]
 
 
 @pytest.mark.parametrize("cls", ("decode", "large"))
 def test_grouped_is_emulated_on_gfx942(cls):
     """Recorded, not asserted beyond the obvious: gfx942 has no block-scaled MFMA."""
-    cfg = configs.GROUPED_SHIPPED[cls]
-    r = configs.compile_grouped(*SHAPE, "e4m3", "e4m3", cfg=cfg, target="gfx942").executable.report
+    cfg = GROUPED[cls]
+    r = model.compile_grouped(*SHAPE, "e4m3", "e4m3", cfg=cfg, target="gfx942").executable.report
     print(
         f"gfx942 {cls}: {dict(r.matrix_ops)} vgpr={r.vgpr} scratch={r.scratch_bytes} "
         f"instr={r.instruction_count}"

@@ -23,27 +23,34 @@ from flydsl_kernels.topk import configs as topk_configs
 @pytest.mark.cpu
 def test_selection_takes_the_target():
     for t in _target.TUNED_TARGETS:
-        assert gemm_configs.select(4096, 4096, 4096, target=t) == gemm_configs.SHIPPED_BY_TARGET[t]["large"]  # fmt: skip
+        large = gemm_configs.TABLES[t]["large"]
+        assert gemm_configs.select("dense", 4096, 4096, 4096, target=t) == large
     # the CPU backends and None read the default (gfx950) table
     for t in (None, "cpu-reference", "cpu-interpret", "mi355x"):
-        assert gemm_configs.select(16, 4096, 4096, target=t) == gemm_configs.SHIPPED["decode"]
-    assert mx_configs.select_grouped(256, 1536, 2048, "e4m3", "e4m3", "sm90").BM == 128
-    assert mx_configs.select_gemm(32, 4096, 4096, "e4m3", "e4m3", "h200").BK == 64  # an alias
+        decode = gemm_configs.TABLES["gfx950"]["decode"]
+        assert gemm_configs.select("dense", 16, 4096, 4096, target=t) == decode
+    assert mx_configs.select("grouped", 256, 1536, 2048, "e4m3", "e4m3", target="sm90").BM == 128
+    mx_gemm = mx_configs.select("gemm", 32, 4096, 4096, "e4m3", "e4m3", target="h200")
+    assert mx_gemm.BK == 64  # an alias
     # wave32 targets: the same elements per lane (twice the warps of 32 lanes)
-    g, s = rms_configs.select_forward(4096, torch.bfloat16), rms_configs.select_forward(4096, torch.bfloat16, target="sm90")  # fmt: skip
+    g = rms_configs.select("fwd", 4096, torch.bfloat16)
+    s = rms_configs.select("fwd", 4096, torch.bfloat16, target="sm90")
     assert (g.kernel, g.BLOCK) == (s.kernel, s.BLOCK) and s.num_warps == 2 * g.num_warps
     # the one adjusted entry: (bf16, 8192) on sm90 takes 16 warps (rmsnorm/configs.py EVIDENCE)
-    assert rms_configs.select_forward(8192, torch.bfloat16, target="sm90").num_warps == 16
-    assert topk_configs.select(256, 4096, 8, torch.float32, target="gfx1250").num_warps == 2 * topk_configs.select(256, 4096, 8, torch.float32).num_warps  # fmt: skip
-    assert topk_configs.select(256, 4096, 8, torch.float32, target="gfx942") == topk_configs.select(256, 4096, 8, torch.float32)  # fmt: skip
+    assert rms_configs.select("fwd", 8192, torch.bfloat16, target="sm90").num_warps == 16
+    topk = topk_configs.select("topk", 256, 4096, 8, torch.float32)
+    assert topk_configs.select("topk", 256, 4096, 8, torch.float32, target="gfx942") == topk
+    wave32 = topk_configs.select("topk", 256, 4096, 8, torch.float32, target="gfx1250")
+    assert wave32.num_warps == 2 * topk.num_warps
     # grids follow the target's CUs / SMs
     assert gemm_configs.grouped_programs("sm90") == 2 * 132
-    assert gemm_configs.split_k(gemm_configs.SHIPPED_SM90["decode"], 16, 4096, 4096, target="sm90") > 1  # fmt: skip
+    sm90_decode = gemm_configs.TABLES["sm90"]["decode"]
+    assert gemm_configs.split_k(sm90_decode, 16, 4096, 4096, target="sm90") > 1
 
 
 @pytest.mark.cpu
 def test_options_a_target_does_not_know_never_reach_it():
-    cfg = gemm_configs.SHIPPED["large"]
+    cfg = gemm_configs.TABLES["gfx950"]["large"]
     assert {"matrix_instr_nonkdim", "kpack"} <= set(cfg.options("gfx950"))
     assert {"matrix_instr_nonkdim", "kpack"} <= set(cfg.options("gfx1250"))
     assert set(cfg.options("sm90")) == {"num_warps", "num_stages"}

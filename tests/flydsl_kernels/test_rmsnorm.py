@@ -118,7 +118,7 @@ def test_forward_each_kernel(target, dtype, cfg, shape):
 def test_forward_long_rows_looped(target, dtype):
     # 2^15 + 1 and 262144: past every register-resident limit, so the shipped looped kernel
     n_small, n_big = 32769, 262144
-    assert configs.select_forward(n_small, dtype).kernel == "fwd_looped"
+    assert configs.select("fwd", n_small, dtype).kernel == "fwd_looped"
     for m, n in ((2, n_small), (1, n_big)) if target == "cpu-reference" else ((1, n_small),):
         g = gen("long", n, dtype)
         x, w = randn((m, n), dtype, g), randn((n,), dtype, g, 1.0)
@@ -287,7 +287,7 @@ def test_backward_shipped_configs(target, dtype, shape, has_w):
 
 def test_backward_long_rows_shipped():
     n = 32769  # 2^15 + 1: the rowdot + cols kernels
-    assert configs.select_backward(n, torch.bfloat16)[0].kernel == "bwd_rowdot"
+    assert configs.select("bwd", n, torch.bfloat16)[0].kernel == "bwd_rowdot"
     x, w, gy, r, dxr, dwr = _bwd_case((3, n), torch.bfloat16, True, "long")
     dx, dw = rms_norm_backward(gy, x, r, w, deterministic=True)
     _bwd_close(dx, dw, dxr, dwr, torch.bfloat16, 3)

@@ -33,8 +33,9 @@ import os
 import pytest
 import torch
 
-from flydsl_kernels.rmsnorm import FAMILY, configs
-from flydsl_kernels.rmsnorm.configs import Config, compile_config
+from flydsl_kernels.rmsnorm import FAMILY, configs, model
+from flydsl_kernels.rmsnorm.configs import Config
+from flydsl_kernels.rmsnorm.model import compile_config
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 triton = pytest.importorskip("triton")
@@ -88,7 +89,7 @@ def handwritten_report(num_warps):
 
 
 def test_row_kernel_8192_bf16_vs_handwritten_triton():
-    shipped = configs.select_forward(8192, BF16)
+    shipped = configs.select("fwd", 8192, BF16)
     assert (shipped.kernel, shipped.BLOCK, shipped.num_warps) == ("fwd_row", 8192, 4)
     for nw, pinned in PINNED_ROW_8192.items():
         r = report(Config("fwd_row", 8192, 1, nw), 8192)
@@ -128,9 +129,7 @@ WIDE = [
     ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(map(str, v.values())),
 )
 def test_bf16_rows_with_n_multiple_of_8_use_128_bit_accesses(which, n, kw):
-    cfgs = (
-        (configs.select_forward(n, BF16),) if which == "fwd" else configs.select_backward(n, BF16)
-    )
+    cfgs = (configs.select("fwd", n, BF16),) if which == "fwd" else configs.select("bwd", n, BF16)
     for cfg in cfgs:
         r = report(cfg, n, **kw)
         loads, stores = dict(r.load_widths_bits), dict(r.store_widths_bits)
@@ -144,13 +143,14 @@ def test_bf16_rows_with_n_multiple_of_8_use_128_bit_accesses(which, n, kw):
 
 def _shipped():
     seen = {}
+    gfx950 = configs.TABLES["gfx950"]
     tables = [
-        (configs.SHIPPED_FWD, None),
-        (configs.SHIPPED_BWD, None),
-        (configs.SHIPPED_FWD_LOOPED, 131072),
-        (configs.SHIPPED_BWD_ROWDOT, 131072),
-        (configs.SHIPPED_BWD_COLS, 131072),
-        (configs.SHIPPED_DW_REDUCE, 8192),
+        (gfx950["fwd"], None),
+        (gfx950["bwd"], None),
+        (gfx950["fwd_looped"], 131072),
+        (gfx950["bwd_rowdot"], 131072),
+        (gfx950["bwd_cols"], 131072),
+        (gfx950["dw_reduce"], 8192),
     ]
     for table, n in tables:
         for key, cfg in table.items():
@@ -165,9 +165,9 @@ SHIPPED = _shipped()
 def test_shipped_tables_cover_the_selection_rule():
     for dtype in (torch.float32, BF16, torch.float16):
         for n in (1, 7, 100, 1000, 1025, 4104, 8192, 20011, 32769, 65537, 262144):
-            assert configs.select_forward(n, dtype).kernel.startswith("fwd")
-            assert configs.select_backward(n, dtype)[0].kernel.startswith("bwd")
-        assert configs.select_dw_reduce(dtype).kernel == "dw_reduce"
+            assert configs.select("fwd", n, dtype).kernel.startswith("fwd")
+            assert configs.select("bwd", n, dtype)[0].kernel.startswith("bwd")
+        assert configs.select("dw_reduce", 1, dtype).kernel == "dw_reduce"
 
 
 @pytest.mark.parametrize(
@@ -194,9 +194,9 @@ def test_shipped_config_compiles_without_spills(cfg, nbytes, n):
     [("fwd_row", 8192, BF16), ("fwd_row", 16384, torch.float32), ("fwd_looped", 131072, BF16)],
 )
 def test_static_model_picks_the_shipped_default(kernel, n, dtype):
-    shipped = configs.select_forward(n, dtype)
+    shipped = configs.select("fwd", n, dtype)
     assert shipped.kernel == kernel
-    assert configs.best(kernel, n, dtype, jobs=1) == shipped
+    assert model.best(kernel, n, dtype, jobs=1) == shipped
 
 
 def test_family_cases_compile_for_gfx950():

@@ -14,7 +14,7 @@ import zlib
 import pytest
 import torch
 
-from flydsl_kernels.topk import FAMILY, Plan, moe_router, select, topk, topk_rows
+from flydsl_kernels.topk import FAMILY, Config, moe_router, select, topk, topk_rows
 from flydsl_kernels.topk import reference as ref
 
 pytestmark = pytest.mark.cpu
@@ -61,13 +61,13 @@ def check(
     deterministic=True,
     method=None,
     target=None,
-    plan=None,
+    config=None,
     twice=True,
 ):
-    """Run topk (or one plan through topk_rows) and check it against torch; returns (v, i)."""
+    """Run topk (or one config through topk_rows) and check it against torch; returns (v, i)."""
 
     def run():
-        if plan is None:
+        if config is None:
             return topk(
                 x,
                 k,
@@ -79,7 +79,9 @@ def check(
                 target=target,
             )
         xt = x.movedim(dim, -1)
-        v, i = topk_rows(xt.reshape(-1, xt.shape[-1]), k, largest, sorted, plan=plan, target=target)
+        v, i = topk_rows(
+            xt.reshape(-1, xt.shape[-1]), k, largest, sorted, config=config, target=target
+        )
         shape = (*xt.shape[:-1], k)
         return v.reshape(shape).movedim(-1, dim), i.reshape(shape).movedim(-1, dim)
 
@@ -88,7 +90,7 @@ def check(
     tv, _ = torch.topk(x, k, dim, largest, True)
     assert v.dtype == x.dtype and i.dtype == torch.int64 and v.shape == rv.shape == i.shape
     assert _same(x.gather(dim, i), v), "gather invariant"
-    det = plan.deterministic if plan is not None else deterministic
+    det = config.deterministic if config is not None else deterministic
     if sorted:
         assert _same(v, rv) and _same(v, tv), "values (sorted)"
         if det:
@@ -132,12 +134,12 @@ def test_kernels_reference(method, dtype, kind):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_selection_rule_end_to_end(dtype):
     # problems on both sides of each switch of the rule, through the default path
-    assert select(300, 9000, 100, dtype).kernel == "radix"  # many rows: one program per row
-    assert select(4, 9000, 100, dtype).kernel == "radix_split"
+    assert select("topk", 300, 9000, 100, dtype).kernel == "radix"  # many rows: one program per row
+    assert select("topk", 4, 9000, 100, dtype).kernel == "radix_split"
     for m, n, k in [(2, 100, 16), (2, 100, 17), (3, 8192, 64), (2, 8193, 17), (1, 20011, 5)]:
         g = _gen("rule", dtype, m, n, k)
         x = _data((m, n), dtype, "ties" if n % 2 else "randn", g)
-        plan = select(m, n, k, dtype)
+        plan = select("topk", m, n, k, dtype)
         check(x, k)
         check(x, k, largest=False, sorted=False)
         assert plan.kernel in METHODS
@@ -163,12 +165,12 @@ def test_split_and_merge_plans_reference():
     for dtype in DTYPES:
         x = _data((2, 3001), dtype, "ties", g)
         for det in (True, False):
-            p = Plan(
+            p = Config(
                 "radix_split", BLOCK=256, split=5, deterministic=det, sorter="merge", MERGE_B=64
             )
-            check(x, 777, largest=det, plan=p)
-        check(x, 1, plan=Plan("radix_split", BLOCK=128, split=40), twice=False)
-        check(x, 11, plan=Plan("small", KP=16, BLOCK=512, CHUNKED=True), twice=False)
+            check(x, 777, largest=det, config=p)
+        check(x, 1, config=Config("radix_split", BLOCK=128, split=40), twice=False)
+        check(x, 11, config=Config("small", KP=16, BLOCK=512, CHUNKED=True), twice=False)
 
 
 def test_deterministic_default_follows_torch():
@@ -177,7 +179,7 @@ def test_deterministic_default_follows_torch():
     try:
         torch.use_deterministic_algorithms(True)
         v1, i1 = topk(x, 300)
-        assert select(1, 9000, 300, torch.float32, deterministic=True).deterministic
+        assert select("topk", 1, 9000, 300, torch.float32, deterministic=True).deterministic
         v2, i2 = topk(x, 300)
         assert torch.equal(i1, i2) and torch.equal(v1, v2)
         assert torch.equal(i1, ref.topk_stable(x, 300)[1])
@@ -220,7 +222,9 @@ def test_small_and_sort_interpreter(dtype):
     check(t, 5, largest=False, target=INTERP, method="small", twice=False)
     check(t.t().contiguous(), 2, dim=0, target=INTERP, method="sort", twice=False)
     if dtype == torch.float32:
-        check(x, 3, target=INTERP, plan=Plan("small", KP=4, BLOCK=256, CHUNKED=True), twice=False)
+        check(
+            x, 3, target=INTERP, config=Config("small", KP=4, BLOCK=256, CHUNKED=True), twice=False
+        )
         check(x, 40, largest=False, target=INTERP, method="sort", twice=False)
         check(_data((1, 1), dtype, "randn", g), 1, target=INTERP, method="sort", twice=False)
 
@@ -230,26 +234,28 @@ def test_radix_interpreter(dtype):
     g = _gen("interp-b", dtype)
     x = _data((2, 601), dtype, "special", g)
     t = _data((2, 500), dtype, "ties", g)
-    p = Plan("radix", BLOCK=256, sorter="tile", SORT_KP=64)
-    check(x, 50, target=INTERP, plan=p)
-    split = Plan("radix_split", BLOCK=128, split=4, deterministic=True, sorter="tile", SORT_KP=64)
-    check(t, 37, largest=False, target=INTERP, plan=split, twice=False)
+    p = Config("radix", BLOCK=256, sorter="tile", SORT_KP=64)
+    check(x, 50, target=INTERP, config=p)
+    split = Config("radix_split", BLOCK=128, split=4, deterministic=True, sorter="tile", SORT_KP=64)
+    check(t, 37, largest=False, target=INTERP, config=split, twice=False)
     if dtype == torch.float32:
-        check(t, 300, sorted=False, target=INTERP, plan=Plan("radix", BLOCK=512), twice=False)
+        check(t, 300, sorted=False, target=INTERP, config=Config("radix", BLOCK=512), twice=False)
         for det in (True, False):
-            unsorted = Plan("radix_split", BLOCK=128, split=4, deterministic=det)
-            check(x, 37, largest=False, sorted=False, target=INTERP, plan=unsorted, twice=False)
-        nd = Plan("radix_split", BLOCK=128, split=4, deterministic=False, sorter="tile", SORT_KP=64)
-        check(t, 37, target=INTERP, plan=nd)
+            unsorted = Config("radix_split", BLOCK=128, split=4, deterministic=det)
+            check(x, 37, largest=False, sorted=False, target=INTERP, config=unsorted, twice=False)
+        nd = Config(
+            "radix_split", BLOCK=128, split=4, deterministic=False, sorter="tile", SORT_KP=64
+        )
+        check(t, 37, target=INTERP, config=nd)
 
 
 def test_merge_sort_interpreter():
     g = _gen("interp-c")
     x = _data((1, 200), torch.float32, "ties", g)
-    check(x, 100, target=INTERP, plan=Plan("radix", BLOCK=128, sorter="merge", MERGE_B=16))
+    check(x, 100, target=INTERP, config=Config("radix", BLOCK=128, sorter="merge", MERGE_B=16))
     xb = _data((1, 40), torch.bfloat16, "special", g)
-    plan = Plan("radix_split", BLOCK=16, split=3, deterministic=False, sorter="merge", MERGE_B=16)
-    check(xb, 40, largest=False, target=INTERP, plan=plan)
+    cfg = Config("radix_split", BLOCK=16, split=3, deterministic=False, sorter="merge", MERGE_B=16)
+    check(xb, 40, largest=False, target=INTERP, config=cfg)
 
 
 # -- the MoE router ------------------------------------------------------------------------------------

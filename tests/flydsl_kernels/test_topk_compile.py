@@ -15,7 +15,7 @@ from multiprocessing import get_context
 import pytest
 import torch
 
-from flydsl_kernels.topk import FAMILY, configs, select
+from flydsl_kernels.topk import FAMILY, configs, model, select
 
 pytestmark = pytest.mark.compile
 
@@ -35,7 +35,7 @@ def _line(label, bucket, r) -> str:
 
 @pytest.fixture(scope="module")
 def shipped_reports(tmp_path_factory):
-    jobs = configs.shipped_compiles()
+    jobs = model.shipped_compiles()
     # the workers compile into the session's private cache (conftest's, set per test later)
     cache = os.environ.get("FLYDSL_CACHE_DIR") or str(
         tmp_path_factory.getbasetemp() / "flydsl-cache"
@@ -43,12 +43,13 @@ def shipped_reports(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYDSL_CACHE_DIR", cache)
         with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
-            futs = [pool.submit(configs.compile_report, *j) for j in jobs]
+            futs = [pool.submit(model.compile_report, *j) for j in jobs]
             return [(j, f.result()) for j, f in zip(jobs, futs)]
 
 
 def test_every_shipped_config_compiles_without_spills(shipped_reports, record_property):
-    assert set(configs.SHIPPED) == {(k, *b) for k, bs in configs.BUCKETS.items() for b in bs}
+    gfx950 = configs.TABLES["gfx950"]
+    assert set(gfx950) == {(k, *b) for k, bs in configs.BUCKETS.items() for b in bs}
     bad = []
     for (label, _kernel, bucket, cfg), r in shipped_reports:
         line = _line(label, bucket, r)
@@ -71,22 +72,23 @@ def test_selection_uses_shipped_configs():
         (1, 10**6, 5000, torch.float32),
         (3, 300000, 4, torch.float32),
     ]:
-        p = select(m, n, k, dtype)
+        p = select("topk", m, n, k, dtype)
+        gfx950 = configs.TABLES["gfx950"]
         if p.kernel in ("small", "sort"):
             b = configs.bucket_of(p.kernel, p.BLOCK, p.CHUNKED)
-            assert p.num_warps == configs.SHIPPED[(p.kernel, *b)]["num_warps"]
+            assert p.num_warps == gfx950[(p.kernel, *b)]["num_warps"]
         else:
-            cfg = configs.SHIPPED[("radix", configs.KEY_BITS[dtype])]
+            cfg = gfx950[("radix", configs.KEY_BITS[dtype])]
             assert (p.BLOCK, p.num_warps) == (cfg["BLOCK"], cfg["num_warps"])
             if p.sorter == "tile":
                 b = configs.bucket_of("sort_tile", p.SORT_KP)
-                assert p.sort_warps == configs.SHIPPED[("sort_tile", *b)]["num_warps"]
+                assert p.sort_warps == gfx950[("sort_tile", *b)]["num_warps"]
 
 
 def test_static_model_reproduces_a_shipped_pick():
     # re-derive one bucket end to end (compile every candidate, prune, score)
-    got = configs.derive(kernels=["merge"])
-    assert got == {k: v for k, v in configs.SHIPPED.items() if k[0] == "merge"}
+    got = model.derive(kernels=["merge"])
+    assert got == {k: v for k, v in configs.TABLES["gfx950"].items() if k[0] == "merge"}
 
 
 def test_report_cases_compile_without_spills(record_property):

@@ -463,8 +463,8 @@ def test_traced_configs_follow_the_target(monkeypatch):
         gm, n = _compiled(torch.mm, [_rand(7, 64), _rand(48, 64).t()], None, sm90, "cuda")
         assert n == 1
         ((k, _),) = _kernels(gm)
-        want = configs.select(7, 48, 64, 1, "sm90")
-        assert want != configs.select(7, 48, 64, 1, "gfx950")
+        want = configs.select("dense", 7, 48, 64, 1, "sm90")
+        assert want != configs.select("dense", 7, 48, 64, 1, "gfx950")
         (cfg,) = k.configs
         assert (cfg.num_warps, cfg.num_stages) == (want.num_warps, want.num_stages)
         assert "matrix_instr_nonkdim" not in cfg.kwargs

@@ -8,10 +8,13 @@ algebra (``flydsl_core.layout``) is CuTe's.
     import flydsl_core as fly
 
 This module is the flat public API; importing it loads neither torch nor
-Triton.
+Triton. Besides the language it holds what another framework needs to take FlyDSL's
+launches over (``launch_sink``, ``split_launch_options``, ``generated_launch``: see
+``runtime/sink.py``).
 """
 
 from . import dtypes
+from ._version import __version__ as __version__
 from .dtypes import (
     DType,
     bf16,
@@ -28,12 +31,12 @@ from .dtypes import (
     uint8,
 )
 from .exc import FlyDSLError
+from .helpers import cdiv
 from .language import *  # noqa: F403 - the language is the public surface
 from .language import __all__ as _lang_all
-from .runtime.kernel import CompiledKernel, Kernel, Tensor, cdiv, constexpr, kernel
+from .runtime.kernel import CompiledKernel, Kernel, Tensor, constexpr, kernel
+from .runtime.sink import GeneratedLaunch, generated_launch, launch_sink, split_launch_options
 from .runtime.spec import TensorSpec
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name):
@@ -52,6 +55,7 @@ __all__ = [
     "CompiledKernel",
     "DType",
     "FlyDSLError",
+    "GeneratedLaunch",
     "Kernel",
     "Tensor",
     "TensorSpec",
@@ -65,10 +69,13 @@ __all__ = [
     "fp16",
     "fp32",
     "fp64",
+    "generated_launch",
     "int8",
     "int16",
     "int32",
     "int64",
     "kernel",
+    "launch_sink",
+    "split_launch_options",
     "uint8",
 ]

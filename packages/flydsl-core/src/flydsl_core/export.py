@@ -460,7 +460,7 @@ def generate(item: ExportItem, target: str, *, specialized: bool = False):
 
     tgt = get_target(target)
     backend = get_backend(tgt)
-    if not hasattr(backend, "generate"):
+    if not backend.generates_source:
         raise UsageError(
             f"--target {tgt.name} does not generate Triton; export for a GPU target "
             "(gfx950, gfx942, gfx1250, sm90) or cpu-interpret"

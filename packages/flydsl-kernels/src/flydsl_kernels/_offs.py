@@ -26,9 +26,16 @@ RULE = "offs holds non-negative, non-decreasing int32 cumulative group ends"
 
 
 def check_offs(
-    offs, *, groups: int | None, extent: int, dim: str, device, what: str, multiple: int = 1,
+    offs,
+    *,
+    groups: int | None,
+    extent: int,
+    dim: str,
+    device,
+    what: str,
+    multiple: int = 1,
     values: bool | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``offs`` made contiguous, after the checks above.
 
     ``groups``: the group count the other operands imply (None: any);

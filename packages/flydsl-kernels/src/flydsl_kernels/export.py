@@ -4,40 +4,29 @@ One group per family (``FAMILIES``), one export case per report case (``cases.py
 launch is the one the case compiles, read by ``launch.recording()`` (the plan's own
 ``Launch``, with the line of the plan that built it, which gives the grid rule), so the
 exported kernels are the report's kernels with each target's shipped config. Each group's
-tuning tables come from ``tuning_table``, the one place that knows each family's table
-accessor.
+tuning tables come from ``tuning_table``: each family's ``configs.table(target)``.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 from ._target import TUNED_TARGETS
 
 
 def tuning_table(family: str, target: str) -> dict:
-    """``family``'s shipped config tables for ``target`` (name -> entries)."""
-    if family == "rmsnorm":
-        from .rmsnorm import configs
+    """``family``'s shipped config tables for ``target`` (name -> entries): every family's
+    ``configs.table(target)``, under the group names the export has always written."""
+    configs = importlib.import_module(f"flydsl_kernels.{family}.configs")
+    got = configs.table(target)
+    if family in ("rmsnorm", "mx"):
+        return got  # already named tables: rmsnorm's kinds, mx's "gemm" / "grouped"
+    return {_TABLE_NAMES[family]: got}
 
-        return configs.tables(target)
-    if family == "topk":
-        from .topk import configs
 
-        return {"shipped": {k: configs.shipped(k[0], k[1:], target) for k in configs.SHIPPED}}
-    if family == "gemm":
-        from .gemm import configs
-
-        return {"dense_and_grouped": configs.shipped_table(target)}
-    if family == "mx":
-        from .mx import configs
-
-        return {"gemm": configs.gemm_table(target), "grouped": configs.grouped_table(target)}
-    if family == "attention":
-        from .attention import configs
-
-        return {"tiles": configs.table_for(target)}
-    raise KeyError(f"no tuning table accessor for family {family!r}")
+#: the name each one-table family's table is exported under
+_TABLE_NAMES = {"topk": "shipped", "gemm": "dense_and_grouped", "attention": "tiles"}
 
 
 def _launches(case, target: str):

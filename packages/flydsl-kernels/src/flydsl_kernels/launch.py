@@ -42,7 +42,7 @@ class Launch:
 
     def run(self, target):
         """Launch on ``target``; returns the ``CompiledKernel``. (No test of the grid here:
-        sizes may be symbolic under a tracer, and the APIs return before an empty launch.)"""
+        sizes may be symbolic under a graph capture, and the APIs return before an empty launch.)"""
         opts = self.options
         if opts.keys() <= _KEYWORD_OPTIONS:
             return self.kernel[self.grid](*self.args, **self.constexprs, target=target, **opts)

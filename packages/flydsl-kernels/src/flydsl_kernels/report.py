@@ -563,9 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("select", nargs="*", metavar="SELECT", help="cases to report (default: all)")
     p.add_argument(
-        "--target", type=target_name, default=None, help="compile target, a name or alias "
-        "(default: $FLYDSL_TARGET, else gfx950)",
-    )  # fmt: skip
+        "--target",
+        type=target_name,
+        default=None,
+        help="compile target, a name or alias (default: $FLYDSL_TARGET, else gfx950)",
+    )
     p.add_argument(
         "--device",
         default="auto",

@@ -1,25 +1,27 @@
-"""Tracing FlyDSL launches into a torch graph as Triton kernels (``wrap_triton``).
+"""FlyDSL launches as Triton kernels of a torch graph (``wrap_triton``), and the choice by M.
 
 ``with sink(t):`` around a ``flydsl_kernels`` API call on FakeTensors (the ``flydsl::`` ops'
-traced path) takes its launches over (``flydsl_core.runtime.kernel.launch_sink``). Each
-launch becomes ``torch.library.wrap_triton(jit)[grid](*args)`` where ``jit`` is the
-``@triton.jit`` function FlyDSL generates for that specialization (``Kernel.triton_function``:
-generated, not compiled; Inductor compiles it) and ``args`` are read from the launch's
-tensors, sizes and strides as FlyDSL's own launcher would (``GeneratedKernel.params``).
+traced path) takes its launches over (``flydsl_core.launch_sink``). Each launch becomes
+``torch.library.wrap_triton(jit)[grid](*args)`` where ``jit`` is the ``@triton.jit`` function
+FlyDSL generates for that specialization (``flydsl_core.generated_launch``: generated, not
+compiled; Inductor compiles it) and ``args`` are read from the launch's tensors, sizes and
+strides as FlyDSL's own launcher would (``GeneratedLaunch.arguments``).
 
 The specialization is taken from the traced tensors with no guard: a size or stride counts
 as 1 or as a multiple of 16 only where the shape environment proves it for every value
 (``statically_known_true``); a symbolic one carries no fact, and a tensor with a symbolic
 size or stride gets 64-bit index math (its extent is unbounded). So one traced kernel is
-valid for every M the graph will see. Launch options: ``num_warps`` / ``num_stages`` and,
-on AMD targets, ``matrix_instr_nonkdim`` / ``kpack`` / ``waves_per_eu``, through a
-one-config ``triton.autotune`` wrapper, the form Inductor reads them from.
+valid for every M the graph will see. Launch options: the options FlyDSL's compile would use
+(``GeneratedLaunch.options``: ``num_warps`` / ``num_stages`` and the target's other compiler
+options, e.g. AMD's ``matrix_instr_nonkdim`` / ``kpack``), through a one-config
+``triton.autotune`` wrapper, the form Inductor reads them from.
 
 Config choice with a symbolic M (``by_m``): the eager APIs pick a config per call from M
-(decode / small / medium / large classes, the split-K rule). Traced, the M axis is cut where
-that choice changes (``*_choice``) and the launches of each range are traced into one
-branch of a ``cond`` on M, so one graph picks each call's config at run time, with no
-recompilation; a static M traces only its own config.
+through their family's ``configs.m_choice`` (``flydsl_kernels.choice.MChoice``: the config
+and its M breakpoints). Traced, the M axis is cut at those breakpoints and the launches of
+each range are traced into one branch of a ``cond`` on M, so one graph picks each call's
+config at run time, with no recompilation; a static M traces only its own config. The
+``*_ranges`` functions only bind the traced sizes to the kernels' ``m_choice``.
 """
 
 from __future__ import annotations
@@ -29,11 +31,6 @@ import threading
 import torch
 
 from . import _runtime
-
-#: FlyDSL target names by GPU arch
-TARGETS = {"gfx950": "gfx950", "gfx942": "gfx942", "gfx1250": "gfx1250", "sm90": "sm90"}
-_AMD_OPTIONS = ("matrix_instr_nonkdim", "kpack", "waves_per_eu")
-
 
 #: CPU tensors normally decompose into the opaque ``flydsl::<op>_cpu`` twins (library.py);
 #: the tests set this to ``"cpu-interpret"`` to trace them into wrap_triton kernels too (for
@@ -68,17 +65,23 @@ class assume_arch:
 
 def target_for(t: torch.Tensor) -> str:
     """The FlyDSL target of ``t``'s device: an assumed arch (``assume_arch``), else the
-    device's (``flydsl_core.targets.device_arch``, which ``$FLYDSL_GPU_ARCH`` overrides)."""
+    device's (``flydsl_core.targets.device_arch``, which ``$FLYDSL_GPU_ARCH`` overrides),
+    looked up in flydsl-core's target registry; it must be a GPU target whose backend
+    generates source (``Backend.generates_source``: Triton that Inductor compiles)."""
+    from flydsl_core.backends import get_backend
+    from flydsl_core.targets import all_targets, lookup_target
+
     if t.device.type == "cpu" and CPU_TRACE_TARGET is not None:
         return CPU_TRACE_TARGET
     arch = getattr(_ASSUMED, "arch", None) or _runtime.resolve_arch(t.device.index)
-    tgt = TARGETS.get(arch or "")
-    if tgt is None:
+    tgt = lookup_target(arch) if arch else None
+    if tgt is None or not tgt.is_gpu or not get_backend(tgt).generates_source:
+        known = [x.name for x in all_targets() if x.is_gpu and get_backend(x).generates_source]
         raise RuntimeError(
             f"torch_flydsl cannot trace FlyDSL kernels for {t.device} (arch {arch!r}); "
-            f"FlyDSL generates Triton for {', '.join(TARGETS)}"
+            f"FlyDSL generates Triton for {', '.join(known)}"
         )
-    return tgt
+    return tgt.name
 
 
 # -- facts of traced values -------------------------------------------------------------------------
@@ -136,19 +139,18 @@ _wrappers_lock = threading.Lock()
 
 
 def _launchable(jit, options: dict, target: str):
-    """``jit`` with its launch options, as ``wrap_triton`` and Inductor take them."""
+    """``jit`` with its launch options (``GeneratedLaunch.options``: complete, defaults filled
+    in), as ``wrap_triton`` and Inductor take them: ``num_warps`` / ``num_stages`` and the rest
+    as the config's keyword options."""
     import triton
 
     opts = {k: v for k, v in options.items() if v is not None}
-    amd = target.startswith("gfx")
-    extra = {k: opts[k] for k in _AMD_OPTIONS if amd and k in opts}
+    extra = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages")}
     key = (jit, tuple(sorted(opts.items())), target)
     with _wrappers_lock:
         w = _wrappers.get(key)
         if w is None:
-            cfg = triton.Config(
-                extra, num_warps=opts.get("num_warps", 4), num_stages=opts.get("num_stages", 2)
-            )
+            cfg = triton.Config(extra, num_warps=opts["num_warps"], num_stages=opts["num_stages"])
             w = _wrappers[key] = triton.autotune(configs=[cfg], key=[])(jit)
     return w
 
@@ -161,39 +163,27 @@ def _grid3(grid):
 def launch(kernel, grid, args, kwargs):
     """One FlyDSL launch as a ``wrap_triton`` launch (the ``launch_sink`` callback)."""
     from torch.library import wrap_triton
-
-    from flydsl_core.backends.triton.launcher import make_extractor
-    from flydsl_core.runtime.kernel import LAUNCH_OPTIONS
-
-    kwargs = dict(kwargs)
-    opts = {
-        k: kwargs.pop(k)
-        for k in LAUNCH_OPTIONS
-        if k in kwargs and k not in kernel.signature.parameters
-    }
-    target = opts.pop("target", None)
-    if target is None:
-        raise RuntimeError(f"{kernel.name}: a traced FlyDSL launch needs an explicit target")
-    options = dict(opts.pop("options", None) or {})
-    options.update(opts)
-    bound = kernel.bind(args, kwargs)
-    specs = {n: _spec_value(v) for n, v in bound.items()}
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from flydsl_core import generated_launch, split_launch_options
+
+    kwargs, target, options = split_launch_options(kernel, kwargs)
+    if target is None:
+        raise RuntimeError(f"{kernel.name}: a traced FlyDSL launch needs an explicit target")
+    bound = kernel.bind(args, kwargs)
+    specs = {n: _spec_value(v) for n, v in bound.items()}
     # FlyDSL's code generation is not part of the traced program: outside the tracer's modes
     # (it may use torch itself, e.g. to round a constant to bf16, which a FakeTensor can't)
     with _disable_current_modes():
-        jit, gen = kernel.triton_function(target=target, **specs)
-        runtime = kernel.specialize(kernel.bind((), specs)).runtime
-    kargs = make_extractor(gen.params, gen.nargs)(tuple(bound[n] for n in runtime))
-    wrap_triton(_launchable(jit, options, target))[_grid3(grid)](*kargs)
+        gl = generated_launch(kernel, specs, target=target, options=options)
+    wrap_triton(_launchable(gl.function, gl.options, gl.target))[_grid3(grid)](*gl.arguments(bound))
 
 
 class _Sink:
     """``with sink(t):`` route FlyDSL launches to ``launch`` (see the module docstring)."""
 
     def __call__(self, t):
-        from flydsl_core.runtime.kernel import launch_sink
+        from flydsl_core import launch_sink
 
         return launch_sink(launch)
 
@@ -209,15 +199,14 @@ sink = _Sink()
 
 
 def by_m(M, choice, variant, operands, m_of):
-    """``variant(cfg, split)(*operands)`` for M's config (``choice = (choose, bounds)``): for a
-    fixed M its own; for a symbolic one a ``cond`` chain over the ranges ``(.., bounds[0]],
-    (bounds[0], bounds[1]], ...`` (each range's config is ``choose`` at its top)."""
-    choose, bounds = choice
+    """``variant(cfg, split)(*operands)`` for M's config (``choice``: a family's
+    ``MChoice``): for a fixed M its own; for a symbolic one a ``cond`` chain over the ranges
+    ``(.., bounds[0]], (bounds[0], bounds[1]], ...`` (``MChoice.ranges``: each range takes
+    ``choose`` at its top)."""
     m = _known_int(M)
     if m is not None:
-        return variant(*choose(m))(*operands)
-    reps = [*bounds, bounds[-1] + 1 if bounds else 1]
-    return _chain(list(zip([*bounds, None], reps)), choose, variant, tuple(operands), m_of)
+        return variant(*choice.choose(m))(*operands)
+    return _chain(choice.ranges(), choice.choose, variant, tuple(operands), m_of)
 
 
 def _chain(ranges, choose, variant, operands, m_of):
@@ -241,55 +230,30 @@ def _hint(v) -> int:
 
 
 def dense_ranges(M, N, K, batch, swiglu=False, target=None):
-    """The dense GEMM's (or fused SwiGLU's) choice for ``target`` (its shipped table and CU
-    count, as the eager API reads them): ``configs.select`` / ``select_swiglu`` and
-    ``split_k``; it changes at M = 16, 64, 128, 256 and where the large tile starts to fill
-    the GPU (``_fills_the_gpu``)."""
-    from flydsl_kernels._target import num_cus
+    """The dense GEMM's (or fused SwiGLU's) choice over M for ``target``'s table, as the eager
+    API makes it: ``flydsl_kernels.gemm.configs.m_choice``."""
     from flydsl_kernels.gemm import configs
 
-    n, k, b = _known_int(N), _known_int(K), _hint(batch)
-
-    def choose(m):
-        if swiglu:
-            return configs.select_swiglu(m, n, k, b, target), None
-        cfg = configs.select(m, n, k, b, target)
-        return cfg, configs.split_k(cfg, m, n, k, b, target)
-
-    large = configs.shipped_table(target)["large"]
-    need = -(-num_cus(target) // (-(-n // large.BN) * b))  # row tiles to fill the GPU
-    fill = max(256, large.BM * (need - 1))
-    return choose, sorted({16, 64, 128, 256, fill})
+    kind = "swiglu" if swiglu else "dense"
+    return configs.m_choice(kind, _known_int(N), _known_int(K), _hint(batch), target=target)
 
 
 def grouped_ranges(M, N, K, G, target=None):
-    """The grouped GEMM's choice: by rows per group (``M // G``, ragged M) or by M (other
-    forms), in the dense classes."""
+    """The grouped GEMM's choice over M (``G`` groups of a ragged M, else 0)."""
     from flydsl_kernels.gemm import configs
 
-    n, k = _known_int(N), _known_int(K)
-
-    def choose(m):
-        return configs.select_grouped(max(1, m // G) if G else m, n, k, target), None
-
-    cuts = (16, 64, 256)
-    return choose, [(c + 1) * G - 1 for c in cuts] if G else list(cuts)
+    return configs.m_choice("grouped", _known_int(N), _known_int(K), G, target=target)
 
 
 def mx_ranges(M, N, K, fa, fb, target=None):
+    """The MX GEMM's choice over M."""
     from flydsl_kernels.mx import configs
 
-    n, k = _known_int(N), _known_int(K)
-    return (lambda m: (configs.select_gemm(m, n, k, fa, fb, target), None)), [32]
+    return configs.m_choice("gemm", _known_int(N), _known_int(K), fa, fb, target=target)
 
 
 def mx_grouped_ranges(M, N, K, G, fa, fb, target=None):
+    """The grouped MX GEMM's choice over M (``G`` groups of a ragged M, else 0)."""
     from flydsl_kernels.mx import configs
 
-    n, k = _known_int(N), _known_int(K)
-
-    def choose(m):
-        return configs.select_grouped(max(1, m // G) if G else m, n, k, fa, fb, target), None
-
-    cuts = (16, 64)
-    return choose, [(c + 1) * G - 1 for c in cuts] if G else list(cuts)
+    return configs.m_choice("grouped", _known_int(N), _known_int(K), G, fa, fb, target=target)

@@ -3,9 +3,14 @@
 The protocol is explicit (``Backend``, ``Executable``): ``compile`` makes an
 executable, ``serialize`` gives the files that rebuild it and ``deserialize``
 rebuilds it from them with no compile (the disk cache and AOT bundles use
-these two); ``stores`` says whether a compile is worth storing at all. The
-runtime calls only these; it never probes a backend for optional methods
-or imports a particular backend's modules.
+these two); ``stores`` says whether a compile is worth storing at all.
+``generates_source`` declares the one optional capability: a backend that
+writes source another compiler can take over (Triton's ``@triton.jit``) hands
+it out with ``source_function`` and says how a launch's run-time values map
+onto its parameters with ``source_arguments``; ``compile_options`` gives the
+options a compile of a launch would use. The runtime calls only these; it
+never probes a backend for optional methods or imports a particular
+backend's modules.
 
 Which backend serves a target is a fact of the target (``Target.compiler``
 in the target registry, one kind per backend: ``reference`` or ``triton``);
@@ -24,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..exc import CacheError, UnknownTargetError
+from ..exc import ArgumentError, CacheError, UnknownTargetError
 from ..targets import Target, get_target, register_target, unregister_target
 
 #: backend kind -> "module:Class" of the backend serving targets of that kind
@@ -83,6 +88,34 @@ class Backend(ABC):
     def deserialize(self, directory: Path) -> Executable:
         """The executable whose ``serialize`` files are in ``directory``; no compile."""
         raise CacheError(f"the {self.name} backend does not store executables")
+
+    @property
+    def generates_source(self) -> bool:
+        """Whether ``source_function`` and ``source_arguments`` work: the backend writes source
+        another compiler can take over (no compile of its own needed)."""
+        return False
+
+    def source_function(self, fn) -> tuple[Any, Any]:
+        """``(function, generated)`` for the verified, optimized FlyIR ``fn``: the function
+        object of the source this backend generates for it (imported, not compiled) and the
+        backend's description of that source (its parameters). Only where
+        ``generates_source``."""
+        raise ArgumentError(
+            f"{fn.name}: target {self.name} does not generate Triton; use a GPU target or "
+            "cpu-interpret"
+        )
+
+    def source_arguments(self, generated, values: tuple) -> tuple:
+        """The arguments of ``source_function``'s function for a launch whose run-time values
+        (in the kernel's order) are ``values``: what this backend's own launcher passes
+        (tensors, and the sizes and strides the generated source takes as parameters)."""
+        raise ArgumentError(f"target {self.name} does not generate source")
+
+    def compile_options(self, options: dict) -> dict:
+        """The options a compile of a launch with ``options`` would use on this target (the
+        given ones with the backend's defaults); an option the target does not take is an
+        error where ``compile`` would raise one."""
+        return dict(options)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} for {self.name}>"

@@ -40,6 +40,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
+
 __all__ = [
     "KEY_FORMAT",
     "CacheKey",
@@ -199,18 +201,14 @@ def _triton_version() -> str | None:
 
 
 def _package_dir() -> Path:
-    import flydsl_core
-
-    return Path(flydsl_core.__file__).resolve().parent
+    return Path(__file__).resolve().parents[1]  # flydsl_core/cache/keys.py -> flydsl_core
 
 
 def _flydsl_version() -> str:
     try:
         return importlib.metadata.version("flydsl-core")
     except importlib.metadata.PackageNotFoundError:
-        import flydsl_core
-
-        return str(getattr(flydsl_core, "__version__", "unknown"))
+        return __version__
 
 
 def compiler_components() -> dict[str, Any]:

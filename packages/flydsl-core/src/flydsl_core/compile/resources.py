@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..helpers import cdiv
 from ..targets import Target
 
 __all__ = [
@@ -111,7 +112,7 @@ class ResourceReport:
 
 
 def align(n: int, g: int) -> int:
-    return -(-n // g) * g
+    return cdiv(n, g) * g
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def amd_occupancy(
     if num_warps:
         reg_waves = min(v for k, v in limits.items() if k != "lds")
         if num_warps >= simds:
-            wgs = reg_waves // -(-num_warps // simds)
+            wgs = reg_waves // cdiv(num_warps, simds)
         else:
             wgs = (reg_waves * simds) // num_warps
         if lds_wgs is not None:

@@ -10,9 +10,12 @@ print with their slot name (``mask=%20``), the others by position.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from .core import Block, Function, Op
 from .ops import OPS
+
+if TYPE_CHECKING:  # annotations only: core imports this module (``Function.__str__``)
+    from .core import Block, Function, Op
 
 
 def value_numbers(fn: Function) -> dict[int, int]:

@@ -11,65 +11,24 @@ from __future__ import annotations
 from .. import dtypes as dt
 from ..exc import TypeCheckError
 from ..trace.context import current
-from .tile import Tile, as_tile, cast, reshape
+from .tile import Tile, acc_dtype, as_tile, cast, keep_dims, reduce_axis, reduction
 
-
-def _axis(x: Tile, axis) -> int:
-    if axis is None:
-        raise TypeCheckError("give the reduction an axis (tiles reduce along one axis)")
-    a = axis + x.ndim if axis < 0 else axis
-    if not 0 <= a < x.ndim:
-        raise TypeCheckError(f"axis {axis} is out of range for {x.type}")
-    return a
-
-
-def _acc_dtype(x: Tile, kind: str, dtype) -> dt.DType:
-    if dtype is not None:
-        return dt.dtype(dtype)
-    if kind in ("sum", "prod", "cumsum", "cumprod"):
-        if x.dtype.is_float and x.dtype.bits < 32:
-            return dt.fp32
-        if (x.dtype.is_int or x.dtype.is_bool) and x.dtype.bits < 32:
-            return dt.int32
-    if x.dtype.storage_only:
-        return dt.fp32
-    return x.dtype
-
-
-def _keep(x: Tile, r: Tile, axis: int, keepdims: bool) -> Tile:
-    if not keepdims:
-        return r
-    shape = list(x.shape)
-    shape[axis] = 1
-    return reshape(r, tuple(shape))
-
-
-def _reduce(kind: str):
-    def fn(x, axis=None, *, keepdims: bool = False, dtype=None) -> Tile:
-        x = as_tile(x)
-        a = _axis(x, axis)
-        src = cast(x, _acc_dtype(x, kind, dtype))
-        r = Tile(current().emit("reduce", [src._v], {"kind": kind, "axis": a}).result)
-        return _keep(x, r, a, keepdims)
-
-    fn.__name__ = kind
-    return fn
-
-
-sum = _reduce("sum")
-prod = _reduce("prod")
-max = _reduce("max")
-min = _reduce("min")
-xor_sum = _reduce("xor_sum")
+# sum, prod, max, min and xor_sum emit the ``reduce`` op; their rule lives in ``tile.py``
+# beside ``Tile.sum`` / ``max`` / ``min``, which use it
+sum = reduction("sum")
+prod = reduction("prod")
+max = reduction("max")
+min = reduction("min")
+xor_sum = reduction("xor_sum")
 
 
 def _arg(kind: str):
     def fn(x, axis=None, *, keepdims: bool = False) -> Tile:
         x = as_tile(x)
-        a = _axis(x, axis)
-        src = cast(x, _acc_dtype(x, "max", None))
+        a = reduce_axis(x, axis)
+        src = cast(x, acc_dtype(x, "max", None))
         _, idx = current().emit("argreduce", [src._v], {"kind": kind, "axis": a}).results
-        return _keep(x, Tile(idx), a, keepdims)
+        return keep_dims(x, Tile(idx), a, keepdims)
 
     fn.__name__ = kind
     return fn
@@ -82,8 +41,8 @@ argmin = _arg("argmin")
 def _scan(kind: str):
     def fn(x, axis=None, *, reverse: bool = False, dtype=None) -> Tile:
         x = as_tile(x)
-        a = _axis(x, axis)
-        src = cast(x, _acc_dtype(x, kind, dtype))
+        a = reduce_axis(x, axis)
+        src = cast(x, acc_dtype(x, kind, dtype))
         return Tile(
             current()
             .emit("scan", [src._v], {"kind": kind, "axis": a, "reverse": bool(reverse)})
@@ -103,7 +62,7 @@ cummin = _scan("cummin")
 def sort(x, axis: int = -1, *, descending: bool = False, return_indices: bool = False):
     """Stable sort along ``axis``; indices (int32) give each value's source position."""
     x = as_tile(x)
-    a = _axis(x, axis)
+    a = reduce_axis(x, axis)
     vals, idx = current().emit("sort", [x._v], {"axis": a, "descending": bool(descending)}).results
     return (Tile(vals), Tile(idx)) if return_indices else Tile(vals)
 
@@ -114,7 +73,7 @@ def topk(x, k: int, axis: int = -1, *, largest: bool = True):
     Ties are ordered by index ascending, so the result is deterministic.
     """
     x = as_tile(x)
-    a = _axis(x, axis)
+    a = reduce_axis(x, axis)
     if not isinstance(k, int):
         raise TypeCheckError("topk's k must be a compile-time int")
     vals, idx = (

@@ -282,19 +282,13 @@ class Tile:
         return permute(self, tuple(order))
 
     def sum(self, axis=None, **kw):
-        from . import reduce
-
-        return reduce.sum(self, axis, **kw)
+        return _REDUCTIONS["sum"](self, axis, **kw)
 
     def max(self, axis=None, **kw):
-        from . import reduce
-
-        return reduce.max(self, axis, **kw)
+        return _REDUCTIONS["max"](self, axis, **kw)
 
     def min(self, axis=None, **kw):
-        from . import reduce
-
-        return reduce.min(self, axis, **kw)
+        return _REDUCTIONS["min"](self, axis, **kw)
 
 
 def _keep(old: Tile, new: Tile) -> Tile:
@@ -451,3 +445,55 @@ def floordiv(a, b) -> Tile:
     if a.dtype.is_float:
         return unary("floor", emit1("truediv", [a, b]))
     return emit1("intdiv", [a, b])
+
+
+# --- one-axis reductions (``Tile.sum`` / ``max`` / ``min``; ``reduce.py`` exports them all) ------
+
+
+def reduce_axis(x: Tile, axis) -> int:
+    if axis is None:
+        raise TypeCheckError("give the reduction an axis (tiles reduce along one axis)")
+    a = axis + x.ndim if axis < 0 else axis
+    if not 0 <= a < x.ndim:
+        raise TypeCheckError(f"axis {axis} is out of range for {x.type}")
+    return a
+
+
+def acc_dtype(x: Tile, kind: str, dtype) -> dt.DType:
+    if dtype is not None:
+        return dt.dtype(dtype)
+    if kind in ("sum", "prod", "cumsum", "cumprod"):
+        if x.dtype.is_float and x.dtype.bits < 32:
+            return dt.fp32
+        if (x.dtype.is_int or x.dtype.is_bool) and x.dtype.bits < 32:
+            return dt.int32
+    if x.dtype.storage_only:
+        return dt.fp32
+    return x.dtype
+
+
+def keep_dims(x: Tile, r: Tile, axis: int, keepdims: bool) -> Tile:
+    if not keepdims:
+        return r
+    shape = list(x.shape)
+    shape[axis] = 1
+    return reshape(r, tuple(shape))
+
+
+def reduction(kind: str):
+    """The one-axis reduction ``kind`` (``sum``, ``prod``, ``max``, ``min``, ``xor_sum``) as a
+    function ``fn(x, axis, *, keepdims=False, dtype=None)``: the ``reduce`` op of ``x`` in its
+    accumulation dtype (``acc_dtype``)."""
+
+    def fn(x, axis=None, *, keepdims: bool = False, dtype=None) -> Tile:
+        x = as_tile(x)
+        a = reduce_axis(x, axis)
+        src = cast(x, acc_dtype(x, kind, dtype))
+        r = Tile(current().emit("reduce", [src._v], {"kind": kind, "axis": a}).result)
+        return keep_dims(x, r, a, keepdims)
+
+    fn.__name__ = kind
+    return fn
+
+
+_REDUCTIONS = {k: reduction(k) for k in ("sum", "max", "min")}

@@ -47,7 +47,8 @@ def _round(x: float, d: dt.DType) -> float:
     return x
 
 
-def _cdiv(a: int, b: int) -> int:
+def _trunc_div(a: int, b: int) -> int:
+    """``a / b`` rounded toward zero: FlyIR's ``intdiv`` (C's and Triton's), not Python's ``//``."""
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b >= 0) else -q
 
@@ -56,8 +57,8 @@ _INT_BIN = {
     "add": lambda a, b: a + b,
     "sub": lambda a, b: a - b,
     "mul": lambda a, b: a * b,
-    "intdiv": lambda a, b: _cdiv(a, b),
-    "mod": lambda a, b: a - _cdiv(a, b) * b,
+    "intdiv": lambda a, b: _trunc_div(a, b),
+    "mod": lambda a, b: a - _trunc_div(a, b) * b,
     "maximum": max,
     "minimum": min,
     "and": lambda a, b: a & b,

@@ -34,15 +34,13 @@ import operator
 import threading
 from typing import Any
 
-from .. import dtypes as dt
-from ..exc import ArgumentError, ControlFlowError, TraceError
-from ..ir.core import Block, Function, Param, Value
-from ..ir.types import TensorType, TileType
-from ..ir.verifier import verify
-from ..language.tile import Tile
-from ..language.views import TensorRef
-from ..trace.context import TraceContext, maybe_current, tracing
+from ..exc import ArgumentError
+from ..helpers import cdiv
+from ..ir.core import Function
+from ..trace.context import maybe_current
+from ..trace.driver import trace_function
 from .binder import make_key_fn
+from .sink import LAUNCH_OPTIONS, current_sink, launch_sink, split_launch_options
 from .spec import (
     ArgSpec,
     Tensor,
@@ -56,15 +54,18 @@ from .spec import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompiledKernel", "Kernel", "Tensor", "cdiv", "constexpr", "kernel"]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-#: kwargs of a launch that configure it rather than feed a parameter
-LAUNCH_OPTIONS = ("target", "num_warps", "num_stages", "options")
+#: ``LAUNCH_OPTIONS`` and ``launch_sink`` live in ``sink.py``, ``cdiv`` in ``helpers.py``; they
+#: stay importable from here
+__all__ = [
+    "LAUNCH_OPTIONS",
+    "CompiledKernel",
+    "Kernel",
+    "Tensor",
+    "cdiv",
+    "constexpr",
+    "kernel",
+    "launch_sink",
+]
 
 
 class Specialization:
@@ -236,44 +237,8 @@ class Kernel:
 
     # -- tracing ----------------------------------------------------------------------
     def trace(self, spec: Specialization) -> Function:
-        ctx = TraceContext(self.name)
-        body = Block()
-        ctx.push(body)
-        params: list[Param] = []
-        call: dict[str, Any] = {}
-        for name in self.signature.parameters:
-            if name in spec.constexprs:
-                call[name] = spec.constexprs[name]
-                params.append(
-                    Param(name, "constexpr", None, facts={"value": spec.constexprs[name]})
-                )
-                continue
-            s = spec.specs[name]
-            if s.kind == "tensor":
-                call[name] = _tensor_param(name, s, params)
-            else:
-                v = Value(TileType(s.dtype), name=name)
-                params.append(Param(name, "scalar", v, facts=dict(s.facts)))
-                call[name] = Tile(v)
-        with tracing(ctx):
-            try:
-                ret = self.fn(**call)
-            except AttributeError as e:
-                misuse = _misused_parameter(self.name, e, call, spec)
-                if misuse is None:
-                    raise
-                raise misuse from None
-        if len(ctx.blocks) != 1:
-            raise ControlFlowError(
-                "a fly.range / fly.while_ loop or fly.if_ block was left early (break, continue or "
-                "return inside it is not supported); use a condition with fly.where or fly.if_"
-            )
-        if ret is not None:
-            raise TraceError(
-                f"kernel {self.name} returned {ret!r}; kernels write their results through stores"
-            )
-        fn = Function(self.name, params, body, dict(spec.constexprs))
-        return verify(fn)
+        """The verified FlyIR of a specialization, before the passes (``trace/driver.py``)."""
+        return trace_function(self.fn, self.name, self.signature, spec)
 
     def lower(self, spec: Specialization) -> Function:
         """The FlyIR of a specialization after the pass pipeline (traces it)."""
@@ -332,7 +297,8 @@ class Kernel:
         for these arguments (tensors, ``TensorSpec``s or numbers, as ``compile``) and ``target``,
         without compiling it. Another compiler can then take the function over (torch's
         ``wrap_triton`` puts it in an Inductor graph); ``GeneratedKernel.params`` says which
-        run-time argument, size or stride each Triton parameter is read from."""
+        run-time argument, size or stride each Triton parameter is read from. Only targets
+        whose backend ``generates_source`` (the Triton GPU targets and ``cpu-interpret``)."""
         from ..backends import get_backend
         from ..targets import resolve_target
 
@@ -345,16 +311,13 @@ class Kernel:
         if hit is not None:
             return hit
         backend = get_backend(tgt)
-        if not hasattr(backend, "generate"):
+        if not backend.generates_source:
             raise ArgumentError(
                 f"{self.name}: target {tgt.name} does not generate Triton; use a GPU target or "
                 "cpu-interpret"
             )
-        from ..backends.triton.compiler import import_source, write_source
-
         with self._lock:
-            gen = backend.generate(self.lower(spec))
-            out = (getattr(import_source(write_source(gen)), gen.name), gen)
+            out = backend.source_function(self.lower(spec))
             self._cache[ckey] = out
         return out
 
@@ -366,8 +329,8 @@ class Kernel:
         return self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
-        sink = getattr(_SINK, "fn", None)
-        if sink is not None:  # a tracing framework takes the launch over (launch_sink)
+        sink = current_sink()
+        if sink is not None:  # another framework takes the launch over (sink.launch_sink)
             return sink(self, grid, args, kwargs)
         if not self._guard():
             self._refresh()
@@ -393,15 +356,7 @@ class Kernel:
 
     def _slow_bind(self, args, kwargs):
         _not_in_a_trace(self)
-        kwargs = dict(kwargs)
-        opts = {
-            k: kwargs.pop(k)
-            for k in LAUNCH_OPTIONS
-            if k in kwargs and k not in self.signature.parameters
-        }
-        target = opts.pop("target", None)
-        options = dict(opts.pop("options", None) or {})
-        options.update(opts)
+        kwargs, target, options = split_launch_options(self, kwargs)
         bound = self.bind(args, kwargs)
         spec = self.specialize(bound)
         ck = self._compiled(spec, target, options)
@@ -419,28 +374,6 @@ class Kernel:
                     f"{self.name}: run-time argument {n} must be passed explicitly, not defaulted"
                 )
         return ck, _getter(tuple(where))
-
-
-_SINK = threading.local()
-
-
-class launch_sink:
-    """``with launch_sink(fn):`` launches on this thread call ``fn(kernel, grid, args, kwargs)``
-    instead of compiling and running (``kwargs`` still holds the launch options). For callers
-    that trace a FlyDSL API into another framework's graph (torch_flydsl under torch.compile);
-    nested sinks restore the outer one on exit."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self._prev = None
-
-    def __enter__(self):
-        self._prev = getattr(_SINK, "fn", None)
-        _SINK.fn = self.fn
-        return self
-
-    def __exit__(self, *exc):
-        _SINK.fn = self._prev
 
 
 class _Launcher:
@@ -528,32 +461,6 @@ def _described(value) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def _misused_parameter(kernel_name, e: AttributeError, call: dict, spec) -> ArgumentError | None:
-    """An ``AttributeError`` the kernel body raised using the stand-in of a number or None
-    argument as a tensor (``x.tile``, ``x.shape``): the caller passed a number or None where
-    the kernel wants a tensor. Parameters annotated ``fly.Tensor`` are checked before this."""
-    obj, attr = getattr(e, "obj", _NOTHING), getattr(e, "name", None)
-    if obj is _NOTHING or not isinstance(attr, str) or not hasattr(TensorRef, attr):
-        return None
-    if obj is None:
-        names = [n for n, v in call.items() if v is None]
-        got = "None"
-    else:
-        names = [n for n, v in call.items() if v is obj and isinstance(v, Tile)]
-        kinds = {spec.specs[n].kind for n in names if n in spec.specs}
-        got = "an int" if kinds == {"int"} else "a float" if kinds == {"float"} else "a number"
-    if not names:
-        return None
-    which = " or ".join(repr(n) for n in names)
-    return ArgumentError(
-        f"{kernel_name}: parameter {which} got {got}, but the kernel uses it as a tensor "
-        f"(.{attr}); pass a torch.Tensor there"
-    )
-
-
-_NOTHING = object()
-
-
 def _getter(where: tuple):
     """``f(args, kwargs)`` -> the run-time arguments at ``where`` (positions or keyword names)."""
     if where == tuple(range(len(where))):
@@ -569,29 +476,6 @@ def _hashable(v) -> bool:
         return True
     except TypeError:
         return False
-
-
-def _tensor_param(name: str, s: ArgSpec, params: list[Param]) -> TensorRef:
-    tv = Value(TensorType(s.dtype, s.rank), name=name)
-    params.append(
-        Param(name, "tensor", tv, facts={"aligned": s.aligned, "index_bits": s.index_bits})
-    )
-    idx = dt.int32 if s.index_bits == 32 else dt.int64
-    sizes, strides = [], []
-    for d in range(s.rank):
-        v = Value(TileType(idx), name=f"{name}_size{d}")
-        params.append(
-            Param(f"{name}.size{d}", "shape", v, of=name, dim=d, facts=dict(s.size_facts[d]))
-        )
-        sizes.append(Tile(v))
-    for d in range(s.rank):
-        v = Value(TileType(idx), name=f"{name}_stride{d}")
-        params.append(
-            Param(f"{name}.stride{d}", "stride", v, of=name, dim=d, facts=dict(s.stride_facts[d]))
-        )
-        strides.append(Tile(v))
-    known = tuple(dict(f).get("value") for f in s.stride_facts)
-    return TensorRef(name, tv, s.dtype, tuple(sizes), tuple(strides), idx, static_strides=known)
 
 
 def kernel(fn=None, *, name: str | None = None, static_dims: dict | None = None, pipeline=None):

@@ -20,7 +20,9 @@ from typing import Any, Literal
 
 from ..exc import UnknownTargetError
 
-Backend = Literal["hip", "cuda", "cpu"]
+#: the platform a target runs on: Triton's ``GPUTarget.backend`` name (``Target.backend`` keeps
+#: Triton's field name); "Backend" names only the compiler protocol (``backends.Backend``)
+Platform = Literal["hip", "cuda", "cpu"]
 
 KiB = 1024
 
@@ -75,7 +77,7 @@ class Target:
     """
 
     name: str
-    backend: Backend
+    backend: Platform  # the platform (hip, cuda, cpu): Triton's GPUTarget field name
     arch: str | int | None  # what Triton's GPUTarget wants: 'gfx950', 90; None for CPU targets
     warp_size: int
     description: str = ""

@@ -4,14 +4,15 @@ FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods
     from flydsl_kernels.attention import flash_attn_func, flash_attn_varlen_func
     from flydsl_kernels.attention import flash_attn_with_kvcache
 
-Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels``, ``configs`` (config
-space, static model, per-target tables, schedule rules), ``api``, ``validate`` (the checks of
-the API's numbers and index tensors), ``reference``, ``mods``, and the report cases (``cases``).
+Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels``, ``configs``
+(``Config``, per-target tables ``TABLES``, ``select``, the schedule rules), ``model`` (config
+spaces and the static model that chose the tables), ``api``, ``validate`` (the checks of the
+API's numbers and index tensors), ``reference``, ``mods``, and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, mods, plan, reference, validate
+from . import configs, model, mods, plan, reference, validate
 from .api import (
     SUPPORTED_DTYPES,
     BlockSparse,
@@ -37,6 +38,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "model",
     "mods",
     "plan",
     "reference",

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from flydsl_core import cdiv
+
 from .._target import table_target, target_name, tensor_target
 from . import configs, plan
 from . import validate as V
@@ -74,15 +76,24 @@ class BlockSparse:
         """From a ``torch.nn.attention.flex_attention.BlockMask``."""
         bs = bm.BLOCK_SIZE
         return cls(
-            bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
-            bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices,
+            bm.kv_num_blocks,
+            bm.kv_indices,
+            bm.full_kv_num_blocks,
+            bm.full_kv_indices,
+            bm.q_num_blocks,
+            bm.q_indices,
+            bm.full_q_num_blocks,
+            bm.full_q_indices,
             (int(bs[0]), int(bs[1])) if isinstance(bs, tuple) else (int(bs), int(bs)),
-        )  # fmt: skip
+        )
 
     def lists(self, B, H, transposed=False):
         """The four tensors a kernel takes, broadcast to ``(B, H, ...)`` (None where absent)."""
-        names = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices") if transposed \
-            else ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")  # fmt: skip
+        names = (
+            ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+            if transposed
+            else ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+        )
         out = []
         for n in names:
             t = getattr(self, n)
@@ -102,9 +113,17 @@ def _check_sparse(bs, B, H, sq, sk, device, mask_mod):
     for n, blk in (("Q", bq), ("KV", bkv)):
         if blk < 16 or blk % 16:
             raise ValueError(f"block_sparse: {n} block size must be a multiple of 16, got {blk}")
-    nq, nk = -(-sq // bq), -(-sk // bkv)
-    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):  # fmt: skip
+    nq, nk = cdiv(sq, bq), cdiv(sk, bkv)
+    for name in (
+        "kv_num_blocks",
+        "kv_indices",
+        "full_kv_num_blocks",
+        "full_kv_indices",
+        "q_num_blocks",
+        "q_indices",
+        "full_q_num_blocks",
+        "full_q_indices",
+    ):
         t = getattr(bs, name)
         if t is None:
             continue
@@ -205,48 +224,145 @@ def _mods(score_mod, mask_mod, mod_tensors, device):
     return sm, mm, mt
 
 
-def _problem(q, k, v, *, batch, sq, sk, causal, window, softcap, alibi, sinks, varlen=False,
-             seqused=False, page=0, batch_idx=False, lse_log2=False, decode=False, score_mod=None,
-             mask_mod=None, scale=None, sparse=None):  # fmt: skip
+def _problem(
+    q,
+    k,
+    v,
+    *,
+    batch,
+    sq,
+    sk,
+    causal,
+    window,
+    softcap,
+    alibi,
+    sinks,
+    varlen=False,
+    seqused=False,
+    page=0,
+    batch_idx=False,
+    lse_log2=False,
+    decode=False,
+    score_mod=None,
+    mask_mod=None,
+    scale=None,
+    sparse=None,
+):
     return plan.Problem(
-        batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=q.shape[-2], heads_k=k.shape[-2],
-        head_dim=q.shape[-1], head_dim_v=v.shape[-1], dtype=_DNAME[q.dtype], causal=bool(causal),
-        window=window, softcap=softcap, alibi=alibi is not None, sinks=sinks is not None,
-        varlen=varlen, seqused=seqused, page_size=page, batch_idx=batch_idx, lse=True,
-        lse_log2=lse_log2, decode=decode, score_mod=score_mod, mask_mod=mask_mod,
-        softmax_scale=scale, sparse=tuple(sparse.block_size) if sparse is not None else (0, 0),
+        batch=batch,
+        seqlen_q=sq,
+        seqlen_k=sk,
+        heads_q=q.shape[-2],
+        heads_k=k.shape[-2],
+        head_dim=q.shape[-1],
+        head_dim_v=v.shape[-1],
+        dtype=_DNAME[q.dtype],
+        causal=bool(causal),
+        window=window,
+        softcap=softcap,
+        alibi=alibi is not None,
+        sinks=sinks is not None,
+        varlen=varlen,
+        seqused=seqused,
+        page_size=page,
+        batch_idx=batch_idx,
+        lse=True,
+        lse_log2=lse_log2,
+        decode=decode,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        softmax_scale=scale,
+        sparse=tuple(sparse.block_size) if sparse is not None else (0, 0),
         sparse_full=sparse is not None and sparse.full_kv_num_blocks is not None,
-    )  # fmt: skip
+    )
 
 
 # -- forward and backward drivers (tensors in the kernels' 5-D / 4-D views) --------------------------
 
 
-def _forward(p, tgt, q5, k4, v4, o5, lse4, *, table=None, sinks3=None, alibi3=None, cu_q=None,
-             cu_k=None, seqused=None, block_table=None, batch_idx=None, mt=(), config=None,
-             splits=None, persistent=None, sparse=None):  # fmt: skip
+def _run(launch, tgt) -> None:
+    """Run ``launch`` on ``tgt`` unless its grid is empty (no rows or no batch: nothing to do)."""
+    if all(g != 0 for g in launch.grid):
+        launch.run(tgt)
+
+
+def _forward(
+    p,
+    tgt,
+    q5,
+    k4,
+    v4,
+    o5,
+    lse4,
+    *,
+    table=None,
+    sinks3=None,
+    alibi3=None,
+    cu_q=None,
+    cu_k=None,
+    seqused=None,
+    block_table=None,
+    batch_idx=None,
+    mt=(),
+    config=None,
+    splits=None,
+    persistent=None,
+    sparse=None,
+):
     fp = plan.plan_forward(p, tgt, table=table, config=config, splits=splits, persistent=persistent)
     o_part = lse_part = None
     if fp.splits > 1:
         s, bq, rows = fp.splits, q5.shape[0], q5.shape[1]
-        o_part = torch.empty((s, bq, rows, p.heads_k, p.group, p.head_dim_v), dtype=torch.float32,
-                             device=q5.device)  # fmt: skip
-        lse_part = torch.empty((s, bq, p.heads_k, p.group, rows), dtype=torch.float32,
-                               device=q5.device)  # fmt: skip
+        o_part = torch.empty(
+            (s, bq, rows, p.heads_k, p.group, p.head_dim_v), dtype=torch.float32, device=q5.device
+        )
+        lse_part = torch.empty(
+            (s, bq, p.heads_k, p.group, rows), dtype=torch.float32, device=q5.device
+        )
     if q5.is_meta:
         return fp
     for launch in fp.launches(
-        q=q5, k=k4, v=v4, o=o5, lse=lse4, sinks=sinks3, alibi=alibi3, cu_q=cu_q, cu_k=cu_k,
-        seqused_k=seqused, block_table=block_table, batch_idx=batch_idx, mod_tensors=mt,
-        o_part=o_part, lse_part=lse_part, sq_rows=q5.shape[1],
+        q=q5,
+        k=k4,
+        v=v4,
+        o=o5,
+        lse=lse4,
+        sinks=sinks3,
+        alibi=alibi3,
+        cu_q=cu_q,
+        cu_k=cu_k,
+        seqused_k=seqused,
+        block_table=block_table,
+        batch_idx=batch_idx,
+        mod_tensors=mt,
+        o_part=o_part,
+        lse_part=lse_part,
+        sq_rows=q5.shape[1],
         sparse=sparse.lists(p.batch, p.heads_q) if sparse is not None else (None,) * 4,
-    ):  # fmt: skip
-        launch.run(tgt)
+    ):
+        _run(launch, tgt)
     return fp
 
 
-def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_q=None,
-              cu_k=None, mt=(), dkdv_config=None, dq_config=None, sparse=None):  # fmt: skip
+def _backward(
+    p,
+    tgt,
+    q5,
+    k4,
+    v4,
+    o5,
+    do5,
+    lse4,
+    *,
+    table=None,
+    alibi3=None,
+    cu_q=None,
+    cu_k=None,
+    mt=(),
+    dkdv_config=None,
+    dq_config=None,
+    sparse=None,
+):
     bp = plan.plan_backward(p, tgt, table=table, dkdv_config=dkdv_config, dq_config=dq_config)
     dq = torch.empty(q5.shape, dtype=q5.dtype, device=q5.device)
     dk = torch.empty(k4.shape, dtype=k4.dtype, device=k4.device)
@@ -259,11 +375,24 @@ def _backward(p, tgt, q5, k4, v4, o5, do5, lse4, *, table=None, alibi3=None, cu_
     if q5.is_meta:
         return dq, dk, dv, ld[:, :, :, 1]
     for launch in bp.launches(
-        q=q5, k=k4, v=v4, o=o5, do=do5, lse=lse4, ld=ld, dq=dq, dk=dk, dv=dv,
-        alibi=alibi3, cu_q=cu_q, cu_k=cu_k, mod_tensors=mt, sq_rows=q5.shape[1],
+        q=q5,
+        k=k4,
+        v=v4,
+        o=o5,
+        do=do5,
+        lse=lse4,
+        ld=ld,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        alibi=alibi3,
+        cu_q=cu_q,
+        cu_k=cu_k,
+        mod_tensors=mt,
+        sq_rows=q5.shape[1],
         **_sparse_lists(sparse, p),
-    ):  # fmt: skip
-        launch.run(tgt)
+    ):
+        _run(launch, tgt)
     return dq, dk, dv, ld[:, :, :, 1]
 
 
@@ -400,10 +529,23 @@ def flash_attn_func(
     sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
     bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
     p = _problem(
-        q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=window, softcap=cap,
-        alibi=alibi_slopes, sinks=sinks, lse_log2=lse_log2, score_mod=sm, mask_mod=mm,
-        scale=scale, sparse=bsp,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        batch=B,
+        sq=Sq,
+        sk=Sk,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        alibi=alibi_slopes,
+        sinks=sinks,
+        lse_log2=lse_log2,
+        score_mod=sm,
+        mask_mod=mm,
+        scale=scale,
+        sparse=bsp,
+    )
     G, Dv = H // Hk, v.shape[-1]
     fkw, bkw = V.config(config, what)
     if bsp is not None:
@@ -413,8 +555,15 @@ def flash_attn_func(
         if o is None:
             o = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
             lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-        return (q.unflatten(2, (Hk, G)), k, v, o, o.unflatten(2, (Hk, G)), lse,
-                lse.view(B, Hk, G, Sq))  # fmt: skip
+        return (
+            q.unflatten(2, (Hk, G)),
+            k,
+            v,
+            o,
+            o.unflatten(2, (Hk, G)),
+            lse,
+            lse.view(B, Hk, G, Sq),
+        )
 
     tbl = _table(q, target, table)
     opts = {
@@ -499,14 +648,36 @@ def flash_attn_varlen_func(
     _sinks(sinks, H, Hk, q.device)
     _alibi(alibi_slopes, B, H, Hk, q.device)
     V.varlen(
-        cu_seqlens_q, cu_seqlens_k, max_q, max_k, total_q, None if paged else k.shape[0], what,
-        block_table=block_table, page=page, pool=k.shape[0],
-    )  # fmt: skip
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_q,
+        max_k,
+        total_q,
+        None if paged else k.shape[0],
+        what,
+        block_table=block_table,
+        page=page,
+        pool=k.shape[0],
+    )
     p = _problem(
-        q, k, v, batch=B, sq=max_q, sk=max_k, causal=causal, window=window, softcap=cap,
-        alibi=alibi_slopes, sinks=sinks, varlen=True, page=page, lse_log2=lse_log2,
-        score_mod=sm, mask_mod=mm, scale=scale,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        batch=B,
+        sq=max_q,
+        sk=max_k,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        alibi=alibi_slopes,
+        sinks=sinks,
+        varlen=True,
+        page=page,
+        lse_log2=lse_log2,
+        score_mod=sm,
+        mask_mod=mm,
+        scale=scale,
+    )
     G, Dv = H // Hk, v.shape[-1]
 
     def views(q, k, v, o=None, lse=None):
@@ -515,8 +686,15 @@ def flash_attn_varlen_func(
             lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
         kk = k if paged else k[None]
         vv = v if paged else v[None]
-        return (q.unflatten(1, (Hk, G))[None], kk, vv, o, o.unflatten(1, (Hk, G))[None], lse,
-                lse.view(1, Hk, G, total_q))  # fmt: skip
+        return (
+            q.unflatten(1, (Hk, G))[None],
+            kk,
+            vv,
+            o,
+            o.unflatten(1, (Hk, G))[None],
+            lse,
+            lse.view(1, Hk, G, total_q),
+        )
 
     cu = {"cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k}
     tbl = _table(q, target, table)
@@ -672,42 +850,98 @@ def flash_attn_with_kvcache(
     sinks3 = _sinks(sinks, H, Hk, q.device)
     alibi3 = _alibi(alibi_slopes, B, H, Hk, q.device)
     V.kvcache(
-        seqlens if n_int is None else n_int, snew, sk_max, what, block_table=block_table,
-        page=page, pool=k_cache.shape[0], batch_idx=bidx, batch_cache=k_cache.shape[0],
+        seqlens if n_int is None else n_int,
+        snew,
+        sk_max,
+        what,
+        block_table=block_table,
+        page=page,
+        pool=k_cache.shape[0],
+        batch_idx=bidx,
+        batch_cache=k_cache.shape[0],
         batch=B,
-    )  # fmt: skip
+    )
     G, Dv = H // Hk, v_cache.shape[-1]
     tgt, tbl = tensor_target(q, _meta(q, target)), _table(q, target, table)
     decode = configs.packs_heads(Sq, G)
     p = _problem(
-        q, k_cache, v_cache, batch=B, sq=Sq, sk=sk_max, causal=causal, window=window,
-        softcap=cap, alibi=alibi_slopes, sinks=sinks, seqused=True, page=page,
-        batch_idx=bidx is not None, lse_log2=lse_log2, decode=decode, score_mod=sm, mask_mod=mm,
+        q,
+        k_cache,
+        v_cache,
+        batch=B,
+        sq=Sq,
+        sk=sk_max,
+        causal=causal,
+        window=window,
+        softcap=cap,
+        alibi=alibi_slopes,
+        sinks=sinks,
+        seqused=True,
+        page=page,
+        batch_idx=bidx is not None,
+        lse_log2=lse_log2,
+        decode=decode,
+        score_mod=sm,
+        mask_mod=mm,
         scale=scale,
-    )  # fmt: skip
+    )
     if snew and B and not q.is_meta:
-        plan.append_launch(
-            p, k_new=k, v_new=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=seqlens,
-            block_table=block_table, batch_idx=bidx, snew=snew,
-        ).run(tgt)  # fmt: skip
+        append = plan.append_launch(
+            p,
+            k_new=k,
+            v_new=v,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            cache_seqlens=seqlens,
+            block_table=block_table,
+            batch_idx=bidx,
+            snew=snew,
+        )
+        _run(append, tgt)
         seqlens = seqlens + snew
     o = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     with torch.no_grad():
         _forward(
-            p, tgt, q.unflatten(2, (Hk, G)), k_cache, v_cache, o.unflatten(2, (Hk, G)),
-            lse.view(B, Hk, G, Sq), sinks3=sinks3, alibi3=alibi3, seqused=seqlens,
-            block_table=block_table, batch_idx=bidx, mt=mt, splits=splits or None, table=tbl,
+            p,
+            tgt,
+            q.unflatten(2, (Hk, G)),
+            k_cache,
+            v_cache,
+            o.unflatten(2, (Hk, G)),
+            lse.view(B, Hk, G, Sq),
+            sinks3=sinks3,
+            alibi3=alibi3,
+            seqused=seqlens,
+            block_table=block_table,
+            batch_idx=bidx,
+            mt=mt,
+            splits=splits or None,
+            table=tbl,
             **fkw,
-        )  # fmt: skip
+        )
     return (o, lse) if return_softmax_lse else o
 
 
 def flash_attn_backward(
-    dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
-    softcap=0.0, *, score_mod=None, mask_mod=None, mod_tensors=(), block_sparse=None,
-    target=None, table=None,
-):  # fmt: skip
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    *,
+    score_mod=None,
+    mask_mod=None,
+    mod_tensors=(),
+    block_sparse=None,
+    target=None,
+    table=None,
+):
     """The gradients ``(dq, dk, dv)`` of ``flash_attn_func(q, k, v, ...)`` from its ``out``
     and natural-log ``lse (B, H, Sq)`` (flash-attn's ``_flash_attn_backward``, dense layout):
     for callers that keep the forward's results themselves (an ATen backward op) instead of
@@ -733,14 +967,34 @@ def flash_attn_backward(
         )
     bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
     p = _problem(
-        q, k, v, batch=B, sq=Sq, sk=Sk, causal=causal, window=V.window(window_size, Sq, Sk, what),
-        softcap=V.softcap(softcap, what), alibi=None, sinks=None,
-        scale=V.softmax_scale(softmax_scale, what), score_mod=sm, mask_mod=mm, sparse=bsp,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        batch=B,
+        sq=Sq,
+        sk=Sk,
+        causal=causal,
+        window=V.window(window_size, Sq, Sk, what),
+        softcap=V.softcap(softcap, what),
+        alibi=None,
+        sinks=None,
+        scale=V.softmax_scale(softmax_scale, what),
+        score_mod=sm,
+        mask_mod=mm,
+        sparse=bsp,
+    )
     G = H // Hk
     dq5, dk, dv, _ = _backward(
-        p, tensor_target(q, _meta(q, target)), q.unflatten(2, (Hk, G)), k, v,
-        out.unflatten(2, (Hk, G)), dout.to(q.dtype).unflatten(2, (Hk, G)),
-        lse.contiguous().view(B, Hk, G, Sq), table=_table(q, target, table), mt=mt, sparse=bsp,
-    )  # fmt: skip
+        p,
+        tensor_target(q, _meta(q, target)),
+        q.unflatten(2, (Hk, G)),
+        k,
+        v,
+        out.unflatten(2, (Hk, G)),
+        dout.to(q.dtype).unflatten(2, (Hk, G)),
+        lse.contiguous().view(B, Hk, G, Sq),
+        table=_table(q, target, table),
+        mt=mt,
+        sparse=bsp,
+    )
     return dq5.reshape(q.shape), dk, dv

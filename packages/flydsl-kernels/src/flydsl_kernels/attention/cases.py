@@ -1,19 +1,23 @@
 """Report cases of the attention family: one per shipped kernel config, at model shapes.
 
-Each case compiles its kernel through the plan (``plan.py``) with ``TensorSpec`` operands, so
-the report shows exactly what the API launches; ``check`` runs the function API on fresh random
-inputs (small shapes on the CPU backends, a 1k-token slice on a GPU) against the float64
-reference; on a GPU ``run`` / ``aten`` time ours and ``F.scaled_dot_product_attention``.
+Each case compiles its kernel through the plan (``plan.py``) with ``TensorSpec`` operands
+(``model.forward_launches`` / ``backward_launch``), so the report shows exactly what the API
+launches; ``check`` runs the function API on fresh random inputs (small shapes on the CPU
+backends, a 1k-token slice on a GPU) against the float64 reference; on a GPU ``run`` /
+``aten`` time ours and ``F.scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from flydsl_core import cdiv
+
 from .. import registry
 from .._target import check_device, check_target
 from . import configs, plan, reference
 from .api import flash_attn_func, flash_attn_with_kvcache
+from .model import backward_launch, forward_launches
 
 #: (rtol = atol) of outputs against the float64 reference, by input dtype
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -39,68 +43,9 @@ def _err(out, ref, dtype=torch.bfloat16) -> float:
     return float(((o - r).abs() / (tol + tol * r.abs())).max()) if o.numel() else 0.0
 
 
-def specs(p: plan.Problem, *, paged_pages=0):
-    """``TensorSpec``s of the forward's operands for ``p`` (contiguous flash-attn layouts)."""
-    from flydsl_core import TensorSpec
-
-    B, Sq, Sk, H, Hk = p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_k
-    G, D, Dv = p.group, p.head_dim, p.head_dim_v
-    dt = p.dtype
-    q = TensorSpec(dt, (B, Sq, Hk, G, D), (Sq * H * D, H * D, G * D, D, 1))
-    o = TensorSpec(dt, (B, Sq, Hk, G, Dv), (Sq * H * Dv, H * Dv, G * Dv, Dv, 1))
-    if p.page_size:
-        k = TensorSpec(dt, (paged_pages, p.page_size, Hk, D))
-        v = TensorSpec(dt, (paged_pages, p.page_size, Hk, Dv))
-    else:
-        k = TensorSpec(dt, (B, Sk, Hk, D))
-        v = TensorSpec(dt, (B, Sk, Hk, Dv))
-    lse = TensorSpec("fp32", (B, Hk, G, Sq))
-    return {"q": q, "k": k, "v": v, "o": o, "lse": lse}
-
-
-def forward_launches(fp: plan.FwdPlan):
-    """The launches of a forward plan with ``TensorSpec`` operands (a 4096-page cache)."""
-    from flydsl_core import TensorSpec
-
-    p = fp.problem
-    sp = specs(p, paged_pages=4096)
-    extra = {}
-    if p.sinks:
-        extra["sinks"] = TensorSpec("fp32", (1, p.heads_k, p.group))
-    if p.alibi:
-        extra["alibi"] = TensorSpec("fp32", (p.batch, p.heads_k, p.group))
-    if p.seqused:
-        extra["seqused_k"] = TensorSpec("int32", (p.batch,))
-    if p.page_size:
-        extra["block_table"] = TensorSpec("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
-    if fp.splits > 1:
-        s, G = fp.splits, p.group
-        extra["o_part"] = TensorSpec("fp32", (s, p.batch, p.seqlen_q, p.heads_k, G, p.head_dim_v))
-        extra["lse_part"] = TensorSpec("fp32", (s, p.batch, p.heads_k, G, p.seqlen_q))
-    return fp.launches(**sp, **extra)
-
-
 def _fwd_launch(p: plan.Problem, target, config=None):
     fp = plan.plan_forward(p, target, config=config)
     return fp, forward_launches(fp)
-
-
-def backward_launch(p: plan.Problem, target, which, config=None):
-    """One backward kernel's launch (``bwd_preprocess`` / ``bwd_dkdv`` / ``bwd_dq``) with
-    ``TensorSpec`` operands; ``config`` replaces the table's for that kernel."""
-    from flydsl_core import TensorSpec
-
-    kw = {"dkdv_config": config} if which == "bwd_dkdv" else {"dq_config": config}
-    bp = plan.plan_backward(p, target, **(kw if config is not None else {}))
-    sp = specs(p)
-    lse = TensorSpec("fp32", (p.batch, p.heads_k, p.group, p.seqlen_q))
-    ld = TensorSpec("fp32", (p.batch, p.heads_k, p.group, 2, p.seqlen_q))
-    alibi = TensorSpec("fp32", (p.batch, p.heads_k, p.group)) if p.alibi else None
-    ls = bp.launches(
-        q=sp["q"], k=sp["k"], v=sp["v"], o=sp["o"], do=sp["o"], lse=lse, ld=ld, dq=sp["q"],
-        dk=sp["k"], dv=sp["v"], alibi=alibi,
-    )  # fmt: skip
-    return {"bwd_preprocess": ls[0], "bwd_dkdv": ls[1], "bwd_dq": ls[2]}[which]
 
 
 def _inputs(b, sq, sk, h, hk, d, dv, device, seed=0, dtype=torch.bfloat16):
@@ -159,13 +104,21 @@ def _prefill_case(name, p: plan.Problem, kind="fwd", model=""):
             for t in (q, k, v):
                 t.requires_grad_()
         out = flash_attn_func(
-            q, k, v, sinks=sinks, softcap=p.softcap, target=check_target(device),
-            table=_check_table(device, target), **kw,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            sinks=sinks,
+            softcap=p.softcap,
+            target=check_target(device),
+            table=_check_table(device, target),
+            **kw,
+        )
         ref, _ = reference.attention(
-            *(t.detach().double().requires_grad_(grad) for t in (q, k, v)), sinks=sinks,
-            softcap=p.softcap, **kw,
-        )  # fmt: skip
+            *(t.detach().double().requires_grad_(grad) for t in (q, k, v)),
+            sinks=sinks,
+            softcap=p.softcap,
+            **kw,
+        )
         err = _err(out, ref)
         if grad:
             do = torch.randn_like(out)
@@ -250,7 +203,7 @@ def _decode_case(b, ctx, h, hk, d, page, model, splits=None):
     def inputs(device, bb, cc, seed=0):
         g = torch.Generator().manual_seed(seed)
         q = torch.randn(bb, 1, h, d, generator=g).to(torch.bfloat16).to(device)
-        npg = -(-cc // page)
+        npg = cdiv(cc, page)
         kc = torch.randn(bb * npg, page, hk, d, generator=g).to(torch.bfloat16).to(device)
         vc = torch.randn(bb * npg, page, hk, d, generator=g).to(torch.bfloat16).to(device)
         table = torch.randperm(bb * npg, generator=g).view(bb, npg).to(torch.int32).to(device)
@@ -387,4 +340,4 @@ FAMILY = registry.Family(
     tags=("attention", "compute-bound"),
 )
 
-__all__ = ["FAMILY", "PREFILL", "TOLERANCE", "backward_launch", "forward_launches", "specs"]
+__all__ = ["FAMILY", "PREFILL", "TOLERANCE"]

@@ -1,16 +1,10 @@
-"""Attention configs: the config space, the static model, per-target tables, the schedule rules.
+"""Attention configs: the ``Config``, per-target tables (``TABLES``), ``select``, schedule rules.
 
-No GPU was available to time on: every shipped entry was chosen by a *static model* from
-cross-compiled code (``python -m flydsl_kernels.attention.configs [--target T]`` reprints the
-ranking). A candidate is compiled for the target at the class's representative problem and
-rejected if it spills, needs scratch, overflows LDS or fails to compile; survivors are ranked by
-
-0. at least 2 waves per SIMD on AMD (one wave's softmax hides behind another's MFMAs);
-1. 128-bit K/V loads (the widest global load);
-2. loop instructions per MFMA-equivalent (``matrix_loop_instructions`` over the wave's
-   32x32x16-equivalent MFMAs per KV tile; a 16x16x32 counts as half), the lazy rescale's
-   conditional block excluded as in the anchors' figures (``attention.md``);
-3. direct-to-LDS K/V loads (async copies), then fewer warps.
+No GPU was available to time on: every shipped entry was chosen by the static model in
+``model.py`` from cross-compiled code (``python -m flydsl_kernels.attention.model [--target T]``
+reprints the ranking), untimed. ``select(kind, head_dim, target)`` reads the table entry of a
+kind (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) and head-dim class; no config depends on
+the rows of a problem (its grid does: the split and persistent rules below).
 
 Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 
@@ -34,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .._target import TUNED_TARGETS, compiler_options
+from .._target import compiler_options
 from .._target import num_cus as _num_cus
 from .._target import table_for as _table_for
 
@@ -101,7 +95,7 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
     return Config(bm, bn, w, ns, nk, lazy=lazy, notes=notes)
 
 
-#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.configs``; Triton
+#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.model``; Triton
 #: 3.9): notes = VGPRs, loop instructions per KV tile (per query step for dK/dV) and per useful
 #: 32x32x16 MFMA-equivalent. Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per
 #: SIMD, 128-bit K/V loads (decode also at page sizes 16 to 256: tiles never span pages). Where a wider tile was better per MFMA
@@ -125,8 +119,8 @@ _GFX950 = {
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
 #: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
 #: threads there), dK/dV 16 query rows per step; untimed
-_SM90 = dict(_GFX950)
-_SM90.update({
+_SM90 = {
+    **_GFX950,
     ("fwd", "d64"): _c(128, 64, 8, 2, 32, False),
     ("fwd", "d128"): _c(128, 64, 8, 2, 32, False),
     ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
@@ -139,27 +133,27 @@ _SM90.update({
     ("bwd_dq", "d64"): _c(64, 32, 4, 1, 32, True),
     ("bwd_dq", "d128"): _c(64, 32, 4, 1, 32, True),
     ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
-})  # fmt: skip
+}
 
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
 #: d128: 128x64 with 4 warps spilled 2 SGPRs without the causal mask and needed AGPRs (one wave
 #: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
-_GFX942 = dict(_GFX950)
-_GFX942.update({
+_GFX942 = {
+    **_GFX950,
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, False),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
-})  # fmt: skip
+}
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
-_GFX1250 = dict(_GFX950)
-_GFX1250.update({
+_GFX1250 = {
+    **_GFX950,
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
-})  # fmt: skip
+}
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
@@ -170,15 +164,20 @@ TABLES: dict[str, dict[tuple[str, str], Config]] = {
 }
 
 
-def table_for(target) -> dict:
+def table(target=None) -> dict:
     """``target``'s table (a name, an alias or a ``Target``); None, the CPU backends and
     untuned targets read gfx950's (``_target.table_for``)."""
     return _table_for(TABLES, target)
 
 
+#: deprecated: ``table``
+table_for = table
+
+
 def select(kind: str, head_dim: int, target=None) -> Config:
-    """The shipped config of ``kind`` for a head dim in ``target``'s table."""
-    return table_for(target)[(kind, dclass(head_dim))]
+    """The shipped config of ``kind`` (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) for a head
+    dim in ``target``'s table."""
+    return table(target)[(kind, dclass(head_dim))]
 
 
 def num_cus(target) -> int:
@@ -217,201 +216,3 @@ def persistent_programs(tiles: int, cus: int, uneven: bool) -> int:
     if uneven and cus <= tiles < PERSIST_WAVES * cus:
         return cus
     return 0
-
-
-# -- the static model -----------------------------------------------------------------------------------
-
-#: the problem each (kind, head-dim class) is modelled at (bf16, Llama-like GQA 4:1)
-MODEL_SHAPES = {
-    "d64": (4, 4096, 64),  # (batch, seqlen, head dim)
-    "d128": (4, 4096, 128),
-    "d256": (4, 4096, 256),
-}
-#: waves per SIMD a shipped AMD candidate should reach (model rule 0)
-OCCUPANCY_FLOOR = 2
-
-
-def model_problem(kind: str, dcls: str, *, causal: bool = True):
-    """The ``plan.Problem`` a config of ``kind`` is compiled at by the model and the compile tests."""
-    from .plan import Problem
-
-    b, s, d = MODEL_SHAPES[dcls]
-    if kind == "decode":
-        return Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=64,
-                       decode=True)  # fmt: skip
-    return Problem(b, s, s, 32, 8, d, d, causal=causal)
-
-
-def compile_config(kind: str, cfg: Config, problem=None, target: str = "gfx950"):
-    """Compile the kernel of ``kind`` with ``cfg`` at ``problem`` (default: the model's) for
-    ``target``; returns the ``CompiledKernel``."""
-    from . import cases
-
-    p = problem or model_problem(kind, "d128")
-    if kind in ("fwd", "decode"):
-        from .plan import plan_forward
-
-        fp = plan_forward(p, target, config=cfg, splits=1, persistent=0)
-        return cases.forward_launches(fp)[0].compile(target)
-    return cases.backward_launch(p, target, kind, cfg).compile(target)
-
-
-def loop_mfma_equivalents(amdgcn: str) -> float:
-    """32x32x16-equivalent MFMAs per trip of the innermost loop holding MFMAs (a 16x16x32 or
-    16x16x16 counts half: it does half the work of a 32x32x16 / 32x32x8)."""
-    from ..gemm.configs import k_loop_body
-
-    body = k_loop_body(amdgcn)
-    n = 0.0
-    for ln in body:
-        op = ln.split()[0]
-        if op.startswith("v_mfma"):
-            n += 1.0 if "_32x32x" in op else 0.5
-    return n
-
-
-def useful_mfma(kind: str, cfg: Config, problem) -> float:
-    """32x32x16-equivalent MFMAs of *useful* work per wave per loop trip (``2 * 32 * 32 * 16``
-    FLOPs each): a layout that makes warps repeat each other's rows (the attention.md pitfall)
-    issues more MFMAs than this, and the model must not reward it."""
-    d, dv = problem.head_dim, problem.head_dim_v
-    unit = 32 * 32 * 16
-    if kind in ("fwd", "decode"):
-        rows = cfg.BM if kind == "fwd" else max(cfg.BM, 16)
-        return rows / cfg.num_warps * cfg.BN * (d + dv) / unit
-    if kind == "bwd_dkdv":  # per query step: S^T, dV, dP^T, dK over the program's keys
-        return cfg.BN / cfg.num_warps * cfg.BM * (2 * d + 2 * dv) / unit
-    return cfg.BM / cfg.num_warps * cfg.BN * (2 * d + dv) / unit  # dQ: S, dP, dQ per key tile
-
-
-def figures(ck, kind: str | None = None, cfg: Config | None = None, problem=None) -> dict:
-    """What the model and the compile tests read from a ``CompiledKernel``; with ``kind``,
-    ``cfg`` and ``problem``, ``per_mfma`` is loop instructions per *useful* MFMA-equivalent."""
-    r = ck.executable.report
-    out = {
-        "vgpr": r.vgpr_total,
-        "agpr": r.agpr,
-        "scratch": r.scratch_bytes or 0,
-        "spills": (r.vgpr_spill_count or 0) + (r.sgpr_spill_count or 0),
-        "lds": r.lds_bytes,
-        "occ": r.occupancy,
-        "loop": r.matrix_loop_instructions or 0,
-        "mfma": dict(r.matrix_ops),
-        "loads": {int(k): v for k, v in r.load_widths_bits.items()},
-        "direct_to_lds": r.direct_to_lds_loads,
-    }
-    amdgcn = ck.stages().get("amdgcn")
-    if amdgcn:
-        eq = loop_mfma_equivalents(amdgcn)
-        out["loop_mfma"] = eq
-        useful = useful_mfma(kind, cfg, problem) if kind is not None else eq
-        out["useful_mfma"] = useful
-        out["per_mfma"] = round(out["loop"] / useful, 2) if useful else None
-    return out
-
-
-#: tile shapes (BM, BN, warps) the model tries, per kind and head-dim class
-TILES = {
-    "fwd": [(128, 64, 4), (128, 32, 4), (64, 64, 4), (64, 32, 4), (256, 64, 8), (256, 32, 8),
-            (128, 128, 4), (128, 64, 8)],
-    "fwd_d256": [(64, 32, 4), (128, 32, 4), (64, 64, 4), (128, 64, 8), (256, 32, 8), (128, 32, 8)],
-    "decode": [(16, 32, 1), (16, 64, 1), (16, 128, 1), (16, 32, 2), (16, 64, 2), (16, 64, 4),
-               (16, 128, 4)],
-    "bwd_dkdv": [(32, 64, 4), (64, 64, 4), (32, 128, 4), (64, 128, 8), (16, 64, 4), (32, 32, 4)],
-    "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4)],
-}  # fmt: skip
-
-
-def space(kind: str, dcls: str) -> list[Config]:
-    """The candidates of ``kind`` at a head-dim class: tiles x pipeline stages x MFMA shape
-    (x the lazy rescale, forward only)."""
-    tiles = TILES["fwd_d256" if kind == "fwd" and dcls == "d256" else kind]
-    out = []
-    for bm, bn, w in tiles:
-        for ns in (1, 2):
-            for nk in (16, 32):
-                if kind == "decode" and nk == 32:
-                    continue  # 16-row tiles: 16x16x32 MFMAs only
-                rows = (bn if kind == "bwd_dkdv" else bm) // w  # a warp's rows of the output
-                if nk == 32 and rows < 32:
-                    continue
-                for lazy in (True, False) if kind in ("fwd", "decode") else (True,):
-                    out.append(Config(bm, bn, w, ns, nk, lazy=lazy))
-    return out
-
-
-def score(cfg: Config, fig: dict) -> tuple:
-    widest = max(fig["loads"], default=0)
-    per = fig.get("per_mfma") or 1e9
-    return (widest, -per, fig["direct_to_lds"] > 0, -cfg.num_warps)
-
-
-def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=None):
-    """``[(Config, figures or None, rejected or None)]``, survivors best first."""
-    from flydsl_core.autotune.prune import Candidate, judge
-    from flydsl_core.exc import FlyDSLError
-    from flydsl_core.targets import get_target
-
-    tgt = get_target(target)
-    floor = OCCUPANCY_FLOOR if target.startswith("gfx") else 1
-    rows = []
-    for cfg in candidates if candidates is not None else space(kind, dcls):
-        try:
-            ck = compile_config(kind, cfg, model_problem(kind, dcls), target)
-        except FlyDSLError as e:
-            rows.append((cfg, None, f"compile failed: {e.msg.splitlines()[0]}"))
-            continue
-        cand = judge(Candidate(None, ck.executable.report.to_dict()), tgt, floor)
-        rows.append((cfg, figures(ck, kind, cfg, model_problem(kind, dcls)), cand.rejected))
-    ok = sorted((r for r in rows if r[2] is None), key=lambda r: score(r[0], r[1]), reverse=True)
-    return ok + [r for r in rows if r[2] is not None]
-
-
-def check_tables(targets=TUNED_TARGETS) -> list[str]:
-    """Compile every shipped entry of every target's table at its model problem; the problems
-    found (compile failures, scratch, spills, LDS over the target's limit)."""
-    from flydsl_core.autotune.prune import Candidate, judge
-    from flydsl_core.exc import FlyDSLError
-    from flydsl_core.targets import get_target
-
-    bad = []
-    for t in targets:
-        tgt = get_target(t)
-        for (kind, dcls), cfg in TABLES[t].items():
-            try:
-                ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
-            except FlyDSLError as e:
-                bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
-                continue
-            rep = ck.executable.report.to_dict()
-            why = judge(Candidate(None, rep), tgt, 1).rejected
-            if why or rep.get("spill_store_bytes"):
-                bad.append(f"{t} {kind} {dcls} {cfg.as_dict()}: {why or 'spill stores'}")
-    return bad
-
-
-def main(argv=None):  # pragma: no cover - a developer tool
-    import argparse
-
-    ap = argparse.ArgumentParser(description="rank attention configs with the static model")
-    ap.add_argument("--target", default="gfx950")
-    ap.add_argument("--kind", default="fwd", choices=["fwd", "decode", "bwd_dkdv", "bwd_dq"])
-    ap.add_argument("--dclass", default="d128", choices=list(MODEL_SHAPES))
-    ap.add_argument("--limit", type=int, default=0, help="only the first N candidates")
-    ap.add_argument(
-        "--check-tables", action="store_true", help="compile every shipped entry, every target"
-    )
-    a = ap.parse_args(argv)
-    if a.check_tables:
-        bad = check_tables()
-        print("\n".join(bad) or "every shipped entry compiles without scratch or spills")
-        raise SystemExit(1 if bad else 0)
-    cands = space(a.kind, a.dclass)
-    if a.limit:
-        cands = cands[: a.limit]
-    for cfg, fig, why in rank(a.kind, a.dclass, a.target, cands):
-        print(cfg.as_dict(), fig if fig else why, flush=True)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

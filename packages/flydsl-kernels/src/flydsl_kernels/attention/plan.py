@@ -3,8 +3,9 @@
 ``Problem`` describes one attention call by its sizes and features (no tensors). The
 ``plan_*`` functions apply the schedule rules of ``configs`` (tile, split count, persistent
 grid) and return plans whose ``launches(...)`` bind operands (torch tensors, or
-``TensorSpec``s for compiling without data) into ``Launch``es. The function API, the report
-and the config model all go through here, so the three compile the same kernels.
+``TensorSpec``s for compiling without data) into ``launch.Launch``es. The function API, the
+report and the static model (``model.py``) all go through here, so the three compile the same
+kernels. A launch's grid may be empty (no query rows, no batch): the API skips those.
 
 Operand layouts are the kernels' (see ``kernels.py``): ``q``/``o`` 5-D ``(B, S, Hk, G, D)``,
 ``lse``/``delta`` ``(B, Hk, G, S)``, ``k``/``v`` ``(B, S, Hk, D)`` or paged, ``sinks``
@@ -17,8 +18,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from flydsl_core import cdiv
+
 from .._target import table_target
-from ..launch import Launch as _Launch
+from ..launch import Launch
 from . import configs
 from .kernels import (
     Bwd,
@@ -78,21 +81,6 @@ class Problem:
         return int(left), int(right)
 
 
-class Launch(_Launch):
-    """``launch.Launch`` whose ``run`` skips an empty grid (the attention APIs launch with
-    zero-size grids where a problem is empty)."""
-
-    def run(self, target):
-        g = self.grid
-        if any(x == 0 for x in g):
-            return None
-        return self.kernel[g](*self.args, **self.constexprs, target=target, options=self.options)
-
-
-def _cdiv(a, b):
-    return -(-a // b)
-
-
 def _ints(p: Problem):
     left, right = p.bounds
     return max(left, 0), max(right, 0)
@@ -112,31 +100,73 @@ class FwdPlan:
     options: dict
     scale: float
 
-    def launches(self, *, q, k, v, o, lse, sinks=None, alibi=None, cu_q=None, cu_k=None,
-                 seqused_k=None, block_table=None, batch_idx=None, mod_tensors=(),
-                 o_part=None, lse_part=None, sq_rows=None, sparse=(None,) * 4):  # fmt: skip
+    def launches(
+        self,
+        *,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        sinks=None,
+        alibi=None,
+        cu_q=None,
+        cu_k=None,
+        seqused_k=None,
+        block_table=None,
+        batch_idx=None,
+        mod_tensors=(),
+        o_part=None,
+        lse_part=None,
+        sq_rows=None,
+        sparse=(None,) * 4,
+    ):
         """The forward launch (plus the combine when split). ``sq_rows``: the Sq extent of the
         tensors (total tokens for varlen); the grid uses the problem's (max) seqlen."""
         p = self.problem
         mt = tuple(mod_tensors) + (None,) * (4 - len(mod_tensors))
         left, right = _ints(p)
-        NG = _cdiv(p.group, self.C.GP)
+        NG = cdiv(p.group, self.C.GP)
         args = (
-            q, k, v, o_part if self.splits > 1 else o, lse_part if self.splits > 1 else lse,
-            sinks, alibi, cu_q, cu_k, seqused_k, block_table, batch_idx, *mt, *sparse,
-            p.batch, p.seqlen_q, p.seqlen_k, p.heads_k, p.group, NG, float(self.scale), left,
-            right, float(p.softcap) if p.softcap else 1.0,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            o_part if self.splits > 1 else o,
+            lse_part if self.splits > 1 else lse,
+            sinks,
+            alibi,
+            cu_q,
+            cu_k,
+            seqused_k,
+            block_table,
+            batch_idx,
+            *mt,
+            *sparse,
+            p.batch,
+            p.seqlen_q,
+            p.seqlen_k,
+            p.heads_k,
+            p.group,
+            NG,
+            float(self.scale),
+            left,
+            right,
+            float(p.softcap) if p.softcap else 1.0,
+        )
         out = [Launch(attn_fwd_kernel, self.grid, args, {"C": self.C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
             bq = 1 if p.varlen else p.batch
-            cgrid = (_cdiv(rows, ROWS_BM), bq * p.heads_k * p.group)
+            cgrid = (cdiv(rows, ROWS_BM), bq * p.heads_k * p.group)
             cargs = (o_part, lse_part, o, lse, sinks, rows, p.heads_k, p.group)
             cc = dict(
-                BM=ROWS_BM, DV=p.head_dim_v, SPLITS=self.splits, SINKS=p.sinks,
-                LSE=lse is not None, LSE_LOG2=p.lse_log2,
-            )  # fmt: skip
+                BM=ROWS_BM,
+                DV=p.head_dim_v,
+                SPLITS=self.splits,
+                SINKS=p.sinks,
+                LSE=lse is not None,
+                LSE_LOG2=p.lse_log2,
+            )
             out.append(Launch(attn_combine_kernel, cgrid, cargs, cc, {"num_warps": 4}))
         return out
 
@@ -148,8 +178,9 @@ def _table(target, table):
     return table if table is not None else table_target(None, target)
 
 
-def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=None,
-                 persistent=None) -> FwdPlan:  # fmt: skip
+def plan_forward(
+    p: Problem, target=None, *, table=None, config=None, splits=None, persistent=None
+) -> FwdPlan:
     """The forward schedule of ``p`` compiled for ``target`` with ``table``'s configs and CU
     count (default: ``target``'s; see ``configs``' module doc)."""
     table = _table(target, table)
@@ -168,19 +199,37 @@ def plan_forward(p: Problem, target=None, *, table=None, config=None, splits=Non
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     C = Fwd(
-        BM=BM, BN=cfg.BN, GP=GP, D=p.head_dim, DV=p.head_dim_v, CAUSAL=p.causal,
-        HAS_WL=left >= 0, HAS_WR=right >= 0, SOFTCAP=bool(p.softcap), ALIBI=p.alibi,
-        SINKS=p.sinks, VARLEN=p.varlen, SEQUSED=p.seqused, PAGE=p.page_size,
-        BATCH_IDX=p.batch_idx, LSE=p.lse, LSE_LOG2=p.lse_log2, score_mod=p.score_mod,
-        mask_mod=p.mask_mod, LAZY_RESCALE=cfg.lazy, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
-        SPARSE_FULL=p.sparse_full, FOLD_SCALE=scale_of(p) > 0,
-    )  # fmt: skip
+        BM=BM,
+        BN=cfg.BN,
+        GP=GP,
+        D=p.head_dim,
+        DV=p.head_dim_v,
+        CAUSAL=p.causal,
+        HAS_WL=left >= 0,
+        HAS_WR=right >= 0,
+        SOFTCAP=bool(p.softcap),
+        ALIBI=p.alibi,
+        SINKS=p.sinks,
+        VARLEN=p.varlen,
+        SEQUSED=p.seqused,
+        PAGE=p.page_size,
+        BATCH_IDX=p.batch_idx,
+        LSE=p.lse,
+        LSE_LOG2=p.lse_log2,
+        score_mod=p.score_mod,
+        mask_mod=p.mask_mod,
+        LAZY_RESCALE=cfg.lazy,
+        SPARSE_Q=p.sparse[0],
+        SPARSE_KV=p.sparse[1],
+        SPARSE_FULL=p.sparse_full,
+        FOLD_SCALE=scale_of(p) > 0,
+    )
     BMS = C.BMS
-    NG = _cdiv(G, GP)
-    mblocks = _cdiv(p.seqlen_q, BMS)
+    NG = cdiv(G, GP)
+    mblocks = cdiv(p.seqlen_q, BMS)
     programs = p.batch * p.heads_k * NG * mblocks
     cus = configs.num_cus(table)
-    kv_blocks = _cdiv(p.seqlen_k, cfg.BN)
+    kv_blocks = cdiv(p.seqlen_k, cfg.BN)
     s = splits if splits is not None else configs.splits_for(programs, kv_blocks, cus)
     s = max(1, min(int(s), max(kv_blocks, 1)))
     if sparse:
@@ -221,13 +270,27 @@ def next_gp(G: int) -> int:
     return configs.next_pow2(max(G, 1))
 
 
-def append_launch(p: Problem, *, k_new, v_new, k_cache, v_cache, cache_seqlens, block_table,
-                  batch_idx, snew: int, target=None) -> Launch:  # fmt: skip
+def append_launch(
+    p: Problem,
+    *,
+    k_new,
+    v_new,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table,
+    batch_idx,
+    snew: int,
+    target=None,
+) -> Launch:
     """Writes ``snew`` new tokens per batch into the cache at ``cache_seqlens[b] + t``."""
     cc = dict(
-        HB=configs.next_pow2(p.heads_k), D=p.head_dim, DV=p.head_dim_v, PAGE=p.page_size,
+        HB=configs.next_pow2(p.heads_k),
+        D=p.head_dim,
+        DV=p.head_dim_v,
+        PAGE=p.page_size,
         BATCH_IDX=p.batch_idx,
-    )  # fmt: skip
+    )
     args = (k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, batch_idx)
     return Launch(kv_append_kernel, (snew, p.batch), args, cc, {"num_warps": 4})
 
@@ -245,9 +308,27 @@ class BwdPlan:
     scale: float
     target: Any
 
-    def launches(self, *, q, k, v, o, do, lse, ld, dq, dk, dv, alibi=None, cu_q=None,
-                 cu_k=None, mod_tensors=(), sq_rows=None, sparse_kv=(None,) * 4,
-                 sparse_q=(None,) * 4):  # fmt: skip
+    def launches(
+        self,
+        *,
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+        ld,
+        dq,
+        dk,
+        dv,
+        alibi=None,
+        cu_q=None,
+        cu_k=None,
+        mod_tensors=(),
+        sq_rows=None,
+        sparse_kv=(None,) * 4,
+        sparse_q=(None,) * 4,
+    ):
         p = self.problem
         mt = tuple(mod_tensors) + (None,) * (4 - len(mod_tensors))
         left, right = _ints(p)
@@ -255,23 +336,31 @@ class BwdPlan:
         rows = sq_rows if sq_rows is not None else p.seqlen_q
         pre = Launch(
             attn_bwd_preprocess_kernel,
-            (_cdiv(p.seqlen_q, ROWS_BM), p.batch * p.heads_k * G),
+            (cdiv(p.seqlen_q, ROWS_BM), p.batch * p.heads_k * G),
             (o, do, lse, ld, cu_q, rows, p.heads_k, G),
             dict(BM=ROWS_BM, DV=p.head_dim_v, VARLEN=p.varlen, LSE_LOG2=p.lse_log2),
             {"num_warps": 4},
         )
-        tail = (p.seqlen_q, p.seqlen_k, p.heads_k, G, float(self.scale), left, right,
-                float(p.softcap) if p.softcap else 1.0)  # fmt: skip
+        tail = (
+            p.seqlen_q,
+            p.seqlen_k,
+            p.heads_k,
+            G,
+            float(self.scale),
+            left,
+            right,
+            float(p.softcap) if p.softcap else 1.0,
+        )
         dkdv = Launch(
             attn_bwd_dkdv_kernel,
-            (_cdiv(p.seqlen_k, self.C_dkdv.BN), p.batch * p.heads_k),
+            (cdiv(p.seqlen_k, self.C_dkdv.BN), p.batch * p.heads_k),
             (q, k, v, do, ld, dk, dv, alibi, cu_q, cu_k, *mt, *sparse_q, *tail),
             {"C": self.C_dkdv},
             self.dkdv.options(self.target),
         )
         dql = Launch(
             attn_bwd_dq_kernel,
-            (_cdiv(p.seqlen_q, self.C_dq.BM), p.batch * p.heads_k * G),
+            (cdiv(p.seqlen_q, self.C_dq.BM), p.batch * p.heads_k * G),
             (q, k, v, do, ld, dq, alibi, cu_q, cu_k, *mt, *sparse_kv, *tail),
             {"C": self.C_dq},
             self.dq.options(self.target),
@@ -281,8 +370,9 @@ class BwdPlan:
         return [pre, dkdv, dql]
 
 
-def plan_backward(p: Problem, target=None, *, table=None, dkdv_config=None,
-                  dq_config=None) -> BwdPlan:  # fmt: skip
+def plan_backward(
+    p: Problem, target=None, *, table=None, dkdv_config=None, dq_config=None
+) -> BwdPlan:
     """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
     table = _table(target, table)
     d = max(p.head_dim, p.head_dim_v)
@@ -292,15 +382,30 @@ def plan_backward(p: Problem, target=None, *, table=None, dkdv_config=None,
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
     common = dict(
-        D=p.head_dim, DV=p.head_dim_v, CAUSAL=p.causal, HAS_WL=left >= 0, HAS_WR=right >= 0,
-        SOFTCAP=bool(p.softcap), ALIBI=p.alibi, VARLEN=p.varlen, LSE_LOG2=p.lse_log2,
-        score_mod=p.score_mod, mask_mod=p.mask_mod, SPARSE_Q=p.sparse[0], SPARSE_KV=p.sparse[1],
+        D=p.head_dim,
+        DV=p.head_dim_v,
+        CAUSAL=p.causal,
+        HAS_WL=left >= 0,
+        HAS_WR=right >= 0,
+        SOFTCAP=bool(p.softcap),
+        ALIBI=p.alibi,
+        VARLEN=p.varlen,
+        LSE_LOG2=p.lse_log2,
+        score_mod=p.score_mod,
+        mask_mod=p.mask_mod,
+        SPARSE_Q=p.sparse[0],
+        SPARSE_KV=p.sparse[1],
         SPARSE_FULL=p.sparse_full,
-    )  # fmt: skip
+    )
     return BwdPlan(
-        p, c1, c2, Bwd(BM=c1.BM, BN=c1.BN, **common), Bwd(BM=c2.BM, BN=c2.BN, **common),
-        scale_of(p), target,
-    )  # fmt: skip
+        p,
+        c1,
+        c2,
+        Bwd(BM=c1.BM, BN=c1.BN, **common),
+        Bwd(BM=c2.BM, BN=c2.BN, **common),
+        scale_of(p),
+        target,
+    )
 
 
 def scale_of(p: Problem) -> float:

@@ -35,6 +35,8 @@ import operator
 
 import torch
 
+from flydsl_core import cdiv
+
 from . import configs
 
 #: read CPU index tensors on the host (tests turn it off to run the device path on the CPU)
@@ -228,14 +230,18 @@ def _pages_host(bt: torch.Tensor, lens: list, page: int, pool: int, what: str) -
     lo, hi = torch.aminmax(bt)
     if lo.item() >= 0 and hi.item() < pool:
         return
-    need = [-(-n // page) for n in lens]
+    need = [cdiv(n, page) for n in lens]
     hit = None
     if bt.numel() <= 4096:  # Python over the rows' used entries: a few us
         hit = next(
-            ((b, j) for b, row in enumerate(bt.tolist()) for j, pid in enumerate(row[: need[b]])
-             if not 0 <= pid < pool),
+            (
+                (b, j)
+                for b, row in enumerate(bt.tolist())
+                for j, pid in enumerate(row[: need[b]])
+                if not 0 <= pid < pool
+            ),
             None,
-        )  # fmt: skip
+        )
     else:  # a big padded table: a handful of tensor ops instead of a Python loop over it
         cols = torch.arange(bt.shape[1])[None, :] < torch.tensor(need)[:, None]
         bad = (cols & ((bt < 0) | (bt >= pool))).nonzero()
@@ -276,7 +282,7 @@ def _pages_flags(bt, lens, snew, page, pool, flags):
     if bt.numel() == 0:
         return
     if isinstance(lens, int):
-        used = bt[:, : -(-(lens + snew) // page)]
+        used = bt[:, : cdiv(lens + snew, page)]
         flags.append(((used < 0) | (used >= pool)).any())
         return
     need = torch.div(lens + (snew + page - 1), page, rounding_mode="floor")
@@ -307,8 +313,9 @@ def _settle(flags, sync: bool, recheck, what: str) -> None:
 # -- the checks each function runs -------------------------------------------------------------------
 
 
-def varlen(cu_q, cu_k, max_q, max_k, total_q, total_k, what, *, block_table=None, page=0,
-           pool=0) -> None:  # fmt: skip
+def varlen(
+    cu_q, cu_k, max_q, max_k, total_q, total_k, what, *, block_table=None, page=0, pool=0
+) -> None:
     """``cu_seqlens_q`` / ``cu_seqlens_k`` (validated int32 ``(B + 1,)`` tensors): start at 0,
     non-decreasing, end at the total tokens (``total_k`` None: a paged cache, no total), no
     sequence longer than ``max_seqlen_*``; with a paged cache, each sequence's pages in the
@@ -340,8 +347,19 @@ def varlen(cu_q, cu_k, max_q, max_k, total_q, total_k, what, *, block_table=None
     _settle(flags, False, None, what)
 
 
-def kvcache(seqlens, snew, cap, what, *, block_table=None, page=0, pool=0, batch_idx=None,
-            batch_cache=0, batch=0) -> None:  # fmt: skip
+def kvcache(
+    seqlens,
+    snew,
+    cap,
+    what,
+    *,
+    block_table=None,
+    page=0,
+    pool=0,
+    batch_idx=None,
+    batch_cache=0,
+    batch=0,
+) -> None:
     """``cache_seqlens`` (a validated ``(B,)`` int32 tensor, or one int for every sequence of
     the ``batch``): >= 0 and, with ``snew`` appended tokens, within ``cap`` positions; the pages
     those positions read (paged) and the ``cache_batch_idx`` entries (dense) in range. A paged

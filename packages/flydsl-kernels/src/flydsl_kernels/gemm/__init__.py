@@ -12,18 +12,19 @@ Kernels (kernels.py): one dense kernel for every layout (unit strides are
 compile-time facts), with grouped pid ordering, an XCD remap and split-K
 (fp32 partials + a fixed-order reduce); one persistent grouped kernel for
 all four ``_grouped_mm`` forms; one fused SwiGLU kernel (two GEMMs sharing
-the A operand, ``silu(gate) * up`` in registers). configs.py holds the config space, the
-static model that chose the shipped gfx950 defaults (untimed: no gfx950
-here) and the selection rule.
+the A operand, ``silu(gate) * up`` in registers). configs.py holds the shipped tiles and the
+selection rules; model.py the config spaces and the static model that chose the tiles
+(untimed: no gfx950 here).
 
 Parts (the layout every family shares; docs/architecture.md): ``kernels``, ``plan`` (a
-problem -> the launches), ``configs`` (config spaces, static model, per-target tables,
-selection rules), ``api``, ``reference`` and the report cases (``cases``).
+problem -> the launches), ``configs`` (``Config``, per-target tables ``TABLES``, ``select``
+and ``m_choice``), ``model`` (config spaces, the static model), ``api``, ``reference`` and the
+report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, plan, reference
+from . import configs, model, plan, reference
 from .api import SUPPORTED_DTYPES, SUPPORTED_OUT_DTYPES, gemm, grouped_mm, swiglu
 from .cases import FAMILY, TOLERANCE
 from .kernels import KERNELS
@@ -37,6 +38,7 @@ __all__ = [
     "configs",
     "gemm",
     "grouped_mm",
+    "model",
     "plan",
     "reference",
     "swiglu",

@@ -120,7 +120,7 @@ def gemm(
     * ``out``: where to write the result (the result's shape and ``out_dtype``; any strides).
 
     Host code is integer arithmetic on the shapes (no float ``ceil``, no ``min`` of sizes), so
-    the function also runs on tensors with symbolic sizes when a tracer takes the launches over
+    the function also runs on tensors with symbolic sizes when a graph capture takes the launches over
     (``flydsl_core.runtime.kernel.launch_sink``), given ``config`` and ``split_k``.
     """
     _check_operands(a, b)
@@ -176,11 +176,22 @@ def gemm(
         r3 = residual.reshape(batch, M, N) if batched else residual[None]
     tgt = tensor_target(a, target)
     gp = plan_gemm(
-        M, N, K, batch, alpha=alpha, bias_mode=bmode, act=ACTIVATIONS[act], config=config,
-        split_k=split_k, target=tgt, table=table_target(a, target),
-    )  # fmt: skip
-    ws = {name: torch.empty(shape, dtype=dt, device=a.device)
-          for name, (shape, dt) in gp.workspaces().items()}  # fmt: skip
+        M,
+        N,
+        K,
+        batch,
+        alpha=alpha,
+        bias_mode=bmode,
+        act=ACTIVATIONS[act],
+        config=config,
+        split_k=split_k,
+        target=tgt,
+        table=table_target(a, target),
+    )
+    ws = {
+        name: torch.empty(shape, dtype=dt, device=a.device)
+        for name, (shape, dt) in gp.workspaces().items()
+    }
     launches = gp.launches(
         a=a3, b=b3, out=out, c=c3, bias=bias_t, residual=r3, alpha=alpha, beta=beta, **ws
     )
@@ -300,8 +311,15 @@ def grouped_mm(
     o3 = out if out.dim() == 3 else out[None]
     tgt = tensor_target(mat_a, target)
     launch = plan_grouped(
-        a3, b3, o3, offs, bias, ragged, config=config, target=tgt,
+        a3,
+        b3,
+        o3,
+        offs,
+        bias,
+        ragged,
+        config=config,
+        target=tgt,
         table=table_target(mat_a, target),
-    )  # fmt: skip
+    )
     launch.run(tgt)
     return out

@@ -1,7 +1,7 @@
 """Report cases of the GEMM family (``FAMILY``): the dense GEMM's shape classes, the fused
 SwiGLU and the grouped GEMM at model shapes.
 
-Each case compiles its kernel through the plan (``configs.compile_config`` builds
+Each case compiles its kernel through the plan (``model.compile_config`` builds
 ``plan.plan_gemm``'s launch, the SwiGLU case ``plan.plan_swiglu``'s, the grouped case
 ``plan.plan_grouped``'s, on ``TensorSpec`` operands), so the report shows what the API launches with the target's shipped config;
 ``check`` runs the function API on fresh random inputs against ``reference.py``.
@@ -16,6 +16,7 @@ from .._target import check_target as _check_target
 from . import configs, reference
 from .api import gemm, grouped_mm, swiglu
 from .kernels import KERNELS, RAGGED_M
+from .model import compile_config, operand_specs
 from .plan import plan_grouped, plan_swiglu
 
 #: (rtol, atol) of the function API against the fp32 references, by output dtype
@@ -45,10 +46,10 @@ def _dense_case(cls, m, n, k, model):
     def cfg_of(target):
         # the class's tile of the target's table (the report names the class; select() may
         # trade large for medium on a GPU that a large grid would not fill)
-        return configs.shipped_table(target)[cls]
+        return configs.table(target)[cls]
 
     def compile_(target):
-        return configs.compile_config(cfg_of(target), m, n, k, target=target)
+        return compile_config(cfg_of(target), m, n, k, target=target)
 
     def check(device, target=None):
         cfg = cfg_of(target)
@@ -59,9 +60,12 @@ def _dense_case(cls, m, n, k, model):
         a, b = _nt(mm, nn, kk, "cpu" if _cpu(device) else device, seed=1)
         # on a GPU the API picks the device's own table, as a user's call does
         out = gemm(
-            a, b, out_dtype=torch.float32, config=cfg if _cpu(device) else None,
+            a,
+            b,
+            out_dtype=torch.float32,
+            config=cfg if _cpu(device) else None,
             target=_check_target(device),
-        )  # fmt: skip
+        )
         return _err(out, reference.gemm(a, b, out_dtype=torch.float32))
 
     def run(device):
@@ -93,12 +97,12 @@ def _dense_case(cls, m, n, k, model):
 
 def _swiglu_case(m, n, k, model):
     def cfg_of(target):
-        return configs.select_swiglu(m, n, k, target=target)
+        return configs.select("swiglu", m, n, k, target=target)
 
     def compile_(target):
         from flydsl_core import TensorSpec
 
-        a, b = configs.operand_specs(m, n, k, "bf16")
+        a, b = operand_specs(m, n, k, "bf16")
         o = TensorSpec("bf16", (1, m, n))
         return plan_swiglu(a, b, b, o, config=cfg_of(target), target=target).compile(target)
 
@@ -146,7 +150,7 @@ def _swiglu_case(m, n, k, model):
 
 def _grouped_case(tokens, experts, n, k, model):
     def cfg_of(target):
-        return configs.select_grouped(max(1, tokens // experts), n, k, target)
+        return configs.select("grouped", max(1, tokens // experts), n, k, target=target)
 
     def inputs(device, t, e, nn, kk, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -174,9 +178,13 @@ def _grouped_case(tokens, experts, n, k, model):
         else:
             a, w, offs = inputs(device, tokens, experts, n, k, seed=1)
         out = grouped_mm(
-            a, w, offs, out_dtype=torch.float32, target=_check_target(device),
+            a,
+            w,
+            offs,
+            out_dtype=torch.float32,
+            target=_check_target(device),
             config=cfg_of(target) if _cpu(device) else None,
-        )  # fmt: skip
+        )
         return _err(out, reference.grouped_mm(a, w, offs, out_dtype=torch.float32))
 
     def run(device):

@@ -139,9 +139,26 @@ def _rows(t, dim, start, size, end, mask):
 
 
 def _mainloop(
-    acc, a, b, ab, bb, m0, n0, rmask, cmask, k0, k1, K, BM, BN, BK, EVEN_K, STAGES,
-    m_end=None, n_end=None,
-):  # fmt: skip
+    acc,
+    a,
+    b,
+    ab,
+    bb,
+    m0,
+    n0,
+    rmask,
+    cmask,
+    k0,
+    k1,
+    K,
+    BM,
+    BN,
+    BK,
+    EVEN_K,
+    STAGES,
+    m_end=None,
+    n_end=None,
+):
     """``acc += a[ab, m0:+BM, k0:k1] @ b[bb, k0:k1, n0:+BN]`` (masks: rows, columns, K tail).
 
     With ``m_end`` / ``n_end`` (the row / column bounds) the operand rows are clamped
@@ -210,9 +227,24 @@ def gemm_kernel(
             acc, a, b, bz, bz, m0, n0, rmask, cmask, 0, K, K, BM, BN, BK, EVEN_K, STAGES, M, N
         )
         _epilogue(
-            acc, out, bz, m0, n0, rmask, cmask, c, bias, res, alpha, beta,
-            BM, BN, HAS_ALPHA, BIAS, ACT,
-        )  # fmt: skip
+            acc,
+            out,
+            bz,
+            m0,
+            n0,
+            rmask,
+            cmask,
+            c,
+            bias,
+            res,
+            alpha,
+            beta,
+            BM,
+            BN,
+            HAS_ALPHA,
+            BIAS,
+            ACT,
+        )
     else:
         s = fly.program_id(2)
         # whole BK tiles per split, so that only the last tile of K can be partial
@@ -257,9 +289,24 @@ def splitk_reduce_kernel(
     for s in fly.static_range(SPLIT_K):
         acc += part[bz * SPLIT_K + s, fly.ds(m0, BM), fly.ds(n0, BN)].load(mask, bounds_check=False)
     _epilogue(
-        acc, out, bz, m0, n0, rmask, cmask, c, bias, res, alpha, beta,
-        BM, BN, HAS_ALPHA, BIAS, ACT,
-    )  # fmt: skip
+        acc,
+        out,
+        bz,
+        m0,
+        n0,
+        rmask,
+        cmask,
+        c,
+        bias,
+        res,
+        alpha,
+        beta,
+        BM,
+        BN,
+        HAS_ALPHA,
+        BIAS,
+        ACT,
+    )
 
 
 @fly.kernel
@@ -452,9 +499,26 @@ def grouped_gemm_kernel(
         acc = fly.zeros((BM, BN), fly.fp32)
         # ragged K: the group's K chunk ends anywhere, so its tail is masked against k1
         _mainloop(
-            acc, a, b, w.ab, w.bb, w.m0, w.n0, rmask, cmask, w.k0, w.k1, w.k1,
-            BM, BN, BK, EVEN_K, STAGES, w.m_end, w.n_end,
-        )  # fmt: skip
+            acc,
+            a,
+            b,
+            w.ab,
+            w.bb,
+            w.m0,
+            w.n0,
+            rmask,
+            cmask,
+            w.k0,
+            w.k1,
+            w.k1,
+            BM,
+            BN,
+            BK,
+            EVEN_K,
+            STAGES,
+            w.m_end,
+            w.n_end,
+        )
         mask = rmask[:, None] & cmask[None, :]
         if HAS_BIAS:
             # bias is (G, N): one row per group (2-D x 3-D and 3-D x 3-D forms)

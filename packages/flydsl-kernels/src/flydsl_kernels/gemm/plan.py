@@ -6,10 +6,10 @@ and returns a ``GemmPlan`` whose ``launches(...)`` binds the operands: the dense
 split-K the kernel into fp32 partials (``workspaces()``) and the fixed-order reduce.
 ``plan_swiglu`` returns the fused SwiGLU's launch and ``plan_grouped`` the persistent grouped
 launch of given operands. Operands are torch
-tensors (the function API, ``api.py``) or ``TensorSpec``s (the static model in ``configs``,
+tensors (the function API, ``api.py``) or ``TensorSpec``s (the static model in ``model.py``,
 the report cases and the compile tests compile the same launches without data), so each
 kernel's call is written once, here. Sizes are combined with integer arithmetic only (and
-``torch.sym_max`` / ``sym_min``), so the plans also run on the symbolic sizes of a traced call
+``torch.sym_max`` / ``sym_min``), so the plans also run on the symbolic sizes of a captured call
 (torch-flydsl's compile path) without guarding on them.
 """
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flydsl_core import cdiv
+
 from ..launch import Launch
 from . import configs
 from .configs import Config
@@ -26,10 +28,6 @@ from .kernels import BIAS_NONE, KERNELS, RAGGED_K, RAGGED_M, RAGGED_N, RAGGED_NO
 
 #: the split-K reduce kernel's tile (an elementwise pass over fp32 partials)
 REDUCE_BM, REDUCE_BN = 32, 64
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def target_xcds(target) -> int:
@@ -77,10 +75,16 @@ class GemmPlan:
         ``(N,)`` or ``(M,)`` (``epilogue["BIAS"]``) or None; ``part`` the split-K workspace."""
         cfg, s, M, N, K = self.config, self.split_k, self.M, self.N, self.K
         common = dict(
-            BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=self.xcds,
-            EVEN_K=self.even_k, SPLIT_K=s, STAGES=cfg.num_stages,
-        )  # fmt: skip
-        tiles = _cdiv(M, cfg.BM) * _cdiv(N, cfg.BN)
+            BM=cfg.BM,
+            BN=cfg.BN,
+            BK=cfg.BK,
+            GROUP_M=cfg.GROUP_M,
+            XCDS=self.xcds,
+            EVEN_K=self.even_k,
+            SPLIT_K=s,
+            STAGES=cfg.num_stages,
+        )
+        tiles = cdiv(M, cfg.BM) * cdiv(N, cfg.BN)
         if s == 1:
             args = (a, b, out, c, bias, residual, M, N, K, float(alpha), float(beta))
             cx = {**common, **self.epilogue}
@@ -88,7 +92,7 @@ class GemmPlan:
         args = (a, b, part, None, None, None, M, N, K, 1.0, 0.0)
         cx = {**common, "HAS_ALPHA": False, "BIAS": BIAS_NONE, "ACT": 0}
         main = Launch(KERNELS["gemm"], (tiles, self.batch, s), args, cx, self.options)
-        rt = _cdiv(M, REDUCE_BM) * _cdiv(N, REDUCE_BN)
+        rt = cdiv(M, REDUCE_BM) * cdiv(N, REDUCE_BN)
         rargs = (part, out, c, bias, residual, M, N, float(alpha), float(beta))
         rcx = dict(BM=REDUCE_BM, BN=REDUCE_BN, SPLIT_K=s, **self.epilogue)
         return [main, Launch(KERNELS["splitk_reduce"], (rt, self.batch), rargs, rcx)]
@@ -114,9 +118,15 @@ def plan_gemm(
     ``split_k`` None take ``table``'s selection and split-K rule; split-K is clamped to the K
     tiles. ``target`` is the launch's (its XCDs and compiler options); ``even_k`` None: K a
     multiple of the K tile."""
-    cfg = config or configs.select(M, N, K, batch, table)
-    s = split_k if split_k is not None else configs.split_k(cfg, M, N, K, batch, table)
-    s = max(1, min(int(s), _cdiv(K, cfg.BK))) if K else 1
+    if config is None:  # the function API's choice for M (a captured call passes both)
+        cfg, s = configs.m_choice("dense", N, K, batch, table).choose(M)
+    else:
+        cfg, s = config, None
+    if split_k is not None:
+        s = split_k
+    elif s is None:
+        s = configs.split_k(cfg, M, N, K, batch, table)
+    s = max(1, min(int(s), cdiv(K, cfg.BK))) if K else 1
     epi = dict(HAS_ALPHA=alpha != 1, BIAS=bias_mode, ACT=act)
     ek = K % cfg.BK == 0 if even_k is None else even_k
     return GemmPlan(
@@ -127,16 +137,21 @@ def plan_gemm(
 def plan_swiglu(a, w_gate, w_up, out, *, config=None, even_k=None, target=None, table=None):
     """The fused SwiGLU's launch (``swiglu_kernel``): ``a`` ``(batch, M, K)``, ``w_gate`` /
     ``w_up`` ``(batch, K, N)`` (any strides; stride 0 broadcasts), ``out`` ``(batch, M, N)``.
-    ``config`` None takes ``table``'s ``configs.select_swiglu``; ``target`` is the launch's
+    ``config`` None takes ``table``'s ``configs.select("swiglu", ...)``; ``target`` is the launch's
     (its XCDs and compiler options); ``even_k`` None: K a multiple of the K tile."""
     batch, M, K = a.shape
     N = w_gate.shape[-1]
-    cfg = config or configs.select_swiglu(M, N, K, batch, table)
+    cfg = config or configs.m_choice("swiglu", N, K, batch, table).choose(M).config
     cx = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, XCDS=target_xcds(target),
-        EVEN_K=K % cfg.BK == 0 if even_k is None else even_k, STAGES=cfg.num_stages,
-    )  # fmt: skip
-    grid = (_cdiv(M, cfg.BM) * _cdiv(N, cfg.BN), batch, 1)
+        BM=cfg.BM,
+        BN=cfg.BN,
+        BK=cfg.BK,
+        GROUP_M=cfg.GROUP_M,
+        XCDS=target_xcds(target),
+        EVEN_K=K % cfg.BK == 0 if even_k is None else even_k,
+        STAGES=cfg.num_stages,
+    )
+    grid = (cdiv(M, cfg.BM) * cdiv(N, cfg.BN), batch, 1)
     args = (a, w_gate, w_up, out, M, N, K)
     return Launch(KERNELS["swiglu"], grid, args, cx, _options(cfg, target, table))
 
@@ -152,8 +167,8 @@ def persistent_grid(ragged, G, M, N, BM, BN, target) -> tuple[int, int]:
     dimension), at most a few per CU. ``GB``: the power of two >= ``G`` (>= 16)
     the kernel loads ``offs`` with.
     """
-    tn = _cdiv(N, BN) + (G if ragged == RAGGED_N else 0)
-    tm = _cdiv(M, BM) + (G if ragged == RAGGED_M else 0)
+    tn = cdiv(N, BN) + (G if ragged == RAGGED_N else 0)
+    tm = cdiv(M, BM) + (G if ragged == RAGGED_M else 0)
     tiles = tm * tn * (G if ragged in (RAGGED_NONE, RAGGED_K) else 1)
     # torch.sym_max / sym_min: plain max / min of ints, no guard on a symbolic size
     programs = torch.sym_max(1, torch.sym_min(tiles, configs.grouped_programs(target)))
@@ -168,12 +183,22 @@ def plan_grouped(a, b, out, offs, bias, ragged, *, config=None, target=None, tab
     ``target`` is the launch's (None: the table's sizes the grid)."""
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     G = offs.shape[0] if offs is not None else a.shape[0]
-    cfg = config or configs.select_grouped(M if ragged != RAGGED_M else max(1, M // G), N, K, table)
+    cfg = config
+    if cfg is None:  # (a captured call passes its config: no size is compared then)
+        groups = G if ragged == RAGGED_M else 0  # the tile follows the rows per group
+        cfg = configs.m_choice("grouped", N, K, groups, table).choose(M).config
     programs, gb = persistent_grid(ragged, G, M, N, cfg.BM, cfg.BN, target if target else table)
     cx = dict(
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GB=gb, RAGGED=ragged,
-        EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0, STAGES=cfg.num_stages,
-        HAS_BIAS=bias is not None, XCDS=target_xcds(target), GROUP_M=cfg.GROUP_M,
-    )  # fmt: skip
+        BM=cfg.BM,
+        BN=cfg.BN,
+        BK=cfg.BK,
+        GB=gb,
+        RAGGED=ragged,
+        EVEN_K=ragged != RAGGED_K and K % cfg.BK == 0,
+        STAGES=cfg.num_stages,
+        HAS_BIAS=bias is not None,
+        XCDS=target_xcds(target),
+        GROUP_M=cfg.GROUP_M,
+    )
     args = (a, b, out, offs, bias, G, M, N, K)
     return Launch(KERNELS["grouped"], (programs,), args, cx, _options(cfg, target, table))

@@ -16,14 +16,15 @@ K loop in one persistent launch over all groups' tiles, ``torch._grouped_mm``
 forms). The semantics are pinned by reference.py (the spec, in float64 PyTorch).
 
 Parts (the layout every family shares; docs/architecture.md): ``kernels``, ``plan`` (the
-operands of a problem -> the launch), ``configs`` (the selection rules, config spaces, static
-model and per-target tables), ``api``, ``reference``, the report cases (``cases``), plus
+operands of a problem -> the launch), ``configs`` (the kernels' configs, per-target tables
+``TABLES``, ``select`` and ``m_choice``), ``model`` (config spaces, the static model and the
+compile helpers), ``api``, ``reference``, the report cases (``cases``), plus
 ``formats`` (the element formats) and ``baseline`` (what PyTorch offers, the report's baseline).
 """
 
 from __future__ import annotations
 
-from . import baseline, configs, plan, reference
+from . import baseline, configs, model, plan, reference
 from .api import from_mx, mx_gemm, mx_grouped_mm, to_mx
 from .cases import FAMILY
 from .formats import BLOCK, SCALE_DTYPE, elem_format
@@ -38,6 +39,7 @@ __all__ = [
     "configs",
     "elem_format",
     "from_mx",
+    "model",
     "mx_gemm",
     "mx_grouped_mm",
     "plan",

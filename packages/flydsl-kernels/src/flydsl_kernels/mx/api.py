@@ -257,9 +257,15 @@ def mx_grouped_mm(
         # the K offsets must sit on MX block boundaries: checked on the host, whatever the
         # device (the one form that syncs on offs), with the other value rules
         offs = check_offs(
-            offs, groups=None, extent=k, dim="K", device=a.device, what="mx_grouped_mm",
-            multiple=BLOCK, values=True,
-        )  # fmt: skip
+            offs,
+            groups=None,
+            extent=k,
+            dim="K",
+            device=a.device,
+            what="mx_grouped_mm",
+            multiple=BLOCK,
+            values=True,
+        )
         G = offs.shape[0]
         a, sa, b, sb = a[None], sa[None], b[None], sb[None]
     elif a.dim() == 2:
@@ -299,9 +305,20 @@ def mx_grouped_mm(
         return _no_k(out, bias, offs, ragged)
     tgt = tensor_target(a, target)
     launch = plan_grouped(
-        a, sa, b, sb, out if out.dim() == 3 else out[None], offs, bias, fa, fb, ragged,
-        config=config, target=tgt, table=table_target(a, target),
-    )  # fmt: skip
+        a,
+        sa,
+        b,
+        sb,
+        out if out.dim() == 3 else out[None],
+        offs,
+        bias,
+        fa,
+        fb,
+        ragged,
+        config=config,
+        target=tgt,
+        table=table_target(a, target),
+    )
     launch.run(tgt)
     return out
 

@@ -20,6 +20,8 @@ import logging
 
 import torch
 
+from flydsl_core import cdiv
+
 from .formats import BLOCK, E2M1_VALUES, elem_bytes, elem_format, scale_bytes
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ def cublas_blocked_scales(s: torch.Tensor) -> torch.Tensor:
     zero-padded, each stored as 32 rows of ``(row % 32)`` holding 4 x 4 bytes of rows
     ``row % 32 + 32 j`` (cuBLAS documentation, "1D block scaling factors layout")."""
     rows, cols = s.shape
-    rt, ct = -(-rows // 128), -(-cols // 4)
+    rt, ct = cdiv(rows, 128), cdiv(cols, 4)
     padded = torch.zeros(rt * 128, ct * 4, dtype=torch.uint8, device=s.device)
     padded[:rows, :cols] = scale_bytes(s)
     blocks = padded.view(rt, 4, 32, ct, 4).permute(0, 3, 2, 1, 4)
@@ -79,8 +81,10 @@ def thunk(kind, a_q, a_scale, b_q, b_scale, fa, fb, out_dtype=torch.bfloat16):
         ).to(out_dtype)
     if kind != "scaled_mm":
         raise ValueError(f"unknown MX GEMM baseline {kind!r}; known: {sorted(NAMES)}")
-    a, b = (elem_bytes(t, elem_format(f)).view(elem_format(f).torch_dtype)
-            for t, f in ((a_q, fa), (b_q, fb)))  # fmt: skip
+    a, b = (
+        elem_bytes(t, elem_format(f)).view(elem_format(f).torch_dtype)
+        for t, f in ((a_q, fa), (b_q, fb))
+    )
     if torch.version.hip:  # hipBLASLt takes the (rows, K/32) scales as they are
         sa, sb = (scale_bytes(t).view(torch.float8_e8m0fnu) for t in (a_scale, b_scale))
     else:
@@ -104,7 +108,13 @@ def choose(device: str, fa: str, fb: str) -> str:
     try:
         thunk("scaled_mm", *operand(m, fa), *operand(n, fb), fa, fb)()
     except (RuntimeError, NotImplementedError) as e:
-        log.warning("torch._scaled_mm refuses MX %s x %s on %s (%s); baseline: %s", fa, fb,
-                    device, e, NAMES["dequant_matmul"])  # fmt: skip
+        log.warning(
+            "torch._scaled_mm refuses MX %s x %s on %s (%s); baseline: %s",
+            fa,
+            fb,
+            device,
+            e,
+            NAMES["dequant_matmul"],
+        )
         return "dequant_matmul"
     return "scaled_mm"

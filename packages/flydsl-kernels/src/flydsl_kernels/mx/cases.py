@@ -1,7 +1,7 @@
 """Report cases of the MX family (``FAMILY``): quantization, dequantization, the GEMM and the
 grouped GEMM at model shapes.
 
-Each case compiles its kernel through the plan (``configs.compile_*`` build ``plan.py``'s
+Each case compiles its kernel through the plan (``model.compile_*`` build ``plan.py``'s
 launches on ``TensorSpec`` operands), so the report shows what the API launches with the
 target's shipped config; ``check`` runs the function API on fresh random inputs against
 ``reference.py``.
@@ -18,6 +18,7 @@ from . import baseline, configs, reference
 from .api import from_mx, mx_gemm, mx_grouped_mm, to_mx
 from .formats import BLOCK, SCALE_DTYPE, elem_format
 from .kernels import KERNELS
+from .model import compile_dequant, compile_gemm, compile_grouped, compile_quant
 
 _TORCH = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2}
 _NAME = {"e4m3": "mxfp8", "e5m2": "mxfp8 e5m2", "e2m1": "mxfp4"}
@@ -47,7 +48,9 @@ def _quant_case(m, k, fmt, in_dtype=torch.bfloat16):
 
     def check(device, target=None):
         x = _randn(_CHECK_QUANT, _dev(device), 1).mul_(4).to(in_dtype)
-        cfg = configs.select_quant(*_CHECK_QUANT, target) if _dev(device) == "cpu" else None
+        cfg = (
+            configs.select("quant", *_CHECK_QUANT, target=target) if _dev(device) == "cpu" else None
+        )
         q, s = to_mx(x, elem, target=_check_target(device), config=cfg)
         rq, rs = reference.to_mx(x.cpu(), elem)
         # bit-exact semantics: any differing byte is a failure (error 2), else 0
@@ -64,8 +67,8 @@ def _quant_case(m, k, fmt, in_dtype=torch.bfloat16):
         family="mx",
         kernel=KERNELS["quantize"].name,
         shape=f"{m}x{k} bf16 -> {_NAME[fmt]}",
-        config=lambda target: configs.select_quant(m, k, target).as_dict(),
-        compile=lambda target: configs.compile_quant(m, k, fmt, target=target),
+        config=lambda target: configs.select("quant", m, k, target=target).as_dict(),
+        compile=lambda target: compile_quant(m, k, fmt, target=target),
         check=check,
         run=run,
         notes="OCP MX v1.0 quantization (E8M0 scale per 32), bit-exact vs reference.py; untimed",
@@ -88,7 +91,11 @@ def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
     def check(device, target=None):
         # random bytes: every element code and scale, NaN / Inf and subnormal results among them
         q, s = operands(_CHECK_QUANT, _dev(device), 3)
-        cfg = configs.select_dequant(*_CHECK_QUANT, target) if _dev(device) == "cpu" else None
+        cfg = (
+            configs.select("dequant", *_CHECK_QUANT, target=target)
+            if _dev(device) == "cpu"
+            else None
+        )
         got = from_mx(q, s, elem, out_dtype=out_dtype, target=_check_target(device), config=cfg)
         want = reference.from_mx(q.cpu(), s.cpu(), elem, out_dtype=out_dtype)
         return 2.0 if reference.mismatches(got.cpu(), want).any() else 0.0
@@ -101,8 +108,8 @@ def _dequant_case(m, k, fmt, out_dtype=torch.bfloat16):
         family="mx",
         kernel=KERNELS["dequantize"].name,
         shape=f"{m}x{k} {_NAME[fmt]} -> {oname}",
-        config=lambda target: configs.select_dequant(m, k, target).as_dict(),
-        compile=lambda target: configs.compile_dequant(m, k, fmt, out_dtype=oname, target=target),
+        config=lambda target: configs.select("dequant", m, k, target=target).as_dict(),
+        compile=lambda target: compile_dequant(m, k, fmt, out_dtype=oname, target=target),
         check=check,
         run=run,
         notes="OCP MX v1.0 dequantization, bit-exact vs reference.py; untimed",
@@ -116,8 +123,10 @@ def _mx_operands(a_shape, w_shape, fa, fb, device, seed):
     """``(a_q, a_scale, w_q, w_scale)`` of random activations and 0.05-scaled weights."""
     a = _randn(a_shape, device, seed)
     w = _randn(w_shape, device, seed + 1).mul_(0.05)
-    return (*to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
-            *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None))  # fmt: skip
+    return (
+        *to_mx(a, _TORCH[fa], target="cpu-reference" if a.is_cpu else None),
+        *to_mx(w, _TORCH[fb], target="cpu-reference" if w.is_cpu else None),
+    )
 
 
 def _check_error(got, want):
@@ -129,7 +138,7 @@ def _check_error(got, want):
 
 def _gemm_case(m, n, k, fa, fb):
     def cfg_of(target):
-        return configs.select_gemm(m, n, k, fa, fb, target)
+        return configs.select("gemm", m, n, k, fa, fb, target=target)
 
     def operands(shape, device, seed):
         mm, nn, kk = shape
@@ -157,9 +166,7 @@ def _gemm_case(m, n, k, fa, fb):
         kernel=KERNELS["gemm"].name,
         shape=f"{m}x{n}x{k} {_NAME[fa]} x {_NAME[fb]} (NT)",
         config=lambda target: cfg_of(target).as_dict(),
-        compile=lambda target: configs.compile_gemm(
-            m, n, k, fa, fb, cfg=cfg_of(target), target=target
-        ),
+        compile=lambda target: compile_gemm(m, n, k, fa, fb, cfg=cfg_of(target), target=target),
         emulated=_emulated,
         flops=2.0 * m * n * k,
         bytes=(m / elem_format(fa).per_byte + n / elem_format(fb).per_byte + (m + n) / 32) * k
@@ -178,7 +185,7 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
     rows = tokens * top
 
     def cfg_of(target):
-        return configs.select_grouped(max(1, rows // experts), n, k, fa, fb, target)
+        return configs.select("grouped", max(1, rows // experts), n, k, fa, fb, target=target)
 
     def inputs(device, rows, experts, nn, kk, seed):
         ops = _mx_operands((rows, kk), (experts, nn, kk), fa, fb, device, seed)
@@ -192,9 +199,14 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         shape = _CHECK_GROUPED if cpu else (rows, experts, n, k)
         ops, offs = inputs(_dev(device), *shape, seed=3)
         got = mx_grouped_mm(
-            *ops, fa, fb, offs, out_dtype=torch.bfloat16, target=_check_target(device),
+            *ops,
+            fa,
+            fb,
+            offs,
+            out_dtype=torch.bfloat16,
+            target=_check_target(device),
             config=cfg_of(target) if cpu else None,
-        )  # fmt: skip
+        )
         # the reference where the operands are: float64 on the GPU at the case's full shape
         want = reference.mx_grouped_mm(*ops, fa, fb, offs, out_dtype=torch.float32)
         return _check_error(got, want)
@@ -216,7 +228,7 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
         shape=f"{tokens} tokens x top-{top} of {experts} experts, N={n} K={k} "
         f"{_NAME[fa]} x {_NAME[fb]} (NT)",
         config=lambda target: {**cfg_of(target).as_dict(), "kernel": "grouped"},
-        compile=lambda target: configs.compile_grouped(
+        compile=lambda target: compile_grouped(
             rows, experts, n, k, fa, fb, cfg=cfg_of(target), target=target
         ),
         emulated=_emulated,

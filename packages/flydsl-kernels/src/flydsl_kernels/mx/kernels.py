@@ -272,9 +272,22 @@ def mx_grouped_gemm_nt(
     for t in persistent_tiles(s.total, XCDS):
         w = group_tile(t, s, M, N, K, BM, BN, RAGGED)
         acc = _mx_tile(
-            a[w.ab], sa[w.ab], b[w.bb], sb[w.bb], w.m0, w.n0, w.k0, w.k1, RAGGED == RAGGED_K,
-            FA, FB, BM, BN, BK, STAGES,
-        )  # fmt: skip
+            a[w.ab],
+            sa[w.ab],
+            b[w.bb],
+            sb[w.bb],
+            w.m0,
+            w.n0,
+            w.k0,
+            w.k1,
+            RAGGED == RAGGED_K,
+            FA,
+            FB,
+            BM,
+            BN,
+            BK,
+            STAGES,
+        )
         if HAS_BIAS:
             acc += bias[w.g, fly.ds(w.n0, BN)].load().to(fly.fp32)[None, :]
         rmask = w.m0 + fly.arange(0, BM) < w.m_end

@@ -10,14 +10,14 @@ Parts (the layout every family shares; docs/architecture.md): ``kernels`` (by ro
 several rows per program for short rows, one register-resident row per program for medium
 rows, and a looped two-pass kernel for long rows; the backward has a register-resident kernel
 and a two-kernel split for long rows, plus a fixed-order dweight reduction), ``plan`` (a
-problem -> the launches), ``configs`` (the config spaces, the static model that chose the
-shipped defaults of each target's table, untimed, and the selection rule), ``api``,
-``reference`` and the report cases (``cases``).
+problem -> the launches), ``configs`` (the ``Config``, each target's shipped table
+``TABLES``, ``select`` and ``m_choice``), ``model`` (the config spaces and the static model
+that chose the tables, untimed), ``api``, ``reference`` and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, plan, reference
+from . import configs, model, plan, reference
 from .api import SUPPORTED_DTYPES, fused_add_rms_norm, rms_norm, rms_norm_backward
 from .cases import FAMILY, TOLERANCE
 from .kernels import KERNELS
@@ -29,6 +29,7 @@ __all__ = [
     "TOLERANCE",
     "configs",
     "fused_add_rms_norm",
+    "model",
     "plan",
     "reference",
     "rms_norm",

@@ -108,9 +108,16 @@ def _forward(x, m, n, w, res, y, mode, eps, target, config, want_rstd):
             rstd.fill_(float("nan"))
         return rstd, res_out
     fp = plan_forward(
-        m, n, x.dtype, SX=sx, SR=sr, mode=mode, eps=eps, config=config,
+        m,
+        n,
+        x.dtype,
+        SX=sx,
+        SR=sr,
+        mode=mode,
+        eps=eps,
+        config=config,
         table=table_target(x, target),
-    )  # fmt: skip
+    )
     launches = fp.launches(
         x=_flat(x2, sx),
         res=None if res2 is None else _flat(res2, sr),

@@ -1,6 +1,6 @@
 """Report cases of the RMSNorm family: the shipped kernels at model shapes (``FAMILY``).
 
-Each case compiles its kernel through the plan (``plan.model_launch``, ``TensorSpec``
+Each case compiles its kernel through the plan (``model.model_launch``, ``TensorSpec``
 operands), so the report shows what the API launches with the target's shipped config; its
 ``check`` runs the function API on fresh random inputs against ``reference.py``.
 """
@@ -15,7 +15,7 @@ from .._target import check_target as _check_target
 from . import configs, reference
 from .api import fused_add_rms_norm, rms_norm, rms_norm_backward
 from .kernels import KERNELS
-from .plan import model_launch
+from .model import model_launch
 
 #: (rtol, atol) of the function API against the PyTorch references, by input dtype: fp32 keeps
 #: fp32 rounding (sums in a different order); 16-bit outputs are one rounding of a value that
@@ -51,7 +51,7 @@ def _size(dtype) -> int:
 
 def _forward_case(m, n, dtype, mode=None):
     def cfg_of(target):
-        return configs.select_forward(n, dtype, m, target)
+        return configs.select("fwd", n, dtype, m, target)
 
     kern = KERNELS[cfg_of(None).kernel]  # the kernel follows N and the dtype, not the target
     kw = {} if mode is None else {"llama_numerics": mode == 1, "gemma": mode == 2}
@@ -74,7 +74,7 @@ def _forward_case(m, n, dtype, mode=None):
         rows = m if _dev(device) != "cpu" else min(m, _CHECK_ROWS)
         x, w, r = _inputs(rows, n, dtype, _dev(device), seed=1)
         # the CPU runs the target's config on the reference backend; a GPU its own table
-        cfg = configs.select_forward(n, dtype, rows, target) if _dev(device) == "cpu" else None
+        cfg = configs.select("fwd", n, dtype, rows, target) if _dev(device) == "cpu" else None
         return _err(ours(x, w, r, _check_target(device), cfg), theirs(x, w, r), dtype)
 
     def run(device):
@@ -110,7 +110,7 @@ def _forward_case(m, n, dtype, mode=None):
 
 def _backward_case(m, n, dtype):
     def main_of(target):
-        return configs.select_backward(n, dtype, target)[-1]  # bwd_rows, or bwd_cols
+        return configs.select("bwd", n, dtype, target=target)[-1]  # bwd_rows, or bwd_cols
 
     kern = KERNELS[main_of(None).kernel]
 
@@ -125,11 +125,17 @@ def _backward_case(m, n, dtype):
         cpu = _dev(device) == "cpu"
         rows = m if not cpu else min(m, _CHECK_ROWS)
         x, w, g, rstd = grads(_dev(device), rows, _check_target(device))
-        cfgs = (*configs.select_backward(n, dtype, target), configs.select_dw_reduce(dtype, target))
+        bwd = configs.select("bwd", n, dtype, target=target)
+        cfgs = (*bwd, configs.select("dw_reduce", n, dtype, target=target))
         dx, dw = rms_norm_backward(
-            g, x, rstd, w, deterministic=True, target=_check_target(device),
+            g,
+            x,
+            rstd,
+            w,
+            deterministic=True,
+            target=_check_target(device),
             config=cfgs if cpu else None,
-        )  # fmt: skip
+        )
         dxr, dwr = reference.rms_norm_backward(g, x, w, 1e-6)
         # dweight sums `rows` products: its rounding grows with them (fp32 accumulation)
         return max(_err(dx, dxr, dtype), _err(dw, dwr, dtype) / max(1.0, rows / 64))
@@ -147,8 +153,8 @@ def _backward_case(m, n, dtype):
         kernel=kern.name,
         shape=f"{m}x{n} {_DNAME[dtype]}",
         config=lambda target: {
-            "kernels": [c.as_dict() for c in configs.select_backward(n, dtype, target)],
-            "dw_reduce": configs.select_dw_reduce(dtype, target).as_dict(),
+            "kernels": [c.as_dict() for c in configs.select("bwd", n, dtype, target=target)],
+            "dw_reduce": configs.select("dw_reduce", n, dtype, target=target).as_dict(),
         },
         compile=compile_,
         check=check,

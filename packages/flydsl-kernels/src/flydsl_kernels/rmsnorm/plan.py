@@ -2,27 +2,24 @@
 
 ``plan_forward`` / ``plan_backward`` take a problem by its sizes (rows ``M`` of ``N``
 elements, the dtype, the row strides, the numerics ``mode``), the config (None: the shipped
-one of ``table``'s table, ``configs.select_*``) and return a plan whose ``launches(...)`` binds
+one of ``table``'s table: ``configs.m_choice`` / ``select``) and return a plan whose ``launches(...)`` binds
 the operands into ``launch.Launch``es. Operands are the kernels' (``kernels.py``): 1-D flat
 views of each row operand's storage (``api._flat``), or ``TensorSpec``s to compile without
-data (``model_launch``: what the static model, the compile tests and the report compile). The
-function API, ``configs`` and ``cases`` all go through here, so they launch the same kernels
-with the same arguments.
+data (``model.model_launch``: what the static model, the compile tests and the report
+compile). The function API, the static model (``model.py``) and ``cases`` all go through here,
+so they launch the same kernels with the same arguments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flydsl_core import cdiv
+
 from ..launch import Launch
 from . import configs
 from .configs import Config
 from .kernels import KERNELS, MODE_ATEN
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 # -- forward ---------------------------------------------------------------------------------------
 
@@ -50,7 +47,7 @@ class ForwardPlan:
         kern = KERNELS[cfg.kernel]
         if cfg.kernel == "fwd_rows":
             args = (*flat, self.M, float(self.eps))
-            grid = (_cdiv(self.M, cfg.R),)
+            grid = (cdiv(self.M, cfg.R),)
             return [Launch(kern, grid, args, {**cx, "SX": self.SX, "SR": self.SR}, opts)]
         if cfg.kernel == "fwd_row":
             stride, const = configs.row_stride_args(self.SX, self.SR, n, self.nbytes)
@@ -82,7 +79,7 @@ def plan_forward(
 ) -> ForwardPlan:
     """The forward of ``M`` rows of ``N`` elements of ``dtype`` (row strides ``SX``, default
     ``N``, and ``SR``, 0 without a residual); ``config`` None takes ``table``'s shipped one."""
-    cfg = config or configs.select_forward(N, dtype, M, table)
+    cfg = config or configs.m_choice("fwd", N, dtype, table).choose(M).config
     sx = N if SX is None else SX
     return ForwardPlan(cfg, M, N, sx, SR, mode, float(eps), configs.elem_bytes(dtype))
 
@@ -117,15 +114,42 @@ class BackwardPlan:
         rows = dict(M=self.M, N=self.N, SG=self.SG, SX=self.SX)
         out = []
         if self.kernels[0].kernel == "bwd_rows":
-            out.append(bwd_rows_launch(self.kernels[0], self.grid, self.chunk, g=g, x=x, rstd=rstd,
-                                   w=w, dx=dx, part=part, acc=acc, **rows))  # fmt: skip
+            out.append(
+                bwd_rows_launch(
+                    self.kernels[0],
+                    self.grid,
+                    self.chunk,
+                    g=g,
+                    x=x,
+                    rstd=rstd,
+                    w=w,
+                    dx=dx,
+                    part=part,
+                    acc=acc,
+                    **rows,
+                )
+            )
         else:
             if coef is not None:
                 out.append(
                     bwd_rowdot_launch(self.kernels[0], g=g, x=x, rstd=rstd, w=w, coef=coef, **rows)
                 )
-            out.append(bwd_cols_launch(self.kernels[1], self.grid, self.chunk, g=g, x=x, rstd=rstd,
-                                   coef=coef, w=w, dx=dx, part=part, acc=acc, **rows))  # fmt: skip
+            out.append(
+                bwd_cols_launch(
+                    self.kernels[1],
+                    self.grid,
+                    self.chunk,
+                    g=g,
+                    x=x,
+                    rstd=rstd,
+                    coef=coef,
+                    w=w,
+                    dx=dx,
+                    part=part,
+                    acc=acc,
+                    **rows,
+                )
+            )
         if dw is not None and part is not None:
             out.append(dw_reduce_launch(self.reduce, part=part, dw=dw, P=self.programs, N=self.N))
         return out
@@ -145,8 +169,10 @@ def plan_backward(
     ``x``, default ``N``). ``config``: ``(bwd_rows,)`` or ``(bwd_rowdot, bwd_cols)`` configs,
     optionally followed by a ``dw_reduce`` one; None takes ``table``'s shipped ones. The grid
     has at most a few programs per CU (``configs.backward_programs`` / ``cols_programs``)."""
-    cfgs = tuple(config) if config else configs.select_backward(N, dtype, table)
-    red = cfgs[-1] if cfgs[-1].kernel == "dw_reduce" else configs.select_dw_reduce(dtype, table)
+    cfgs = tuple(config) if config else configs.select("bwd", N, dtype, target=table)
+    red = cfgs[-1]
+    if red.kernel != "dw_reduce":
+        red = configs.select("dw_reduce", N, dtype, target=table)
     kerns = cfgs[:-1] if cfgs[-1].kernel == "dw_reduce" else cfgs
     if kerns[0].kernel == "bwd_rows":
         p, chunk = configs.backward_programs(M, kerns[0].R, table)
@@ -185,47 +211,9 @@ def bwd_cols_launch(
 def dw_reduce_launch(cfg: Config, *, part, dw, P: int, N: int) -> Launch:
     """The fixed-order sum of ``P`` fp32 partial rows of ``N`` (``part``) into ``dw``."""
     return Launch(
-        KERNELS["dw_reduce"], (_cdiv(N, cfg.BLOCK),), (part, dw, P), {"N": N, **cfg.constexprs()},
+        KERNELS["dw_reduce"],
+        (cdiv(N, cfg.BLOCK),),
+        (part, dw, P),
+        {"N": N, **cfg.constexprs()},
         cfg.options(),
-    )  # fmt: skip
-
-
-# -- the static model's launches -------------------------------------------------------------------
-
-#: the rows the model's problems have (``fwd_rows`` takes M at run time; the size is immaterial)
-MODEL_ROWS = 4096
-#: rows per program and partial rows the model compiles the backward kernels at (run-time ints,
-#: specialized only on divisibility by 16)
-MODEL_CHUNK, MODEL_PARTIALS = 16, 512
-
-
-def model_launch(
-    cfg: Config, N: int, dtype, *, weight: bool = True, residual: bool = False, mode: int = 0
-) -> Launch:
-    """The launch of ``cfg``'s kernel for rows of ``N`` elements of ``dtype`` with ``TensorSpec``
-    operands: contiguous rows (row stride ``N``), aligned, 32-bit offsets, as the function API
-    passes contiguous inputs; the backward with a deterministic dweight (partials, no atomics)."""
-    from flydsl_core import TensorSpec
-
-    big = 1 << 24  # any size: the kernels never read a flat tensor's extent
-    t = TensorSpec(dtype, (big,))
-    f32 = TensorSpec("fp32", (big,))
-    w = TensorSpec(dtype, (N,)) if weight else None
-    k = cfg.kernel
-    if k.startswith("fwd"):
-        res = t if residual else None
-        fp = plan_forward(
-            MODEL_ROWS, N, dtype, SR=N if residual else 0, mode=mode, eps=1e-6, config=cfg
-        )
-        return fp.launches(x=t, res=res, w=w, y=t, res_out=res, rstd=f32)[0]
-    if k == "dw_reduce":
-        return dw_reduce_launch(cfg, part=f32, dw=TensorSpec(dtype, (N,)), P=MODEL_PARTIALS, N=N)
-    rows = dict(g=t, x=t, rstd=f32, w=w, M=MODEL_ROWS, N=N, SG=N, SX=N)
-    if k == "bwd_rowdot":
-        return bwd_rowdot_launch(cfg, coef=f32, **rows)
-    part = f32 if weight else None
-    if k == "bwd_rows":
-        grid = (configs.backward_programs(MODEL_ROWS, cfg.R)[0],)
-        return bwd_rows_launch(cfg, grid, MODEL_CHUNK, dx=t, part=part, acc=None, **rows)
-    grid = configs.cols_programs(MODEL_ROWS, N, cfg.BLOCK)[:2]
-    return bwd_cols_launch(cfg, grid, MODEL_CHUNK, coef=f32, dx=t, part=part, acc=None, **rows)
+    )

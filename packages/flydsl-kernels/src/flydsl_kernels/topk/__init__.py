@@ -10,25 +10,28 @@ one program per row) and ``radix_*_split`` (rows split over programs), with
 gpt-oss style routers.
 
 Parts (the layout every family shares; docs/architecture.md): ``kernels``, ``plan`` (a
-problem -> the launches), ``configs`` (selection rule, config space, static model, per-target
-tables; its ``Plan`` is the kernel and config ``select`` chooses), ``api``, ``reference`` and
-the report cases (``cases``: ``FAMILY``).
+problem -> the launches), ``configs`` (the selection rule ``select`` and ``m_choice``, its
+``Config``: the kernel and config chosen, and each target's table ``TABLES``), ``model`` (the
+config spaces and the static model that chose the tables), ``api``, ``reference`` and the
+report cases (``cases``: ``FAMILY``).
 """
 
 from __future__ import annotations
 
-from . import configs, kernels, plan, reference
+from . import configs, kernels, model, plan, reference
 from .api import moe_router, topk, topk_rows
 from .cases import FAMILY
-from .configs import Plan, select
+from .configs import Config, Plan, select
 from .kernels import KERNELS
 
 __all__ = [
     "FAMILY",
     "KERNELS",
+    "Config",
     "Plan",
     "configs",
     "kernels",
+    "model",
     "moe_router",
     "plan",
     "reference",

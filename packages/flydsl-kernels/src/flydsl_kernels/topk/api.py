@@ -28,7 +28,7 @@ import torch
 
 from .._target import table_target, tensor_target
 from ..launch import run_all
-from .configs import KEY_BITS, Plan, select
+from .configs import KEY_BITS, Config, m_choice
 from .plan import SCORINGS, plan_router, plan_topk
 
 DTYPES = tuple(KEY_BITS)
@@ -55,19 +55,28 @@ def _bool_arg(v, name: str) -> bool:
     return v
 
 
-def topk_rows(x2, k, largest=True, sorted=True, *, plan: Plan | None = None, target=None):
+def topk_rows(
+    x2, k, largest=True, sorted=True, *, config: Config | None = None, target=None, plan=None
+):
     """Top-k of each row of the 2-D ``x2`` (rows of stride ``x2.stride(0)``, unit inner stride).
 
-    Returns (values, int64 indices) of shape (M, k); ``plan`` (default
-    ``configs.select``) names the kernel and its config.
-    """
+    Returns (values, int64 indices) of shape (M, k); ``config`` (default
+    ``configs.m_choice``'s for M) names the kernel and its config (``plan``: its deprecated
+    name)."""
     m, n = x2.shape
     tgt = tensor_target(x2, target)
     tp = plan_topk(
-        m, n, k, x2.dtype, largest=largest, sorted=sorted,
-        deterministic=torch.are_deterministic_algorithms_enabled(), plan=plan, target=tgt,
+        m,
+        n,
+        k,
+        x2.dtype,
+        largest=largest,
+        sorted=sorted,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        config=config if config is not None else plan,
+        target=tgt,
         table=table_target(x2, target),
-    )  # fmt: skip
+    )
     vals = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     idx = torch.empty((m, k), dtype=torch.int64, device=x2.device)
     ws = {
@@ -140,17 +149,10 @@ def topk(
         x2 = xt.reshape(-1, n)
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
-        plan = select(
-            x2.shape[0],
-            n,
-            k,
-            x.dtype,
-            sorted=sorted,
-            deterministic=deterministic,
-            method=method,
-            target=table_target(x2, target),
-        )
-        v, i = topk_rows(x2, k, largest, sorted, plan=plan, target=target)
+        kw = dict(sorted=sorted, deterministic=deterministic, method=method)
+        choice = m_choice("topk", n, k, x.dtype, target=table_target(x2, target), **kw)
+        cfg = choice.choose(x2.shape[0]).config
+        v, i = topk_rows(x2, k, largest, sorted, config=cfg, target=target)
         v, i = v.reshape(out_shape), i.reshape(out_shape)
     return _result(v.movedim(-1, d).contiguous(), i.movedim(-1, d).contiguous())
 
@@ -218,9 +220,16 @@ def moe_router(
     b = bias.contiguous() if bias is not None else lg[0]  # unread without HAS_BIAS
     tgt = tensor_target(logits, target)
     rp = plan_router(
-        e, top_k, scoring=scoring, renormalize=renormalize, has_bias=bias is not None,
-        n_group=n_group, topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
-        target=tgt, table=table_target(logits, target),
-    )  # fmt: skip
+        e,
+        top_k,
+        scoring=scoring,
+        renormalize=renormalize,
+        has_bias=bias is not None,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=routed_scaling_factor,
+        target=tgt,
+        table=table_target(logits, target),
+    )
     run_all(rp.launches(logits=lg, bias=b, weights=weights, ids=ids), tgt)
     return weights, ids

@@ -97,13 +97,13 @@ _MAIN_KERNEL = {
 
 def _topk_case(m, n, k, stage, up) -> ReportCase:
     dtype = torch.float32
-    plan = select(m, n, k, dtype)  # the kernels follow the shape; the target sets the warps
+    plan = select("topk", m, n, k, dtype)  # the kernels follow the shape; the target: warps
     name = _MAIN_KERNEL[plan.kernel]
     if stage == "sort":
         name = "sort_tile" if plan.sorter == "tile" else "merge_pass"
 
     def config(target):
-        p = select(m, n, k, dtype, target=target)
+        p = select("topk", m, n, k, dtype, target=target)
         if stage == "sort":
             return {"kernel": p.sorter, "num_warps": p.sort_warps, "KP": p.SORT_KP}
         return p.as_dict()

@@ -1,10 +1,10 @@
 """TopK plans: a problem goes in; the kernels, grids, arguments, constexprs and options come out.
 
 ``plan_topk`` turns a top-k problem (M rows of N elements, k, the dtype, largest / sorted,
-the kernel choice ``configs.Plan`` of ``configs.select``) into a ``TopkPlan``: the workspaces
+the kernel choice ``configs.Config`` of ``configs.select``) into a ``TopkPlan``: the workspaces
 it needs (``workspaces()``) and ``launches(...)``, the pipeline of ``launch.Launch``es for
 given operands; ``plan_router`` does the same for the fused MoE router. Operands are torch
-tensors (the function API) or ``TensorSpec``s (the static model in ``configs`` and the report
+tensors (the function API) or ``TensorSpec``s (the static model in ``model.py`` and the report
 cases compile the same launches without data). Each kernel's call is written once, in the
 ``*_launch`` functions below.
 """
@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from flydsl_core import cdiv
+
 from .._target import is_cpu_target
 from ..launch import Launch
-from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Plan, next_pow2, router_config, select
+from .configs import KEY_BITS, SURVIVOR_TILE_MAX, Config, m_choice, next_pow2, select
 from .kernels import KERNELS, RADIX, RADIX_BITS
 
 SCORINGS = {"softmax": 0, "sigmoid": 1, "topk_softmax": 2}
@@ -67,14 +69,34 @@ def count_split_launch(x, hist, counts, k, span, slices, *, BLOCK, LARGEST, KEY_
 
 
 def compact_split_launch(
-    x, vals, idx, wkey, widx, hist, counts, k, span, slices, *,
-    BLOCK, SP, LARGEST, KEY_BITS, SORTED, DETERMINISTIC, options,
-):  # fmt: skip
+    x,
+    vals,
+    idx,
+    wkey,
+    widx,
+    hist,
+    counts,
+    k,
+    span,
+    slices,
+    *,
+    BLOCK,
+    SP,
+    LARGEST,
+    KEY_BITS,
+    SORTED,
+    DETERMINISTIC,
+    options,
+):
     """``radix_compact_split``: the survivors of each slice."""
     cx = dict(
-        BLOCK=BLOCK, SP=SP, LARGEST=LARGEST, KEY_BITS=KEY_BITS, SORTED=SORTED,
+        BLOCK=BLOCK,
+        SP=SP,
+        LARGEST=LARGEST,
+        KEY_BITS=KEY_BITS,
+        SORTED=SORTED,
         DETERMINISTIC=DETERMINISTIC,
-    )  # fmt: skip
+    )
     args = (x, vals, idx, wkey, widx, hist, counts, k, span, slices)
     return Launch(KERNELS["radix_compact_split"], (x.shape[0], slices), args, cx, options)
 
@@ -114,7 +136,7 @@ def router_launch(logits, bias, weights, ids, constexprs: dict, options) -> Laun
 class TopkPlan:
     """The pipeline of one top-k problem (``config``: the kernel and config ``select`` chose)."""
 
-    config: Plan
+    config: Config
     M: int
     N: int
     k: int
@@ -174,9 +196,21 @@ class TopkPlan:
             if p.deterministic:
                 out.append(count_split_launch(x, hist, counts, k, span, s, **sel))
             compact = compact_split_launch(
-                x, vals, idx, wkey, widx, hist, counts, k, span, s, SP=next_pow2(s),
-                SORTED=srt, DETERMINISTIC=p.deterministic, **sel,
-            )  # fmt: skip
+                x,
+                vals,
+                idx,
+                wkey,
+                widx,
+                hist,
+                counts,
+                k,
+                span,
+                s,
+                SP=next_pow2(s),
+                SORTED=srt,
+                DETERMINISTIC=p.deterministic,
+                **sel,
+            )
             out.append(compact)
         else:
             raise ValueError(f"unknown topk kernel {p.kernel!r}")
@@ -191,7 +225,7 @@ class TopkPlan:
             kp = max(p.SORT_KP, next_pow2(k))
             return [sort_tile_launch(x, wkey, widx, vals, idx, k, KP=kp, options=opts)]
         b = p.MERGE_B
-        nb = -(-k // b)
+        nb = cdiv(k, b)
         okey, oidx = ws["okey"], ws["oidx"]
         out = [sort_runs_launch(wkey, widx, okey, oidx, nb, B=b, options=opts)]
         src, dst = (okey, oidx), (wkey, widx)
@@ -218,20 +252,30 @@ def plan_topk(
     sorted: bool = True,
     deterministic: bool = True,
     method: str | None = None,
-    plan: Plan | None = None,
+    config: Config | None = None,
     target=None,
     table=None,
+    plan: Config | None = None,
 ) -> TopkPlan:
-    """The top-k of ``M`` rows of ``N`` elements of ``dtype``, ``1 <= k <= N``: ``plan`` (default
-    ``configs.select`` on ``table``'s table, with ``method``) names the kernel and its config;
-    ``target`` is the launch's (the CPU backends take no warps)."""
-    p = plan or select(
-        M, N, k, dtype, sorted=sorted, deterministic=deterministic, method=method, target=table
-    )
+    """The top-k of ``M`` rows of ``N`` elements of ``dtype``, ``1 <= k <= N``: ``config``
+    (default ``configs.m_choice`` on ``table``'s table, with ``method``) names the kernel and
+    its config; ``target`` is the launch's (the CPU backends take no warps). ``plan``: the
+    deprecated name of ``config``."""
+    p = config if config is not None else plan
+    if p is None:
+        kw = dict(sorted=sorted, deterministic=deterministic, method=method, target=table)
+        p = m_choice("topk", N, k, dtype, **kw).choose(M).config
     return TopkPlan(
-        p, M, N, k, KEY_BITS[dtype], bool(largest), bool(sorted) and k > 1,
-        options(p.num_warps, target), options(p.sort_warps, target),
-    )  # fmt: skip
+        p,
+        M,
+        N,
+        k,
+        KEY_BITS[dtype],
+        bool(largest),
+        bool(sorted) and k > 1,
+        options(p.num_warps, target),
+        options(p.sort_warps, target),
+    )
 
 
 # -- the MoE router ----------------------------------------------------------------------------------
@@ -239,7 +283,7 @@ def plan_topk(
 
 @dataclass(frozen=True)
 class RouterPlan:
-    config: Plan
+    config: Config
     constexprs: dict
     options: dict
 
@@ -265,7 +309,7 @@ def plan_router(
     """The fused router over ``E`` experts (the arguments of ``api.moe_router``; ``has_bias``:
     whether there is a selection bias)."""
     block = next_pow2(E)
-    cfg = router_config(block, table)
+    cfg = select("router", E, target=table)
     cx = dict(
         TOPK=top_k,
         KP=next_pow2(top_k),

@@ -42,6 +42,7 @@ from ...compile.resources import (
     count_instructions,
     limiter,
 )
+from ...helpers import cdiv
 from ...targets import Target, get_target
 
 __all__ = ["AMD_MATRIX_PREFIXES", "classify", "instructions", "parse_amdgcn"]
@@ -342,7 +343,7 @@ def parse_amdgcn(
         warnings.append(f"listing is wave{wave} but {t.name} is wave{t.warp_size}")
     flat = _md_int(md, "max_flat_workgroup_size")
     if num_warps is None and flat:
-        num_warps = -(-flat // wave)
+        num_warps = cdiv(flat, wave)
     elif num_warps is not None and flat and flat != num_warps * wave:
         warnings.append(f"num_warps={num_warps} but .max_flat_workgroup_size={flat}")
     if num_warps is None:

@@ -36,6 +36,7 @@ from ...settings import default_cache_dir
 from ...targets import Target
 from .. import Backend, Executable
 from .codegen import GeneratedKernel, generate
+from .signature import make_extractor
 
 #: options every GPU target takes (defaults where FlyDSL's differ from Triton's)
 AMD_DEFAULTS = {"num_warps": 4, "num_stages": 2}
@@ -247,6 +248,36 @@ class TritonBackend(Backend):
         if not target.is_gpu:
             return generate(fn, target)
         return generate(fn, target, dot_precisions=dot_precisions(target))
+
+    @property
+    def generates_source(self) -> bool:
+        return True
+
+    def source_function(self, fn: Function):
+        """``(jit_function, GeneratedKernel)``: the ``@triton.jit`` function of ``fn``'s
+        generated source, written and imported, not compiled."""
+        gen = self.generate(fn)
+        return getattr(import_source(write_source(gen)), gen.name), gen
+
+    def source_arguments(self, generated: GeneratedKernel, values: tuple) -> tuple:
+        """The ``@triton.jit`` function's arguments, read from the launch's run-time values as
+        the launcher reads them (``GeneratedKernel.params``)."""
+        return make_extractor(generated.params, generated.nargs)(values)
+
+    def compile_options(self, options: dict) -> dict:
+        """``triton_options`` on GPU targets (the defaults, an unknown option an error); the
+        interpreter takes ``num_warps`` / ``num_stages`` only and ignores them (4 / 2 when
+        not given, AMD's defaults)."""
+        if self.target.is_gpu:
+            return triton_options(self.target, options)
+        given = {k: v for k, v in (options or {}).items() if v is not None}
+        extra = sorted(set(given) - {"num_warps", "num_stages"})
+        if extra:
+            raise CompileError(
+                f"target {self.target.name} takes no options besides num_warps/num_stages, "
+                f"got {extra}"
+            )
+        return {**AMD_DEFAULTS, **given}
 
     def compile(self, fn: Function, spec=None, options: dict | None = None):
         from .launcher import InterpretedExecutable

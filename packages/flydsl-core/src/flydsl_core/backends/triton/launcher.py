@@ -1,6 +1,6 @@
 """Launching Triton-compiled kernels: on the GPU, or on the CPU through Triton's interpreter.
 
-The host path is planned at compile time: ``make_extractor`` turns the
+The host path is planned at compile time: ``signature.make_extractor`` turns the
 generated kernel's parameter list into one compiled lambda that picks the
 kernel's arguments (tensors, sizes, strides, scalars) out of the launch's
 run-time arguments, so a launch is that lambda, a stream lookup and a call
@@ -30,37 +30,10 @@ from pathlib import Path
 
 from ...exc import ArgumentError, TritonLaunchError
 from .. import Executable
-from .codegen import GeneratedKernel, KernelParam
+from .codegen import GeneratedKernel
+from .signature import make_extractor
 
 MAX_INT32 = 2**31 - 1
-
-
-def make_extractor(params: list[KernelParam], nargs: int):
-    """``f(args) -> tuple`` of the kernel's arguments, from the launch's run-time arguments."""
-    parts = []
-    for p in params:
-        a = f"a[{p.arg}]"
-        if p.kind == "shape":
-            parts.append(f"{a}.shape[{p.dim}]")
-        elif p.kind == "stride":
-            parts.append(f"{a}.stride({p.dim})")
-        else:
-            parts.append(a)
-    body = "(" + "".join(x + ", " for x in parts) + ")"
-    code = compile(f"lambda a: {body}", "<flydsl-triton-args>", "eval")
-    fn = eval(code, {"__builtins__": {}})
-
-    def extract(args):
-        if len(args) != nargs:
-            raise ArgumentError(f"expected {nargs} run-time arguments, got {len(args)}")
-        try:
-            return fn(args)
-        except (AttributeError, IndexError, TypeError) as e:
-            raise ArgumentError(
-                f"the run-time arguments do not match the kernel's parameters: {e}"
-            ) from None
-
-    return extract
 
 
 # -- GPU ----------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from ...compile.resources import (
     limiter,
     nvidia_occupancy,
 )
+from ...helpers import cdiv
 from ...targets import Target, get_target
 
 __all__ = ["classify", "parse_ptx", "statements"]
@@ -298,7 +299,7 @@ def parse_ptx(
         m = re.search(r"^\s*\.(?:reqntid|maxntid)\s+([\d\s,]+)", ptx_text, re.M)
         if m:
             threads = math.prod(int(x) for x in m.group(1).replace(",", " ").split())
-            num_warps = -(-threads // t.warp_size)
+            num_warps = cdiv(threads, t.warp_size)
         else:
             reasons["num_warps"] = "no .reqntid/.maxntid and no num_warps given"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ... import dtypes as dt
+from ...exc import ArgumentError
 from ...ir.core import Function
 from ...ir.types import TensorType
 from ...targets import Target
@@ -185,3 +186,31 @@ def kernel_params(fn: Function, target: Target) -> tuple[list[KernelParam], dict
         div = 16 if p.facts.get("div") == 16 and d.is_int else None
         params.append(KernelParam(name, p.kind, SIG_TYPES[d], arg, dim=p.dim, divisibility=div))
     return params, names
+
+
+def make_extractor(params: list[KernelParam], nargs: int):
+    """``f(args) -> tuple`` of the kernel's arguments, from the launch's run-time arguments."""
+    parts = []
+    for p in params:
+        a = f"a[{p.arg}]"
+        if p.kind == "shape":
+            parts.append(f"{a}.shape[{p.dim}]")
+        elif p.kind == "stride":
+            parts.append(f"{a}.stride({p.dim})")
+        else:
+            parts.append(a)
+    body = "(" + "".join(x + ", " for x in parts) + ")"
+    code = compile(f"lambda a: {body}", "<flydsl-triton-args>", "eval")
+    fn = eval(code, {"__builtins__": {}})
+
+    def extract(args):
+        if len(args) != nargs:
+            raise ArgumentError(f"expected {nargs} run-time arguments, got {len(args)}")
+        try:
+            return fn(args)
+        except (AttributeError, IndexError, TypeError) as e:
+            raise ArgumentError(
+                f"the run-time arguments do not match the kernel's parameters: {e}"
+            ) from None
+
+    return extract
