@@ -145,8 +145,15 @@ def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list
     return gm, [flat[i] for i in where]
 
 
-def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool, arch=None,
-           tuple_out: bool = False):  # fmt: skip
+def splice(
+    graph: fx.Graph,
+    anchor: fx.Node,
+    fn,
+    inputs,
+    decompose: bool,
+    arch=None,
+    tuple_out: bool = False,
+):
     """Insert the trace of ``fn(*inputs)`` before ``anchor`` and use its output for
     ``anchor``'s value (``anchor``'s users are moved to it). ``arch``: the GPU arch the traced
     kernels are generated for where the device cannot say (``Settings.arch``).
