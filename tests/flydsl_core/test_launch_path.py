@@ -103,6 +103,20 @@ def test_generated_and_generic_keys_agree_on_equality():
     assert (g[0] != g[2]) and (p[0] != p[2])
 
 
+def test_a_kernel_without_parameters_binds_and_launches(rec):
+    """The generated binder has no empty argument list to trip on (``def key(, **_kw)`` was a
+    SyntaxError at decoration)."""
+
+    @fly.kernel
+    def noop():
+        pass
+
+    assert make_key_fn(noop)() == (None,) and make_key_fn(noop)() != make_key_fn(noop)(a=1)
+    noop[(3,)](target="recorder")
+    noop[(3,)](target="recorder")
+    assert rec.compiles == 1 and [g for g, _ in rec.launches] == [(3, 1, 1)] * 2
+
+
 def test_keyword_tensors_and_grid_functions(rec):
     k = _kernel()
     x, o = torch.randn(40), torch.empty(40)

@@ -185,23 +185,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-#: cycles that exist on this branch, each with who removes it; strict, so the test fails (XPASS)
-#: once the cycle is gone and the entry must go too
-KNOWN_CYCLES = {
-    "torch_flydsl": "_runtime and eligibility import each other (function-level imports): "
-    "torch-flydsl's to fix",
-}
-
-
-@pytest.mark.parametrize(
-    "pkg",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_CYCLES[p]))
-        if p in KNOWN_CYCLES
-        else p
-        for p in PACKAGES
-    ],
-)
+@pytest.mark.parametrize("pkg", PACKAGES)
 def test_no_import_cycles(pkg):
     """docs/architecture.md's rule: no import cycle, lazy imports included, in the whole graph
     of the four packages (a cycle through another package is reported for each package)."""
@@ -243,3 +227,127 @@ def test_backends_declare_source_generation():
 
     assert not get_backend("cpu-reference").generates_source
     assert get_backend("cpu-interpret").generates_source
+
+
+#: the packages whose public names the packages above them may use
+LOWER = ("flydsl_core", "flydsl_kernels")
+#: the packages held to that (torch-flydsl's glue, the model evaluations)
+UPPER = ("torch_flydsl", "flydsl_models")
+
+
+def _public_module(name: str) -> bool:
+    """The rule (docs/architecture.md's layering rules): ``flydsl_core`` and ``flydsl_kernels``
+    are public; below them a module is public when its parent is and either the parent lists it
+    in ``__all__`` (``flydsl_kernels.gemm.configs``) or the parent is the package itself and
+    the module declares its own ``__all__`` (``flydsl_core.targets``, ``flydsl_core.settings``,
+    ``flydsl_kernels.gemm``). Anything else (``flydsl_core.backends.triton.codegen``,
+    ``flydsl_core.runtime.kernel``, ``flydsl_kernels._target``) is private."""
+    import importlib
+    import importlib.util
+
+    parts = name.split(".")
+    if parts[0] not in LOWER:
+        return False
+    if len(parts) == 1:
+        return True
+    parent = ".".join(parts[:-1])
+    if parts[-1].startswith("_") or not _public_module(parent):
+        return False
+    if not _is_module(name):
+        return False
+    listed = parts[-1] in getattr(importlib.import_module(parent), "__all__", ())
+    return listed or (len(parts) == 2 and hasattr(importlib.import_module(name), "__all__"))
+
+
+def _is_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a name inside a module, not a module
+        return False
+
+
+def _public_name(module: str, name: str) -> bool:
+    """``module.name`` is a public name: a public module's, in its ``__all__`` (where it
+    declares none: not starting with ``_``), or a public module itself."""
+    import importlib
+
+    if not _public_module(module):
+        return False
+    if _public_module(f"{module}.{name}"):
+        return True
+    declared = getattr(importlib.import_module(module), "__all__", None)
+    return name in declared if declared is not None else not name.startswith("_")
+
+
+def _lower_uses(packages=UPPER):
+    """``[(file:line, what)]``: every use of a ``LOWER`` package by the modules of
+    ``packages``: ``import M``, ``from M import n``, and ``alias.n`` where ``alias`` names a
+    module imported so (by AST, lazy imports included)."""
+    import ast
+    import importlib.util
+    import pathlib
+
+    out = []
+    for pkg in packages:
+        root = pathlib.Path(next(iter(importlib.util.find_spec(pkg).submodule_search_locations)))
+        for p in sorted(root.rglob("*.py")):
+            tree = ast.parse(p.read_text())
+            where = f"{pkg}/{p.relative_to(root).as_posix()}"
+            aliases = {}  # local name -> the LOWER module it names
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    for a in node.names:
+                        if a.name.split(".")[0] in LOWER:
+                            out.append((f"{where}:{node.lineno}", ("import", a.name)))
+                            aliases[a.asname or a.name.split(".")[0]] = (
+                                a.name if a.asname else a.name.split(".")[0]
+                            )
+                elif (
+                    isinstance(node, ast.ImportFrom)
+                    and not node.level
+                    and (node.module or "").split(".")[0] in LOWER
+                ):
+                    for a in node.names:
+                        out.append((f"{where}:{node.lineno}", ("from", node.module, a.name)))
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases
+                    and _is_module(aliases[node.value.id])
+                ):
+                    mod = aliases[node.value.id]
+                    out.append((f"{where}:{node.lineno}", ("from", mod, node.attr)))
+    return out
+
+
+def test_upper_packages_use_only_public_names_of_core_and_kernels():
+    """torch-flydsl and flydsl-models reach flydsl_core and flydsl_kernels through their
+    public names only (``_public_module``), so the core and the kernels can change what is
+    behind them."""
+    uses = _lower_uses()
+    assert any(w.startswith("torch_flydsl/") for w, _ in uses)
+    bad = []
+    for where, use in uses:
+        if use[0] == "import":
+            ok = _public_module(use[1])
+        else:
+            ok = _public_name(use[1], use[2])
+        if not ok:
+            bad.append(f"{where}: {'.'.join(use[1:])}")
+    assert not bad, "private names used:\n" + "\n".join(bad)
+
+
+def test_the_public_rule_tells_public_from_private():
+    assert _public_name("flydsl_core", "generated_launch")
+    assert _public_name("flydsl_core", "settings")  # a first-level module with __all__
+    assert _public_name("flydsl_core.targets", "lookup_target")
+    assert _public_name("flydsl_kernels.gemm", "configs")  # listed in the family's __all__
+    assert not _public_name("flydsl_core.runtime.kernel", "launch_sink")
+    assert not _public_name("flydsl_core.backends.triton.codegen", "GeneratedKernel")
+    assert not _public_name("flydsl_core.cache.keys", "source_fingerprint")  # use flydsl_core.cache
+    assert not _public_name("flydsl_kernels", "_target")
+    assert not _public_name("flydsl_core.targets", "_detect_device_arch")

@@ -24,9 +24,9 @@ BF16 = torch.bfloat16
 @pytest.fixture
 def overrides(device, tmp_path, monkeypatch):
     if device == "cuda":
-        from torch_flydsl import _runtime
+        from torch_flydsl import eligibility
 
-        arch = _runtime.resolve_arch(None)  # what the arch gate compares (sm90 on an H200)
+        arch = eligibility.resolve_arch(None)  # what the arch gate compares (sm90 on an H200)
         rules = [
             {"arch": arch, "op": op, "dtype": dt, "source": "test: open gate"}
             for op in ("rms_norm", "rms_norm_backward", "topk")

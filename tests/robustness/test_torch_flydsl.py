@@ -203,7 +203,7 @@ def _accepts(key, value) -> bool:
     if key == "device":
         return value is None or (isinstance(value, str) and value in ("cpu", "cuda", "rocm"))
     if key == "inductor":
-        return value is None or isinstance(value, dict) or value in (False, 0, "")
+        return value is None or isinstance(value, dict)
     return False
 
 
@@ -298,7 +298,7 @@ def test_every_path_takes_the_same_cpu_target(monkeypatch, env, cpu):
     else:
         want = "cpu-reference"
     x = torch.empty(2)
-    assert dispatch.Backend("cpu", gates.GateTable()).target_of(x) == want
+    assert dispatch.EagerContext("cpu", gates.GateTable()).target_of(x) == want
     assert eligibility.target(x) == run.kernel_target(x) == want
     assert _checks.device_reason(x) is None and _attention.target(x) == want
     torch_flydsl.disable()

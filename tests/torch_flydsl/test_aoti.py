@@ -114,9 +114,9 @@ def test_package_runs_on_cpu(tmp_path):
 @pytest.mark.gpu
 def test_package_runs_on_gpu(tmp_path, monkeypatch):
     """The .pt2 holds FlyDSL's Triton kernels (compiled by AOTInductor) and runs them."""
-    from torch_flydsl import _runtime
+    from torch_flydsl import eligibility
 
-    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", _runtime.resolve_arch(None) or "none")
+    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", eligibility.resolve_arch(None) or "none")
     torch_flydsl.reset_stats()
     m, runner = _package(tmp_path, "cuda", {"gates": "open"})
     assert torch_flydsl.stats()["compile:addmm"]["hits"] == 2  # FlyDSL's kernels, not ATen's

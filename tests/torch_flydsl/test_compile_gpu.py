@@ -29,9 +29,9 @@ def test_program_on_gpu(kernels, monkeypatch):
     from torch._dynamo.utils import counters
 
     from flydsl_kernels.mx import to_mx
-    from torch_flydsl import _runtime
+    from torch_flydsl import eligibility
 
-    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", _runtime.resolve_arch(None) or "none")
+    monkeypatch.setenv("FLYDSL_TORCH_ARCHS", eligibility.resolve_arch(None) or "none")
     torch._dynamo.reset()
     counters.clear()
     torch_flydsl.reset_stats()

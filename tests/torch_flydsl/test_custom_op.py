@@ -24,7 +24,7 @@ import torch
 
 import flydsl_core as fly
 import torch_flydsl
-from torch_flydsl import _trace
+from torch_flydsl import graph_launch
 
 from ._graphs import RunTriton, StubDriver, fake, fake_mode
 
@@ -135,14 +135,14 @@ def _cpu_traced(arch="gfx950"):
     target for Inductor's analysis of user kernels (a machine without a GPU has none)."""
     import triton
 
-    prev, prev_target = triton.runtime.driver._active, _trace.CPU_TRACE_TARGET
+    prev, prev_target = triton.runtime.driver._active, graph_launch.CPU_TRACE_TARGET
     triton.runtime.driver.set_active(StubDriver(arch))
-    _trace.CPU_TRACE_TARGET = "cpu-interpret"
+    graph_launch.CPU_TRACE_TARGET = "cpu-interpret"
     try:
         yield
     finally:
         triton.runtime.driver._active = prev
-        _trace.CPU_TRACE_TARGET = prev_target
+        graph_launch.CPU_TRACE_TARGET = prev_target
 
 
 # -- eager -------------------------------------------------------------------------------------------
@@ -254,8 +254,8 @@ class _Stop(Exception):
 
 
 def test_inductor_output_code_holds_the_flydsl_triton_kernel(monkeypatch):
-    """Traced for Triton (here ``cpu-interpret``, as ``_trace.CPU_TRACE_TARGET`` does for the
-    GEMM ops), the launch is a user Triton kernel in Inductor's output code: FlyDSL's
+    """Traced for Triton (here ``cpu-interpret``, as ``graph_launch.CPU_TRACE_TARGET`` does for
+    the GEMM ops), the launch is a user Triton kernel in Inductor's output code: FlyDSL's
     generated ``@triton.jit`` source. Inductor then compiles it for the graph's device, which
     a CPU has no Triton backend for: the test stops there."""
     from torch._inductor.graph import GraphLowering
@@ -337,7 +337,7 @@ def test_traced_for_gfx950_on_fake_cuda_tensors():
     try:
         mode = fake_mode()
         xf = fake(mode, _rand(9, 100, dtype=BF16), (0,), "cuda")
-        with _trace.assume_arch("gfx950"), mode, enable_python_dispatcher():
+        with graph_launch.assume_arch("gfx950"), mode, enable_python_dispatcher():
             gm = make_fx(dispatch_functionalize(scale_rows_op), tracing_mode="real")(xf)
     finally:
         triton.runtime.driver._active = prev

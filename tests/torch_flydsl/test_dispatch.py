@@ -360,9 +360,9 @@ def test_bad_local_table_is_ignored(cpu_backend, monkeypatch, tmp_path, caplog):
 def test_arch_gate_on_gpu_backend(monkeypatch):
     """The GPU arch check (``eligibility``): allowed list from FLYDSL_TORCH_ARCHS, names and
     aliases alike, cached per index; the CUDA backend asks it."""
-    from torch_flydsl import _runtime, eligibility
+    from torch_flydsl import eligibility
 
-    monkeypatch.setattr(_runtime, "resolve_arch", lambda idx: "gfx942")
+    monkeypatch.setattr(eligibility, "resolve_arch", lambda idx: "gfx942")
     monkeypatch.delenv("FLYDSL_TARGET", raising=False)
     monkeypatch.setenv("FLYDSL_TORCH_ARCHS", "gfx950,sm90")
     eligibility.clear_caches()
@@ -372,7 +372,7 @@ def test_arch_gate_on_gpu_backend(monkeypatch):
         assert eligibility.device_arch("cuda", 0) == ""  # cached per index
         eligibility.clear_caches()
         assert eligibility.device_arch("cuda", 0) == "gfx942"
-        b = dispatch.Backend("cuda", gates.GateTable())
+        b = dispatch.EagerContext("cuda", gates.GateTable())
         monkeypatch.setattr(b, "arch", lambda t: eligibility.device_arch("cuda", 0))
         assert topk_spec.reason(b, torch.randn(300, 4096), 8, -1, True, True) == "gate"
     finally:
@@ -627,12 +627,12 @@ def test_compile_fullgraph_no_graph_breaks(cpu_backend, backend):
     torch._dynamo.reset()
 
 
-def test_calibration_plan_covers_every_gate_op():
+def test_calibration_buckets_cover_every_gate_op():
     """``torch_flydsl calibrate`` takes its buckets from the specs: every gate op has some, in
     the dtypes the op runs, and each bucket makes a valid gate rule."""
-    from torch_flydsl.calibrate import plan
+    from torch_flydsl.calibrate import buckets
 
-    cases = plan(["rms_norm", "topk", "gemm", "grouped_mm", "scaled_mm"], quick=True)
+    cases = buckets(["rms_norm", "topk", "gemm", "grouped_mm", "scaled_mm"], quick=True)
     ops = {c[0].op for c in cases}
     assert ops == {"rms_norm", "rms_norm_backward", "topk", "gemm", "grouped_mm", "mx_gemm"}
     for cal, dt, m, n, k in cases:
@@ -640,7 +640,7 @@ def test_calibration_plan_covers_every_gate_op():
         rule = {"arch": "gfx950", "op": cal.op, "dtype": gates.DTYPE_NAMES[dt], "m": list(m)}
         gates.Rule.from_json({**rule, "n": list(n), **extra, "source": "test"})
     assert {gates.DTYPE_NAMES[c[1]] for c in cases if c[0].op == "gemm"} == {"bfloat16", "float16"}
-    narrowed = plan(["gemm"], dtypes=["bfloat16"], quick=True)
+    narrowed = buckets(["gemm"], dtypes=["bfloat16"], quick=True)
     assert narrowed and all(c[1] == torch.bfloat16 for c in narrowed)
 
 

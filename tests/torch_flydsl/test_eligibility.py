@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_flydsl
-from torch_flydsl import _runtime, eligibility, gates
+from torch_flydsl import eligibility, gates
 from torch_flydsl.ops import SPECS
 
 pytestmark = pytest.mark.cpu
@@ -108,7 +108,7 @@ def test_the_cpu_target_rule(fresh, env, cpu, want):
     ],
 )
 def test_the_gpu_target_rule(fresh, device, env, allowed, target, arch):
-    fresh.setattr(_runtime, "resolve_arch", lambda idx: device)
+    fresh.setattr(eligibility, "resolve_arch", lambda idx: device)
     if env:
         fresh.setenv("FLYDSL_TARGET", env)
     if allowed:
@@ -121,7 +121,7 @@ def test_compile_context_follows_the_rule(fresh):
     from torch_flydsl.inductor.graph_pass import CompileContext
     from torch_flydsl.inductor.settings import Settings
 
-    fresh.setattr(_runtime, "resolve_arch", lambda idx: "gfx942")
+    fresh.setattr(eligibility, "resolve_arch", lambda idx: "gfx942")
     fresh.setenv("FLYDSL_TARGET", "gfx950")
     ctx = CompileContext(Settings.from_options({"device": "cuda"}))
     assert ctx.assumed_arch == "gfx950"  # the traced kernels' target: $FLYDSL_TARGET's

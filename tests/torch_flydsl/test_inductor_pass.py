@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_flydsl
-from torch_flydsl import _trace
+from torch_flydsl import graph_launch
 from torch_flydsl.inductor import FlyDSLPass, Settings, install, installed, uninstall
 from torch_flydsl.inductor.graph_pass import rewrite
 
@@ -480,7 +480,7 @@ def test_traced_kernels_compute_what_eager_does(monkeypatch, m):
     wiring of sizes, strides and M ranges as on a GPU) and run by Triton's interpreter."""
     import triton
 
-    monkeypatch.setattr(_trace, "CPU_TRACE_TARGET", "cpu-interpret")
+    monkeypatch.setattr(graph_launch, "CPU_TRACE_TARGET", "cpu-interpret")
     prev = triton.runtime.driver._active
     triton.runtime.driver.set_active(StubDriver())
     try:

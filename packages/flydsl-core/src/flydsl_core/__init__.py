@@ -9,8 +9,8 @@ algebra (``flydsl_core.layout``) is CuTe's.
 
 This module is the flat public API; importing it loads neither torch nor
 Triton. Besides the language it holds what another framework needs to take FlyDSL's
-launches over (``launch_sink``, ``split_launch_options``, ``generated_launch``: see
-``runtime/sink.py``).
+launches over (``launch_sink``, ``split_launch_options``, ``LAUNCH_OPTIONS``,
+``generated_launch``: see ``runtime/sink.py``).
 """
 
 from . import dtypes
@@ -35,7 +35,13 @@ from .helpers import cdiv
 from .language import *  # noqa: F403 - the language is the public surface
 from .language import __all__ as _lang_all
 from .runtime.kernel import CompiledKernel, Kernel, Tensor, constexpr, kernel
-from .runtime.sink import GeneratedLaunch, generated_launch, launch_sink, split_launch_options
+from .runtime.sink import (
+    LAUNCH_OPTIONS,
+    GeneratedLaunch,
+    generated_launch,
+    launch_sink,
+    split_launch_options,
+)
 from .runtime.spec import TensorSpec
 
 
@@ -52,6 +58,7 @@ def __getattr__(name):
 
 __all__ = [
     *_lang_all,
+    "LAUNCH_OPTIONS",
     "CompiledKernel",
     "DType",
     "FlyDSLError",

@@ -19,6 +19,27 @@ import os
 import sys
 from dataclasses import dataclass
 
+#: the public surface: the classes docs/errors.md lists (the location helpers are the core's)
+__all__ = [
+    "ArgumentError",
+    "CacheCorruptionWarning",
+    "CacheError",
+    "CompileError",
+    "ControlFlowError",
+    "FlyDSLError",
+    "LayoutError",
+    "LoweringError",
+    "ReferenceRuntimeError",
+    "SettingsError",
+    "TraceError",
+    "TritonLaunchError",
+    "TypeCheckError",
+    "UnknownSettingWarning",
+    "UnknownTargetError",
+    "UsageError",
+    "VerifyError",
+]
+
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _EXAMPLES_DIR = os.path.join(_PKG_DIR, "examples") + os.sep
 

@@ -120,17 +120,14 @@ def _example_launches(mod, dname: str, target: str) -> list[ExportItem]:
     """The launches ``mod.run`` makes on its default inputs (recorded, not run)."""
     import torch
 
-    from .runtime.kernel import LAUNCH_OPTIONS, launch_sink
+    from .runtime.sink import launch_sink, split_launch_options
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
     inputs = mod.make_inputs(dtype=dtype, generator=torch.Generator().manual_seed(0))
     items: list[ExportItem] = []
 
     def record(kernel, grid, args, kwargs):
-        opts = {k: kwargs[k] for k in LAUNCH_OPTIONS if k in kwargs and k != "target"}
-        options = dict(opts.pop("options", None) or {})
-        options.update(opts)
-        consts = {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS}
+        consts, _, options = split_launch_options(kernel, kwargs)
         where = launch_site()
         items.append(
             ExportItem(kernel, tuple(args), consts, options, _grid3(grid), grid_rule(*where))
@@ -441,14 +438,6 @@ def jsonable(v):
     return _jsonable(v)
 
 
-def _launch_options(target, options: dict) -> dict:
-    if target.is_gpu:
-        from .backends.triton.compiler import triton_options
-
-        return triton_options(target, options)
-    return {k: v for k, v in options.items() if v is not None}
-
-
 def generate(item: ExportItem, target: str, *, specialized: bool = False):
     """``(generated source, contract)`` of one launch for ``target`` (a Triton-generating
     target); ``render`` puts the contract's header on the source."""
@@ -498,7 +487,7 @@ def generate(item: ExportItem, target: str, *, specialized: bool = False):
         "arguments": [_argument(n, spec.specs[n]) for n in spec.runtime],
         "constexprs": _jsonable(spec.constexprs),
         "params": params,
-        "launch": _launch_options(tgt, dict(item.options)),
+        "launch": backend.compile_options(dict(item.options)),  # what a compile would use
         "grid": {"example": list(item.grid), "rule": item.grid_rule},
     }
     return gen.source, contract

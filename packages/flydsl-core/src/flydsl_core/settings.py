@@ -38,6 +38,23 @@ from pathlib import Path
 
 from .exc import SettingsError, UnknownSettingWarning
 
+#: the public surface: what other packages use (declare their variables, read one)
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PREFIX",
+    "VARIABLES",
+    "UnknownSettingWarning",
+    "Var",
+    "check_all",
+    "check_environment",
+    "declare",
+    "default_cache_dir",
+    "get",
+    "load_all",
+    "load_errors",
+    "unknown",
+]
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 #: the entry point group through which installed packages declare their variables

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 __version__ = "0.1.0"
+__all__ = ["FAMILIES", "families"]
 
 #: kernel families shipped so far, by name (subpackages of this package)
 FAMILIES: tuple[str, ...] = ("rmsnorm", "topk", "gemm", "mx", "attention")

@@ -218,15 +218,10 @@ def apply_overrides(d: dict, overrides: dict) -> dict:
 
 
 def is_mxfp4_dict(d: dict) -> bool:
-    """``is_mxfp4`` of a config dict (before transformers builds the config)."""
+    """``torch_flydsl.transformers.is_mxfp4`` of a config dict (before transformers builds
+    the config)."""
     q = d.get("quantization_config")
     return isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
-
-
-def is_mxfp4(config) -> bool:
-    q = getattr(config, "quantization_config", None)
-    method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
-    return str(getattr(method, "value", method)).lower() == "mxfp4"
 
 
 def build(spec: ModelSpec, dtype: torch.dtype, device: str, seed: int = 0, *, tp_size: int = 1):
@@ -243,6 +238,8 @@ def build(spec: ModelSpec, dtype: torch.dtype, device: str, seed: int = 0, *, tp
         if tp_size == 1:
             model = model.to(device)
         return model.eval()
+    from torch_flydsl.transformers import is_mxfp4
+
     config = spec.config()
     mx = is_mxfp4(config)
     if mx:

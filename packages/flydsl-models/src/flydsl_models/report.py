@@ -424,17 +424,36 @@ def plot_speedup(results, path: Path) -> None:
         if a not in sp or state == "unavailable" or "error" in results["arms"][a]:
             for x in xs:
                 ax.bar(x, top * 0.15, width, color="none", edgecolor="#C44E52", hatch="xx")
-                ax.text(x, top * 0.17, f"{state.upper()}: no figure", ha="center", va="bottom", fontsize=7,
-                        color="#C44E52", rotation=90)  # fmt: skip
+                ax.text(
+                    x,
+                    top * 0.17,
+                    f"{state.upper()}: no figure",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="#C44E52",
+                    rotation=90,
+                )
             ax.bar(0, 0, 0, color="none", edgecolor="#C44E52", hatch="xx", label=f"{a} ({state})")
             continue
         ys = [sp[a].get(p) or 0.0 for p in phases]
         label = a if state == "ran" else f"{a} (FAILED its checks)"
-        bars = ax.bar(xs, ys, width, label=label, color=_ARM_COLORS.get(a),
-                      hatch="xx" if state == "failed" else None)  # fmt: skip
+        bars = ax.bar(
+            xs,
+            ys,
+            width,
+            label=label,
+            color=_ARM_COLORS.get(a),
+            hatch="xx" if state == "failed" else None,
+        )
         for b, y in zip(bars, ys):
-            ax.annotate(f"{y:.2f}x", (b.get_x() + b.get_width() / 2, y), ha="center",
-                        va="bottom", fontsize=8)  # fmt: skip
+            ax.annotate(
+                f"{y:.2f}x",
+                (b.get_x() + b.get_width() / 2, y),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.text(len(phases) - 0.5, 1.0, "  off = 1", va="bottom", fontsize=7)
     ax.set_xticks([j + width * (len(arms) - 1) / 2 for j in range(len(phases))])
@@ -483,8 +502,15 @@ def plot_coverage(results, path: Path) -> None:
             rest = fams[f]["total_us"] / tot * 100 - fly
             ax.barh(y, fly, left=left, color=_COLORS[f], label=f"{f}: FlyDSL" if y == 0 else None)
             left += fly
-            ax.barh(y, rest, left=left, color=_COLORS[f], alpha=0.3, hatch="//",
-                    label=f"{f}: not FlyDSL" if y == 0 else None)  # fmt: skip
+            ax.barh(
+                y,
+                rest,
+                left=left,
+                color=_COLORS[f],
+                alpha=0.3,
+                hatch="//",
+                label=f"{f}: not FlyDSL" if y == 0 else None,
+            )
             left += rest
         ax.text(101, y, f"{cov['flydsl_us'] / tot * 100:.0f}% FlyDSL", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)))
@@ -518,18 +544,36 @@ def plot_loss(results, path: Path) -> None:
         bad = a is not None and not (a["ok"] and (g or {}).get("ok", True))
         steps = range(1, len(e["losses"]) + 1)
         style = "--" if v != "off" else "-"
-        ax.plot(steps, e["losses"], style, marker="o", markersize=3, color=_ARM_COLORS.get(v),
-                label=v + (" (FAILED)" if bad else ""))  # fmt: skip
+        ax.plot(
+            steps,
+            e["losses"],
+            style,
+            marker="o",
+            markersize=3,
+            color=_ARM_COLORS.get(v),
+            label=v + (" (FAILED)" if bad else ""),
+        )
         if v != "off" and off:
             rel = [abs(b - x) / max(abs(x), 1e-12) for x, b in zip(off, e["losses"])]
-            ax2.plot(steps, rel, marker="o", markersize=3, color=_ARM_COLORS.get(v),
-                     label=v + (" (FAILED)" if bad else ""))  # fmt: skip
+            ax2.plot(
+                steps,
+                rel,
+                marker="o",
+                markersize=3,
+                color=_ARM_COLORS.get(v),
+                label=v + (" (FAILED)" if bad else ""),
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss (cross-entropy, nats)")
     ax.set_title("loss per step: FlyDSL off vs on", fontsize=10)
     ax.legend(fontsize=8)
-    ax2.axhline(tr["tolerance_rel"], color="#C44E52", linewidth=1, linestyle=":",
-                label=f"threshold {tr['tolerance_rel']:g}")  # fmt: skip
+    ax2.axhline(
+        tr["tolerance_rel"],
+        color="#C44E52",
+        linewidth=1,
+        linestyle=":",
+        label=f"threshold {tr['tolerance_rel']:g}",
+    )
     ax2.set_yscale("log")
     ax2.set_xlabel("optimizer step")
     ax2.set_ylabel("|loss - off loss| / off loss")

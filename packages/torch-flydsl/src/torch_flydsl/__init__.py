@@ -61,7 +61,7 @@ PRECEDENCES = ("ours", "upstream")
 _installed: dict[tuple[str, str], object] = {}  # (device, group) -> dispatch.Installed
 _deferred: dict[tuple[str, str], str] = {}  # (device, group) -> why we did not register
 _unusable: dict[str, str] = {}  # device -> why nothing registered there
-_backends: dict[str, object] = {}  # device -> dispatch.Backend
+_contexts: dict[str, object] = {}  # device -> dispatch.EagerContext
 _precedence: dict[str, str] = {}  # device -> the precedence used by its last enable()
 
 
@@ -112,16 +112,16 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
     dev = _runtime.normalize_device(device)
     prec = _precedence_of(precedence)
     groups = _groups(ops, dev)
-    why = _runtime.backend_unusable(dev)
+    why = _runtime.cannot_register(dev)
     if why:
         _unusable[dev] = why
         log.info("torch_flydsl: not enabling on %s: %s", dev, why)
         return
     _unusable.pop(dev, None)
     _precedence[dev] = prec
-    if dev not in _backends or not any(d == dev for d, _ in _installed):
-        _backends[dev] = dispatch.Backend(dev, gates.load())
-    backend = _backends[dev]
+    if dev not in _contexts or not any(d == dev for d, _ in _installed):
+        _contexts[dev] = dispatch.EagerContext(dev, gates.load())
+    ctx = _contexts[dev]
     for g in groups:
         if (dev, g) in _installed:
             continue
@@ -133,7 +133,7 @@ def enable(ops=None, device=None, *, precedence=None) -> None:
                 _deferred[(dev, g)] = f"precedence=upstream: prior registration at {where}"
                 log.info("torch_flydsl: %s left to the prior registration (%s)", g, where)
                 continue
-        _installed[(dev, g)] = dispatch.install(SPECS[g], backend)
+        _installed[(dev, g)] = dispatch.install(SPECS[g], ctx)
         log.debug("torch_flydsl: %s enabled on %s", g, dev)
 
 
@@ -200,11 +200,11 @@ def status(device=None) -> dict:
     if device is None and _installed:  # the device something is enabled on
         device = next(iter(_installed))[0]
     dev = _runtime.normalize_device(device)
-    why = _unusable.get(dev) or _runtime.device_unusable(dev)
+    why = _unusable.get(dev) or eligibility.device_unusable(dev)
     cpu = dev == "cpu"
-    arch = eligibility.CPU_ARCH if cpu else _runtime.resolve_arch(None)
-    backend = _backends.get(dev)
-    table = backend.table if backend is not None else gates.load()
+    arch = eligibility.CPU_ARCH if cpu else eligibility.resolve_arch(None)
+    ctx = _contexts.get(dev)
+    table = ctx.table if ctx is not None else gates.load()
     ops = {}
     for g in OPS:
         inst = _installed.get((dev, g))

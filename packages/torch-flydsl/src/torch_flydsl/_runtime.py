@@ -1,10 +1,9 @@
-"""Runtime facts the overrides need: the devices and dispatch keys they register for, the
-arch of a GPU, and why a device cannot run FlyDSL at all.
+"""Registration facts: the devices and dispatch keys the overrides register for, and why
+they cannot register for a device at all (no kernels installed, torch built without a GPU).
 
-Nothing here runs at import. Arch resolution touches the GPU (it reads the
-device properties), so it happens lazily: once per device index, on the
-first call that reaches the arch check, or in ``status()``. Whether one call
-may run on FlyDSL, and for which target, is ``eligibility``'s.
+Nothing here touches a GPU. Everything that does (the GPU's arch, its FlyDSL target, whether
+FlyDSL may run there now, and whether one call may) is ``eligibility``'s, which builds on this
+module.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def kernels_missing() -> str | None:
     return None
 
 
-def backend_unusable(device: str) -> str | None:
+def cannot_register(device: str) -> str | None:
     """Why the overrides cannot register for ``device`` at all, or None. Touches no GPU."""
     missing = kernels_missing()
     if missing:
@@ -53,54 +52,3 @@ def backend_unusable(device: str) -> str | None:
     if not torch.backends.cuda.is_built():
         return "torch is built without CUDA/ROCm"
     return None
-
-
-_ARCH_CACHE: dict[int, str | None] = {}
-
-
-def resolve_arch(index: int | None) -> str | None:
-    """The arch of GPU ``index`` (None: the current one), from flydsl-core's one arch probe
-    (``flydsl_core.targets.device_arch``: torch's report, or ``$FLYDSL_GPU_ARCH``).
-
-    None when there is no such GPU. Cached per index: the predicate asks on every call.
-    """
-    if index is None:
-        if not torch.cuda.is_available():
-            return None
-        index = torch.cuda.current_device()
-    if index in _ARCH_CACHE:
-        return _ARCH_CACHE[index]
-    from flydsl_core.targets import device_arch
-
-    arch = device_arch(index) if index < torch.cuda.device_count() else None
-    _ARCH_CACHE[index] = arch
-    return arch
-
-
-def device_unusable(device: str, index: int | None = None) -> str | None:
-    """Why FlyDSL cannot run on ``device`` (GPU ``index``) now, or None. May touch the GPU."""
-    why = backend_unusable(device)
-    if why or device == "cpu":
-        return why
-    if not torch.cuda.is_available():
-        return "no GPU: torch.cuda.is_available() is False"
-    from . import eligibility
-
-    arch = resolve_arch(index)
-    if arch is None:
-        return "the GPU's arch could not be determined"
-    tgt = eligibility.gpu_target(index)
-    if tgt is None:
-        return f"FlyDSL has no target for the GPU's arch {arch}"
-    allowed = eligibility.allowed_archs()
-    if tgt not in allowed:
-        return f"target {tgt} is not in the allowed list {sorted(allowed)} (FLYDSL_TORCH_ARCHS)"
-    return None
-
-
-def clear_caches() -> None:
-    """Forget resolved archs and targets (tests; a changed ``$FLYDSL_GPU_ARCH``)."""
-    from . import eligibility
-
-    _ARCH_CACHE.clear()
-    eligibility.clear_caches()

@@ -49,7 +49,7 @@ def _median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def _pair(ours, aten, reps: int) -> tuple[float, float]:
+def paired_medians(ours, aten, reps: int) -> tuple[float, float]:
     """Medians of ours and ATen, timed interleaved (clock drift hits both alike)."""
     ours(), aten()
     to, ta = [], []
@@ -59,7 +59,7 @@ def _pair(ours, aten, reps: int) -> tuple[float, float]:
     return statistics.median(to), statistics.median(ta)
 
 
-def plan(ops, dtypes=None, quick=False) -> list[tuple]:
+def buckets(ops, dtypes=None, quick=False) -> list[tuple]:
     """``[(Calibration, torch dtype, m, n, k)]``: every bucket of the specs named by ``ops``
     (spec names or aliases), in their own dtypes (narrowed to ``dtypes`` names if given)."""
     from .ops import spec
@@ -68,7 +68,7 @@ def plan(ops, dtypes=None, quick=False) -> list[tuple]:
     for name in ops:
         for cal in spec(name).calibration:
             names = [d for d in cal.dtypes if dtypes is None or d in dtypes]
-            dts = [gates._DTYPES[d] for d in names]
+            dts = [gates.DTYPES_BY_NAME[d] for d in names]
             for dt, m, n, k in cal.cases(dts, quick):
                 out.append((cal, dt, m, n, k))
     return out
@@ -93,7 +93,7 @@ def calibrate(args) -> int:
     name = torch.cuda.get_device_name(dev)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
-    cases = plan(ops, dtypes, args.quick)
+    cases = buckets(ops, dtypes, args.quick)
     day = datetime.date.today().isoformat()
     rules, tried, errors = [], set(), 0
     console = Console(stderr=True)
@@ -118,7 +118,7 @@ def calibrate(args) -> int:
             tried.add((arch, op, dname))
             try:
                 ours, aten = cal.make(dt, m, n, k, dev)
-                to, ta = _pair(ours, aten, args.reps)
+                to, ta = paired_medians(ours, aten, args.reps)
             except Exception as e:  # a kernel that fails here stays on ATen
                 errors += 1
                 console.print(f"[yellow]{op} {dname} {m[0]}x{n[0]}: {type(e).__name__}: {e}")

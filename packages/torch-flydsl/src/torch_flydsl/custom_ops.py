@@ -20,11 +20,11 @@ three ways, as ``triton_op``'s does:
   the default fake implementation; ``op.register_fake(fn)`` replaces it;
 * **traced** (AOTAutograd's functionalization under ``torch.compile`` and AOTInductor): the
   body with every launch turned into ``torch.library.wrap_triton(<the @triton.jit FlyDSL
-  generates>)[grid](...)`` (``torch_flydsl._trace.launch``, the same path as the ``flydsl::``
+  generates>)[grid](...)`` (``torch_flydsl.graph_launch.launch``, the same path as the ``flydsl::``
   GEMM ops), so Inductor compiles, schedules and packages the kernels as its own user Triton
   kernels. CPU tensors stay one opaque node that Inductor calls as an extern kernel (it
   generates C++ for CPU graphs and cannot launch Triton there), unless
-  ``_trace.CPU_TRACE_TARGET`` traces them for Triton's interpreter (the tests). Under
+  ``graph_launch.CPU_TRACE_TARGET`` traces them for Triton's interpreter (the tests). Under
   ``torch.export`` the op is kept as one node, as ``triton_op``'s is.
 
 FlyDSL knows what each kernel writes (its FlyIR's stores and atomics), so every launch is
@@ -180,13 +180,19 @@ def _infer(name, fn, mutates_args) -> str:
         ) from None
 
 
+def _identity():
+    """The body of the kernels ``_CacheIdentity`` names: nothing to run."""
+
+
 class _CacheIdentity:
     """Stands in torch's list of a ``triton_op``'s Triton kernels
     (``torch._library.triton.triton_ops_to_kernels``), whose sources AOTAutograd's cache puts
     in its key: the kernels FlyDSL generates are known only when traced, so the list is one
     ``@triton.jit`` function named after the fingerprint of the body, the FlyDSL kernels and
     helpers it reaches (``source_fingerprint``) and the compiler. Editing a kernel changes the
-    key, so a cached compile holding the old kernel is not served. Built on first use."""
+    key, so a cached compile holding the old kernel is not served. Built on first use: FlyDSL
+    generates it (``generated_launch``, for Triton's interpreter: no GPU needed) from an empty
+    kernel named after that fingerprint."""
 
     def __init__(self, name: str, fn: Callable):
         self.name, self.fn = name, fn
@@ -200,20 +206,14 @@ class _CacheIdentity:
     def _make(self):
         import hashlib
 
-        from flydsl_core.backends.triton.codegen import GeneratedKernel
-        from flydsl_core.backends.triton.compiler import import_source, write_source
-        from flydsl_core.cache.keys import compiler_fingerprint, source_fingerprint
+        from flydsl_core import generated_launch, kernel
+        from flydsl_core.cache import compiler_fingerprint, source_fingerprint
 
         digest = hashlib.sha256(
             f"{self.name}|{compiler_fingerprint()}|{source_fingerprint(self.fn)}".encode()
         ).hexdigest()[:24]
-        fname = f"flydsl_custom_op_{digest}"
-        source = (
-            f'"""The identity of torch_flydsl.custom_op {self.name!r} in compile caches."""\n\n'
-            f"import triton\n\n\n@triton.jit\ndef {fname}():\n    pass\n"
-        )
-        gen = GeneratedKernel(fname, source, [], "cpu-interpret", True)
-        return getattr(import_source(write_source(gen)), fname)
+        ident = kernel(_identity, name=f"flydsl_custom_op_{digest}")
+        return generated_launch(ident, {}, target="cpu-interpret").function
 
 
 # -- what runs ---------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class _OpSpec:
 
     # eager: real tensors ------------------------------------------------------------------------
     def eager(self, *args, **kwargs):
-        from flydsl_core.runtime.kernel import launch_sink
+        from flydsl_core import launch_sink
 
         guard = _Writes(self, args, kwargs)
         with launch_sink(guard.eager_launch):
@@ -244,7 +244,7 @@ class _OpSpec:
 
     # fake: FakeTensors ---------------------------------------------------------------------------
     def fake(self, *args, **kwargs):
-        from flydsl_core.runtime.kernel import launch_sink
+        from flydsl_core import launch_sink
 
         guard = _Writes(self, args, kwargs)
         with launch_sink(guard.fake_launch):
@@ -262,12 +262,12 @@ class _OpSpec:
         if any(t not in (torch.Tensor, FakeTensor, FunctionalTensor) for t in types):
             return NotImplemented
         device = _device_of(args, kwargs)
-        from . import _trace
+        from . import graph_launch
 
-        if device is not None and device.type == "cpu" and not _trace.traces_cpu():
+        if device is not None and device.type == "cpu" and not graph_launch.traces_cpu():
             # Inductor cannot launch Triton kernels in a CPU graph: one opaque node
             return mode.__torch_dispatch__(op, types, args, kwargs)
-        from flydsl_core.runtime.kernel import launch_sink
+        from flydsl_core import launch_sink
 
         guard = _Writes(self, args, kwargs)
         with mode, launch_sink(guard.traced_launch):
@@ -351,7 +351,7 @@ def _launch_key(kernel, args, kwargs):
     change no store). None where a constexpr does not hash (the launch itself will say)."""
     info = _kernel_info.get(kernel)
     if info is None:
-        from flydsl_core.runtime.kernel import LAUNCH_OPTIONS
+        from flydsl_core import LAUNCH_OPTIONS
 
         names = tuple(kernel.signature.parameters)
         info = (names, kernel.constexpr_params, frozenset(LAUNCH_OPTIONS) - set(names))
@@ -382,10 +382,10 @@ def _launch_key(kernel, args, kwargs):
 
 
 def _kernel_kwargs(kernel, kwargs) -> dict:
-    from flydsl_core.runtime.kernel import LAUNCH_OPTIONS
+    """A launch's keyword arguments without its launch options (target, compiler options)."""
+    from flydsl_core import split_launch_options
 
-    params = kernel.signature.parameters
-    return {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS or k in params}
+    return split_launch_options(kernel, kwargs)[0]
 
 
 class _Writes:
@@ -423,9 +423,9 @@ class _Writes:
                 return [(n, args[w] if type(w) is int else kwargs[w]) for n, w in hit]
         bound = kernel.bind(args, _kernel_kwargs(kernel, kwargs))
         if traced:
-            from . import _trace
+            from .graph_launch import spec_value
 
-            specs = {n: _trace._spec_value(v) for n, v in bound.items()}
+            specs = {n: spec_value(v) for n, v in bound.items()}
             spec = kernel.specialize(kernel.bind((), specs))
         else:
             spec = kernel.specialize(bound)
@@ -458,18 +458,18 @@ class _Writes:
                 )
 
     def eager_launch(self, kernel, grid, args, kwargs):
-        from flydsl_core.runtime.kernel import launch_sink
+        from flydsl_core import launch_sink
 
         self.check(kernel, args, kwargs, traced=False)
         with launch_sink(None):  # the launch itself: FlyDSL's launcher
-            return kernel._launch(grid, args, kwargs)
+            return kernel[grid](*args, **kwargs)
 
     def fake_launch(self, kernel, grid, args, kwargs):
         self.check(kernel, args, kwargs, traced=True)
         # nothing runs: the outputs are the body's own allocations
 
     def traced_launch(self, kernel, grid, args, kwargs):
-        from . import _trace
+        from . import graph_launch
 
         self.check(kernel, args, kwargs, traced=True)
         t = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
@@ -482,4 +482,4 @@ class _Writes:
             grid = grid(kernel.bind(args, _kernel_kwargs(kernel, kwargs)))
         # the traced device's target, whatever the body asked for (FlyDSL generates Triton
         # for it; the body's target is an eager choice)
-        _trace.launch(kernel, grid, args, {**kwargs, "target": _trace.target_for(t)})
+        graph_launch.launch(kernel, grid, args, {**kwargs, "target": graph_launch.target_for(t)})

@@ -1,10 +1,10 @@
 """The eager overrides: one generated wrapper per ATen overload of an ``OpSpec``.
 
-For each op group and device (``CUDA`` key, which ROCm uses too, or ``CPU`` for the test
-backend) ``install`` captures the kernel registered at the key (``torch.library.get_kernel``),
+For each op group and device (``CUDA`` key, which ROCm uses too, or ``CPU`` for the tests)
+``install`` captures the kernel registered at the key (``torch.library.get_kernel``),
 then registers a Python kernel over it with ``torch.library.Library("aten", "IMPL")``. The
 kernel runs the spec's predicate and either the spec's implementation or the captured kernel
-(``call_boxed`` with the backend's keyset), so a fallback is exactly what ran before us.
+(``call_boxed`` with the context's keyset), so a fallback is exactly what ran before us.
 Implementation exceptions never escape: they are logged at warning, counted as ``error`` and
 answered by the captured kernel.
 
@@ -28,16 +28,16 @@ import torch
 
 from . import _runtime, eligibility, gates
 from .spec import OpSpec, Overload
-from .stats import OpStats
 from .stats import get as _stat
 
 log = logging.getLogger("torch_flydsl")
 
 
-class Backend:
+class EagerContext:
     """What a registered kernel needs about its device: the arch check, the target, the gates.
 
-    The eager ``ctx`` of the spec predicates (``spec.py``); its answers are ``eligibility``'s.
+    The eager ``ctx`` of the spec predicates (``spec.py``; the pass's is
+    ``inductor.CompileContext``); its answers are ``eligibility``'s.
     """
 
     plain = staticmethod(eligibility.plain)
@@ -73,13 +73,6 @@ class Backend:
         return fn(*args, **kwargs)
 
 
-def error(st: OpStats, e: Exception) -> None:
-    log.warning(
-        "%s: the FlyDSL kernel raised %s: %s; returning ATen's result", st.name, type(e).__name__, e
-    )
-    st.fallback("error")
-
-
 def aten_overload(op: str):
     """``torch.ops.aten.<op>`` as an ``OpOverload`` (``"topk.values"``, ``"mm"``)."""
     name, _, ov = op.partition(".")
@@ -95,7 +88,7 @@ def _default(arg) -> str:
     return "=" + repr(v)
 
 
-def first_reason(b: Backend, ov: Overload, t) -> str | int | None:
+def first_reason(b: EagerContext, ov: Overload, t) -> str | int | None:
     """The decision for every call of ``ov`` whose key tensor has ``t``'s device and dtype:
     ``arch``, ``dtype``, ``gate`` (the gate is closed for every shape there), None (the
     predicate decides per call) or, for ``numel_mn`` overloads, the least key-tensor numel any
@@ -115,7 +108,7 @@ def first_reason(b: Backend, ov: Overload, t) -> str | int | None:
     return None
 
 
-def make_kernel(ov: Overload, b: Backend, orig):
+def make_kernel(ov: Overload, b: EagerContext, orig):
     """The Python kernel registered for ``ov`` on ``b``'s key (see the module docstring).
 
     Cheapest first: the key tensor's type, then one dict lookup of the (device, dtype)
@@ -164,7 +157,7 @@ def make_kernel(ov: Overload, b: Backend, orig):
         f"            _fly_st.hits += 1\n"
         f"            return _fly_out\n"
         f"        except Exception as _fly_e:\n"
-        f"            _fly_error(_fly_st, _fly_e)\n"
+        f"            _fly_st.error(_fly_e)\n"
         f"    else:\n"
         f"        _fly_fb[_fly_r] = _fly_fb.get(_fly_r, 0) + 1\n"
         f"        if _fly_debug({logging.DEBUG}):\n"
@@ -187,7 +180,6 @@ def make_kernel(ov: Overload, b: Backend, orig):
         "_fly_orig": orig,
         "_fly_keyset": b.keyset,
         "_fly_fallback": ov.fallback,
-        "_fly_error": error,
     }
     exec(compile(src, f"<torch_flydsl dispatch aten::{ov.op}>", "exec"), env)
     fn = env[fn_name]
@@ -238,10 +230,10 @@ def prior_registrations(spec: OpSpec, device: str) -> dict[tuple[str, str], str]
     return out
 
 
-def install(spec: OpSpec, backend: Backend) -> Installed:
+def install(spec: OpSpec, ctx: EagerContext) -> Installed:
     """Capture the current kernels of ``spec``'s overloads, then register ours over them."""
-    key = _runtime.dispatch_key(backend.device)
-    ovs = tuple(o for o in spec.eager_overloads if backend.device in o.devices)
+    key = _runtime.dispatch_key(ctx.device)
+    ovs = tuple(o for o in spec.eager_overloads if ctx.device in o.devices)
     origs = {o.op: capture(o.op, key) for o in ovs}  # all captured before any impl
     lib = torch.library.Library("aten", "IMPL")
     try:
@@ -249,13 +241,13 @@ def install(spec: OpSpec, backend: Backend) -> Installed:
             warnings.filterwarnings("ignore", message=".*previously registered kernel.*")
             warnings.filterwarnings("ignore", message=".*operators may also be overridden.*")
             for o in ovs:
-                lib.impl(o.op, make_kernel(o, backend, origs[o.op]), key)
+                lib.impl(o.op, make_kernel(o, ctx, origs[o.op]), key)
     except BaseException:
         lib._destroy()
         raise
     return Installed(
         spec.name,
-        backend.device,
+        ctx.device,
         lib,
         {(op, key): (None if k is None else repr(k)) for op, k in origs.items()},
     )

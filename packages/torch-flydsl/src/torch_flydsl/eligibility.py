@@ -1,7 +1,7 @@
 """May this call run on FlyDSL, and for which target: the one rule every torch_flydsl path asks.
 
-The eager overrides (``dispatch.Backend``), the torch.compile pass (``inductor.CompileContext``),
-``flex_attention`` and the transformers routes all decide here:
+The eager overrides (``dispatch.EagerContext``), the torch.compile pass
+(``inductor.CompileContext``), ``flex_attention`` and the transformers routes all decide here:
 
 * ``plain(t)``: FlyDSL runs on plain tensors (``torch.Tensor``, ``nn.Parameter``) only;
   subclasses (FakeTensor, DTensor, ...) go to torch (reason ``subclass``);
@@ -17,7 +17,8 @@ The eager overrides (``dispatch.Backend``), the torch.compile pass (``inductor.C
 * ``arch(t)``: the gate-table arch of ``t``'s device: ``"cpu"`` on the CPU, the GPU target's
   name where it is in ``allowed_archs()`` (``$FLYDSL_TORCH_ARCHS``, default gfx950), else
   ``""``: FlyDSL does not run there (reason ``arch``);
-* ``device_reason(t)``: ``subclass``, ``arch`` or None.
+* ``device_reason(t)``: ``subclass``, ``arch`` or None;
+* ``device_unusable(device)``: why FlyDSL cannot run on a device at all now (``status()``).
 
 A CPU tensor is eligible wherever a torch_flydsl entry point sees one: the functions and
 routes (``flex_attention``, ``transformers.patch``, the ``"flydsl"`` attention and experts
@@ -25,8 +26,9 @@ implementations) are explicit calls, and the global hooks see CPU tensors only w
 were registered for the CPU (``enable(device="cpu")`` registers at the CPU dispatch key;
 the compile pass rewrites CPU nodes only with ``options={"device": "cpu"}``).
 
-GPU answers are cached per device index (the arch probe reads device properties);
-``clear_caches()`` forgets them (tests, a changed environment).
+GPU answers are cached per device index (the arch probe, ``resolve_arch``, reads device
+properties); ``clear_caches()`` forgets them (tests, a changed environment). Where the
+overrides register (devices, dispatch keys) is ``_runtime``'s, which touches no GPU.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from __future__ import annotations
 import torch
 
 from flydsl_core import settings
+
+from . import _runtime
 
 #: the tensor types FlyDSL runs on: anything else goes to torch
 PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
@@ -114,6 +118,28 @@ def env_gpu_target() -> str | None:
     return t.name if t is not None and t.is_gpu else None
 
 
+_ARCH_PROBE: dict[int, str | None] = {}  # device index -> the GPU's arch, None: none
+
+
+def resolve_arch(index: int | None) -> str | None:
+    """The arch of GPU ``index`` (None: the current one), from flydsl-core's one arch probe
+    (``flydsl_core.targets.device_arch``: torch's report, or ``$FLYDSL_GPU_ARCH``).
+
+    None when there is no such GPU. Cached per index: the predicate asks on every call.
+    """
+    if index is None:
+        if not torch.cuda.is_available():
+            return None
+        index = torch.cuda.current_device()
+    if index in _ARCH_PROBE:
+        return _ARCH_PROBE[index]
+    from flydsl_core.targets import device_arch
+
+    arch = device_arch(index) if index < torch.cuda.device_count() else None
+    _ARCH_PROBE[index] = arch
+    return arch
+
+
 _GPU_TARGET: dict[int, str | None] = {}  # device index -> the GPU target's name, None: none
 
 
@@ -131,9 +157,7 @@ def gpu_target(index: int | None) -> str | None:
     if name is None:
         from flydsl_core.targets import lookup_target
 
-        from . import _runtime
-
-        a = _runtime.resolve_arch(index)
+        a = resolve_arch(index)
         t = lookup_target(a) if a else None
         name = t.name if t is not None and t.is_gpu else None
     _GPU_TARGET[index] = name
@@ -183,7 +207,27 @@ def device_reason(t) -> str | None:
     return None if arch(t) else "arch"
 
 
+def device_unusable(device: str, index: int | None = None) -> str | None:
+    """Why FlyDSL cannot run on ``device`` (GPU ``index``) now, or None. May touch the GPU."""
+    why = _runtime.cannot_register(device)
+    if why or device == "cpu":
+        return why
+    if not torch.cuda.is_available():
+        return "no GPU: torch.cuda.is_available() is False"
+    arch = resolve_arch(index)
+    if arch is None:
+        return "the GPU's arch could not be determined"
+    tgt = gpu_target(index)
+    if tgt is None:
+        return f"FlyDSL has no target for the GPU's arch {arch}"
+    allowed = allowed_archs()
+    if tgt not in allowed:
+        return f"target {tgt} is not in the allowed list {sorted(allowed)} (FLYDSL_TORCH_ARCHS)"
+    return None
+
+
 def clear_caches() -> None:
     """Forget the GPU answers (tests; a changed ``$FLYDSL_TARGET`` / ``$FLYDSL_GPU_ARCH``)."""
+    _ARCH_PROBE.clear()
     _GPU_TARGET.clear()
     _ARCH.clear()

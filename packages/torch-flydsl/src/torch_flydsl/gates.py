@@ -58,7 +58,7 @@ DTYPE_NAMES = {
     torch.float4_e2m1fn_x2: "float4_e2m1fn_x2",
 }
 MX_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
-_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 
 _UPSTREAM = "/work/shared/reference/gfx950.md"
 SRC_RMS = (
@@ -155,8 +155,10 @@ class Rule:
             raise ValueError(f"unknown gate rule fields {sorted(unknown)}")
         if d.get("op") not in OPS:
             raise ValueError(f"gate rule op {d.get('op')!r} is not one of {OPS}")
-        if d.get("dtype") not in _DTYPES:
-            raise ValueError(f"gate rule dtype {d.get('dtype')!r} is not one of {list(_DTYPES)}")
+        if d.get("dtype") not in DTYPES_BY_NAME:
+            raise ValueError(
+                f"gate rule dtype {d.get('dtype')!r} is not one of {list(DTYPES_BY_NAME)}"
+            )
 
         def rng(v):
             if v is None:
@@ -279,13 +281,13 @@ class GateTable:
     def __init__(self, shipped=SHIPPED, local: list[Rule] | None = None, local_source=None):
         idx: dict[tuple, list[Rule]] = {}
         for r in shipped:
-            idx.setdefault((r.arch, r.op, _DTYPES[r.dtype]), []).append(r)
+            idx.setdefault((r.arch, r.op, DTYPES_BY_NAME[r.dtype]), []).append(r)
         self.local_source = local_source
         self.local_keys: set[tuple] = set()
         if local:
             fresh: dict[tuple, list[Rule]] = {}
             for r in local:
-                fresh.setdefault((r.arch, r.op, _DTYPES[r.dtype]), []).append(r)
+                fresh.setdefault((r.arch, r.op, DTYPES_BY_NAME[r.dtype]), []).append(r)
             idx.update(fresh)
             self.local_keys = set(fresh)
         self._idx = {k: tuple(v) for k, v in idx.items()}
@@ -341,7 +343,7 @@ def open_table() -> GateTable:
 
     archs = sorted(eligibility.allowed_archs() | {eligibility.CPU_ARCH})
     src = "open table (gates='open'): every shape, no performance claim"
-    rules = [Rule(a, op, dt, source=src) for a in archs for op in OPS for dt in _DTYPES]
+    rules = [Rule(a, op, dt, source=src) for a in archs for op in OPS for dt in DTYPES_BY_NAME]
     return GateTable(shipped=(), local=rules, local_source="open")
 
 

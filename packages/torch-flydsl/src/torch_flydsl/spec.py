@@ -11,7 +11,7 @@ options={"ops": [...]})`` accept) and lists its ATen overloads. Each ``Overload`
   (CPU ``_fused_rms_norm_backward``); otherwise the captured kernel is the fallback;
 * ``lower(ctx, *args)``: for the torch.compile pass, the ``flydsl::`` op call that replaces
   the node (``inductor.Call``); ``eager=False`` overloads are compile-only (``aten.mm``);
-* ``devices``: the backends the eager override registers on (``"cuda"``, ``"cpu"``): an
+* ``devices``: the devices the eager override registers on (``"cuda"``, ``"cpu"``): an
   overload ATen only has for one of them (``_scaled_dot_product_flash_attention`` on CUDA,
   its ``_for_cpu`` twin on CPU) names that one;
 * ``gate``, ``dtypes``, ``key``: the gate-table op the predicate consults (None: none), the
@@ -21,7 +21,7 @@ options={"ops": [...]})`` accept) and lists its ATen overloads. Each ``Overload`
   for every shape and, with ``numel_mn``, a key tensor smaller than every gate rule
   (``gate``) fall back before the predicate runs.
 
-``ctx`` is the eager ``dispatch.Backend`` or the pass's ``inductor.CompileContext``: both
+``ctx`` is the eager ``dispatch.EagerContext`` or the pass's ``inductor.CompileContext``: both
 answer ``arch(t)`` ("" where FlyDSL may not run), ``table`` (the gates), ``target_of(t)`` and
 ``plain(t)`` (a tensor the predicate may look at: plain tensors in eager mode, FakeTensors
 in the pass); both answer from ``torch_flydsl.eligibility``. ``gate_ops`` (derived from the

@@ -48,6 +48,18 @@ class OpStats:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: ATen fallback (%s)", self.name, reason)
 
+    def error(self, e: Exception, answer: str = "ATen's result") -> None:
+        """The FlyDSL kernel raised ``e``: logged at warning and counted as the ``error``
+        fallback; ``answer`` says what the caller returns instead."""
+        log.warning(
+            "%s: the FlyDSL kernel raised %s: %s; returning %s",
+            self.name,
+            type(e).__name__,
+            e,
+            answer,
+        )
+        self.fallback("error")
+
     def as_dict(self) -> dict:
         return {"calls": self.calls, "hits": self.hits, "fallbacks": dict(self.fallbacks)}
 

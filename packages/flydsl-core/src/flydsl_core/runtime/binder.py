@@ -74,9 +74,10 @@ def make_key_fn(kernel):
             parts.append("0")
         else:
             parts.append(f"_generic({n})")
+    # a kernel may take no parameters: every item ends in its own comma
     src = (
-        f"def key({', '.join(sig)}, **_kw):\n"
-        f"    return ({', '.join(parts)}, tuple(_kw.items()) if _kw else None)\n"
+        f"def key({''.join(s + ', ' for s in sig)}**_kw):\n"
+        f"    return ({''.join(p + ', ' for p in parts)}tuple(_kw.items()) if _kw else None,)\n"
     )
     exec(compile(src, f"<flydsl binder {kernel.name}>", "exec"), env)
     fn = env["key"]

@@ -8,12 +8,13 @@ Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels`` (`
 ``decode``, ``backward``, ``common``), ``configs`` (``Config``, per-target tables ``TABLES``,
 ``select``, the schedule rules), ``model`` (config spaces and the static model that chose the
 tables), ``api``, ``validate`` (the checks of the API's numbers and index tensors),
-``reference``, ``mods``, and the report cases (``cases``).
+``reference``, ``mods``, ``mod_grads`` (the gradients of the tensors a score mod reads:
+torch-flydsl's flex_attention backward), and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, model, mods, plan, reference, validate
+from . import configs, mod_grads, model, mods, plan, reference, validate
 from .api import (
     SUPPORTED_DTYPES,
     BlockSparse,
@@ -39,6 +40,7 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "mod_grads",
     "model",
     "mods",
     "plan",

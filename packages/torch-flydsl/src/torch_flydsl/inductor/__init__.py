@@ -68,15 +68,12 @@ class FlyDSLPass(CustomGraphPass):
         return f"FlyDSLPass({self.settings.key()})"
 
 
-def _with(existing, ours: FlyDSLPass):
-    """``existing`` (None, one pass or a sequence) with ours appended."""
+def _with(existing, ours: FlyDSLPass | None):
+    """``existing`` (None, one pass or a sequence) without any FlyDSLPass, and with ``ours``
+    appended unless it is None; in the form the config takes (None, one pass or a tuple)."""
     passes = [p for p in get_custom_graph_passes(existing) if not isinstance(p, FlyDSLPass)]
-    passes.append(ours)
-    return passes[0] if len(passes) == 1 else tuple(passes)
-
-
-def _without(existing):
-    passes = [p for p in get_custom_graph_passes(existing) if not isinstance(p, FlyDSLPass)]
+    if ours is not None:
+        passes.append(ours)
     if not passes:
         return None
     return passes[0] if len(passes) == 1 else tuple(passes)
@@ -96,7 +93,7 @@ def uninstall() -> None:
     """Remove FlyDSL's pass from ``post_grad_custom_post_pass``; other passes stay."""
     from torch._inductor import config
 
-    config.post_grad_custom_post_pass = _without(config.post_grad_custom_post_pass)
+    config.post_grad_custom_post_pass = _with(config.post_grad_custom_post_pass, None)
 
 
 def installed() -> bool:

@@ -4,7 +4,7 @@ Only on a GPU (``torch.cuda.is_available()`` and a CUDA node): on the CPU, or fo
 shape, the gate table alone decides. The two candidates are the ``flydsl_kernels.gemm`` API
 (its own config choice for the shape) and the ATen op on the same random operands (shapes,
 strides and dtypes of the node's inputs), timed interleaved in one process as medians of
-CUDA-event timings (``calibrate._pair``). A node whose ATen time is lower stays ATen's
+CUDA-event timings (``calibrate.paired_medians``). A node whose ATen time is lower stays ATen's
 (``compile:<op>`` fallback ``autotune``). Results are cached per (arch, op, dtype, shapes,
 strides) in memory and in ``<FlyDSL cache dir>/torch_autotune.json``. Tiles are not
 searched: the choice is FlyDSL's default config or ATen.
@@ -56,8 +56,12 @@ def _store(key: str, wins: bool) -> None:
 def _real(v):
     if not isinstance(v, torch.Tensor):
         return v
-    t = torch.empty_strided(tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()),
-                            dtype=v.dtype, device=v.device)  # fmt: skip
+    t = torch.empty_strided(
+        tuple(int(s) for s in v.shape),
+        tuple(int(s) for s in v.stride()),
+        dtype=v.dtype,
+        device=v.device,
+    )
     return t.normal_() if t.is_floating_point() else t.zero_()
 
 
@@ -74,14 +78,18 @@ def flydsl_wins(ov, vals, settings) -> bool:
         return True
     if not isinstance(vals[0], torch.Tensor) or vals[0].device.type != "cuda" or not _static(vals):
         return True
-    from .. import _runtime
-    from ..calibrate import _pair
+    from .. import eligibility
+    from ..calibrate import paired_medians
     from ..dispatch import aten_overload
     from ..ops._kernels import kernel
 
-    arch = _runtime.resolve_arch(vals[0].device.index)
-    desc = [(tuple(v.shape), tuple(v.stride()), str(v.dtype)) if isinstance(v, torch.Tensor)
-            else repr(v) for v in vals]  # fmt: skip
+    arch = eligibility.resolve_arch(vals[0].device.index)
+    desc = [
+        (tuple(v.shape), tuple(v.stride()), str(v.dtype))
+        if isinstance(v, torch.Tensor)
+        else repr(v)
+        for v in vals
+    ]
     key = json.dumps([arch, ov.op, desc])
     with _lock:
         _load()
@@ -96,13 +104,14 @@ def flydsl_wins(ov, vals, settings) -> bool:
             c, a, b, beta, alpha = real
         device = vals[0].device
         with torch.cuda.device(device):
-            ours, theirs = _pair(
+            ours, theirs = paired_medians(
                 lambda: kernel("gemm")(a, b, c=c, alpha=alpha, beta=beta),
                 lambda: op(*real),
                 REPS,
             )
         wins = ours < theirs
-        log.info("torch_flydsl autotune %s %s: FlyDSL %.4f ms, ATen %.4f ms", ov.op, desc, ours,
-                 theirs)  # fmt: skip
+        log.info(
+            "torch_flydsl autotune %s %s: FlyDSL %.4f ms, ATen %.4f ms", ov.op, desc, ours, theirs
+        )
         _store(key, wins)
         return wins

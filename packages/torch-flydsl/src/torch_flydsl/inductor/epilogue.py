@@ -129,8 +129,9 @@ def same_value(a, b) -> bool:
         return True
     if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
         if isinstance(a, fx.Node) or isinstance(b, fx.Node):
-            return _same_size(_val(a) if isinstance(a, fx.Node) else a,
-                              _val(b) if isinstance(b, fx.Node) else b)  # fmt: skip
+            return _same_size(
+                _val(a) if isinstance(a, fx.Node) else a, _val(b) if isinstance(b, fx.Node) else b
+            )
         return a == b
     va, vb = _val(a), _val(b)
     if isinstance(va, torch.SymInt) or isinstance(vb, torch.SymInt):

@@ -135,7 +135,7 @@ def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list
 
     from torch._inductor.decomposition import select_decomp_table
 
-    from .._trace import assume_arch
+    from ..graph_launch import assume_arch
 
     mode = detect_fake_mode(vals)
     body = dispatch_functionalize(traced) if decompose else traced
@@ -145,8 +145,15 @@ def _trace(fn, inputs, decompose: bool, arch=None) -> tuple[fx.GraphModule, list
     return gm, [flat[i] for i in where]
 
 
-def splice(graph: fx.Graph, anchor: fx.Node, fn, inputs, decompose: bool, arch=None,
-           tuple_out: bool = False):  # fmt: skip
+def splice(
+    graph: fx.Graph,
+    anchor: fx.Node,
+    fn,
+    inputs,
+    decompose: bool,
+    arch=None,
+    tuple_out: bool = False,
+):
     """Insert the trace of ``fn(*inputs)`` before ``anchor`` and use its output for
     ``anchor``'s value (``anchor``'s users are moved to it). ``arch``: the GPU arch the traced
     kernels are generated for where the device cannot say (``Settings.arch``).
@@ -258,7 +265,7 @@ def _vals(args):
 
 
 def _decompose(settings: Settings, val) -> bool:
-    from .._trace import traces_cpu
+    from ..graph_launch import traces_cpu
 
     return settings.kernels == "triton" and (val.device.type == "cuda" or traces_cpu())
 
@@ -313,9 +320,13 @@ class Rewriter:
             self._dense(node, low, args, vals)
         elif isinstance(low, Call):
             splice(
-                self.graph, node, low.build, args, _decompose(self.settings, vals[0]),
+                self.graph,
+                node,
+                low.build,
+                args,
+                _decompose(self.settings, vals[0]),
                 self.ctx.assumed_arch,
-            )  # fmt: skip
+            )
         st.hits += 1
         self.rewritten += 1
 
@@ -383,9 +394,13 @@ class Rewriter:
             return out.reshape(shape) if shape is not None else out
 
         out = splice(
-            self.graph, mul, build, [a, wg, wu, shape], _decompose(self.settings, gvals[0]),
+            self.graph,
+            mul,
+            build,
+            [a, wg, wu, shape],
+            _decompose(self.settings, gvals[0]),
             self.ctx.assumed_arch,
-        )  # fmt: skip
+        )
         gate_chain = [found.gate, *found.gate.users, found.up, *found.up.users]
         _repoint_sizes(gate_chain, out, a)
         self.done.update((found.gate, found.up))

@@ -168,8 +168,10 @@ class Settings:
             auto = mode == "max-autotune"
         elif not isinstance(auto, bool):
             raise TypeError(f"options['autotune'] is {_what(auto)}; it takes True or False")
-        inductor = o.get("inductor") or {}
-        if not isinstance(inductor, Mapping):
+        inductor = o.get("inductor")
+        if inductor is None:
+            inductor = {}
+        elif not isinstance(inductor, Mapping):  # an empty list too: not "no patches"
             raise TypeError(
                 f"options['inductor'] is {_what(inductor)}; it takes a dict of Inductor config "
                 "patches"

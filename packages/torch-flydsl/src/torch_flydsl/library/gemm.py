@@ -19,7 +19,7 @@ Each is a ``torch.library.triton_op`` whose body calls the ``flydsl_kernels`` fu
 * **traced GPU tensors** (AOTAutograd's functionalization, the pass's ``decompose``): the
   same API runs on the FakeTensors with its launches taken over by ``launch_sink``: each
   becomes ``torch.library.wrap_triton(<FlyDSL's generated @triton.jit>)[grid](...)``, so
-  Inductor sees, schedules and packages real Triton kernels (``_trace.py``). A symbolic M
+  Inductor sees, schedules and packages real Triton kernels (``graph_launch.py``). A symbolic M
   becomes a ``cond`` over the M ranges where the eager config choice changes, so one graph
   picks each call's config at run time;
 * **traced CPU tensors**: Inductor generates C++ for CPU graphs and cannot launch Triton
@@ -35,7 +35,8 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op, triton_op
 
-from .._trace import (
+from ..eligibility import plain, target
+from ..graph_launch import (
     by_m,
     dense_ranges,
     grouped_ranges,
@@ -44,7 +45,6 @@ from .._trace import (
     sink,
     traces_cpu,
 )
-from ..eligibility import plain, target
 from ..ops._kernels import kernel
 from ..stats import get as _stat
 
@@ -78,9 +78,17 @@ def _opt(ts):
 
 def _gemm_call(a, b, bias, c, residual, alpha, beta, activation, out_dtype, **kw):
     return kernel("gemm")(
-        a, b, bias=bias, c=c, residual=residual, alpha=alpha, beta=beta,
-        activation=activation or None, out_dtype=out_dtype, **kw,
-    )  # fmt: skip
+        a,
+        b,
+        bias=bias,
+        c=c,
+        residual=residual,
+        alpha=alpha,
+        beta=beta,
+        activation=activation or None,
+        out_dtype=out_dtype,
+        **kw,
+    )
 
 
 @triton_op(f"{NAMESPACE}::gemm", mutates_args=())
@@ -107,11 +115,9 @@ def gemm(
     def variant(cfg, split):
         def run(*ts):
             a_, b_, bias_, c_, r_ = unpack(ts)
+            opts = {"target": sink.target_of(a_), "config": cfg, "split_k": split}
             with sink(a_):
-                return _gemm_call(
-                    a_, b_, bias_, c_, r_, alpha, beta, activation, out_dtype,
-                    target=sink.target_of(a_), config=cfg, split_k=split,
-                )  # fmt: skip
+                return _gemm_call(a_, b_, bias_, c_, r_, alpha, beta, activation, out_dtype, **opts)
 
         return run
 
@@ -211,11 +217,9 @@ def mx_mm(
     def variant(cfg, _split):
         def run(*ts):
             a_, sa_, b_, sb_, bias_ = unpack(ts)
+            opts = {"out_dtype": out_dtype, "target": sink.target_of(a_), "config": cfg}
             with sink(a_):
-                return kernel("mx_gemm")(
-                    a_, sa_, b_, sb_, a_format, b_format, bias=bias_, out_dtype=out_dtype,
-                    target=sink.target_of(a_), config=cfg,
-                )  # fmt: skip
+                return kernel("mx_gemm")(a_, sa_, b_, sb_, a_format, b_format, bias=bias_, **opts)
 
         return run
 
@@ -256,11 +260,10 @@ def mx_grouped_mm(
     def variant(cfg, _split):
         def run(*ts):
             a_, sa_, b_, sb_, offs_, bias_ = unpack(ts)
+            args_ = (a_, sa_, b_, sb_, a_format, b_format, offs_)
+            opts = {"out_dtype": out_dtype, "target": sink.target_of(a_), "config": cfg}
             with sink(a_):
-                return kernel("mx_grouped_mm")(
-                    a_, sa_, b_, sb_, a_format, b_format, offs_, bias=bias_,
-                    out_dtype=out_dtype, target=sink.target_of(a_), config=cfg,
-                )  # fmt: skip
+                return kernel("mx_grouped_mm")(*args_, bias=bias_, **opts)
 
         return run
 
@@ -275,22 +278,19 @@ def _empty(shape, dtype, like):
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def _batch(a, b):
-    if a.dim() == 3:
-        return a.shape[0]
-    return b.shape[0] if b.dim() == 3 else None
-
-
-def gemm_meta(a, b, bias, c, residual, alpha, beta, activation, out_dtype):
-    B = _batch(a, b)
+def _product(a, b, out_dtype):
+    """The output of ``a @ b`` (2-D, or batched where either is 3-D)."""
+    B = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else None)
     shape = (a.shape[-2], b.shape[-1]) if B is None else (B, a.shape[-2], b.shape[-1])
     return _empty(shape, out_dtype or a.dtype, a)
 
 
+def gemm_meta(a, b, bias, c, residual, alpha, beta, activation, out_dtype):
+    return _product(a, b, out_dtype)
+
+
 def swiglu_meta(a, w_gate, w_up, out_dtype):
-    B = _batch(a, w_gate)
-    shape = (a.shape[-2], w_gate.shape[-1]) if B is None else (B, a.shape[-2], w_gate.shape[-1])
-    return _empty(shape, out_dtype or a.dtype, a)
+    return _product(a, w_gate, out_dtype)
 
 
 def _grouped_shape(a, b, offs, n):

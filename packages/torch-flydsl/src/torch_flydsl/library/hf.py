@@ -22,16 +22,12 @@ formula.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ..custom_ops import custom_op
 from ..eligibility import target
 from ..stats import get as _stat
 from .gemm import NAMESPACE, grouped_mm_meta
-
-log = logging.getLogger("torch_flydsl")
 
 #: profiler event names that mark FlyDSL work: the ``flydsl::`` ops, and ``record_function``
 #: ranges named ``flydsl::...`` (for launches outside them)
@@ -53,13 +49,7 @@ MODES = {"aten": MODE_ATEN, "llama": MODE_LLAMA, "gemma": MODE_GEMMA}
 
 
 def _failed(key: str, e: Exception) -> None:
-    log.warning(
-        "%s: the FlyDSL kernel raised %s: %s; answering with the PyTorch formula",
-        key,
-        type(e).__name__,
-        e,
-    )
-    _stat(key).fallback("error")  # calls is derived: hits + fallbacks (stats.py)
+    _stat(key).error(e, "the PyTorch formula")  # calls is derived: hits + fallbacks (stats.py)
 
 
 def _hit(key: str) -> None:

@@ -93,19 +93,16 @@ def _is_bias(c, b, beta) -> bool:
     return beta == 1 and c.dim() == 1 and _sym.eq(c.shape[0], b.shape[-1])
 
 
+# the 2-D and the batched forms lower alike: one dense kernel takes both
+
+
 def mm_lower(ctx, a, b):
+    """``mm`` and ``bmm``."""
     return Dense(0, 1)
 
 
 def addmm_lower(ctx, c, a, b, beta=1, alpha=1):
-    return Dense(1, 2, 0, float(alpha), float(beta), _is_bias(c, b, beta))
-
-
-def bmm_lower(ctx, a, b):
-    return Dense(0, 1)
-
-
-def baddbmm_lower(ctx, c, a, b, beta=1, alpha=1):
+    """``addmm`` and ``baddbmm``."""
     return Dense(1, 2, 0, float(alpha), float(beta), _is_bias(c, b, beta))
 
 
@@ -139,8 +136,8 @@ SPEC = OpSpec(
     overloads=(
         Overload("mm", mm_reason, lower=mm_lower, eager=False, **_GATE),
         Overload("addmm", addmm_reason, lower=addmm_lower, eager=False, key=1, **_GATE),
-        Overload("bmm", bmm_reason, lower=bmm_lower, eager=False, **_GATE),
-        Overload("baddbmm", baddbmm_reason, lower=baddbmm_lower, eager=False, key=1, **_GATE),
+        Overload("bmm", bmm_reason, lower=mm_lower, eager=False, **_GATE),
+        Overload("baddbmm", baddbmm_reason, lower=addmm_lower, eager=False, key=1, **_GATE),
     ),
     calibration=(Calibration("gemm", _cases, _make, dtypes=("bfloat16", "float16")),),
     aliases=("mm", "linear", "bmm"),

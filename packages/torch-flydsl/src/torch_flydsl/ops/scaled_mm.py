@@ -229,6 +229,8 @@ def v2_lower(ctx, a, b, sa, ra, za, sb, rb, zb, bias, out_dtype, contraction=(),
 
 
 # -- _scaled_grouped_mm (v1: ATen's) and _scaled_grouped_mm_v2 --------------------------------------
+# (every function takes the ATen arguments in schema order; ``*_`` is the trailing ones it ignores:
+# the contraction dims where the recipe has been checked, and use_fast_accum)
 
 
 def gv1_reason(ctx, a, b, sa, sb, offs=None, bias=None, scale_result=None, out_dtype=None, f=False):
@@ -240,8 +242,9 @@ def _never(ctx, *args):
     return None  # gv1_reason never passes: counted, never rewritten
 
 
-def gv2_reason(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None,
-               contraction=(), fast=False):  # fmt: skip
+def gv2_reason(
+    ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None, contraction=(), *_
+):
     r, rest = _v2_recipe(ctx, sa, ra, za, sb, rb, zb, contraction)
     if r is not None:
         return r
@@ -306,8 +309,7 @@ def _grouped_call(a, b, sa, sb, offs, bias, out_dtype, run):
     return run(a, sa, b.transpose(-2, -1), sb.contiguous(), fa, fb, offs, bias, out_dtype)
 
 
-def gv2_impl(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None,
-             contraction=(), fast=False):  # fmt: skip
+def gv2_impl(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None, *_):
     def run(a, sa, b, sb, fa, fb, offs, bias, out_dtype):
         return kernel("mx_grouped_mm")(
             a, sa, b, sb, fa, fb, offs, bias=bias, out_dtype=out_dtype, target=ctx.target_of(a)
@@ -316,13 +318,11 @@ def gv2_impl(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=
     return ctx.run(a, _grouped_call, a, b, sa[0], sb[0], offs, bias, out_dtype, run)
 
 
-def gv2_lower(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None,
-              contraction=(), fast=False):  # fmt: skip
+def gv2_lower(ctx, a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None, *_):
     if a.dim() == 2 and b.dim() == 2:
         return None  # ragged K checks offs on the host: eager only
 
-    def build(a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None,
-              contraction=(), fast=False):  # fmt: skip
+    def build(a, b, sa, ra, za, sb, rb, zb, offs=None, bias=None, out_dtype=None, *_):
         return _grouped_call(
             a, b, sa[0], sb[0], offs, bias, out_dtype, torch.ops.flydsl.mx_grouped_mm
         )

@@ -72,20 +72,18 @@ def _like(m, t, src=None):
 
 def _forward(b, q, k, v, is_causal, scale):
     """``(out (B, H, Sq, Dv), lse (B, H, Sq))`` from the FlyDSL FMHA."""
-    out, lse, _ = b.run(
-        q, kernel("flash_attn_func"), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        softmax_scale=scale, causal=is_causal, return_attn_probs=True, target=b.target_of(q),
-    )  # fmt: skip
+    qkv = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    opts = {"softmax_scale": scale, "causal": is_causal, "target": b.target_of(q)}
+    out, lse, _ = b.run(q, kernel("flash_attn_func"), *qkv, return_attn_probs=True, **opts)
     return out.transpose(1, 2), lse
 
 
 def _backward(b, g, q, k, v, out, lse, is_causal, scale):
     t = lambda x: x.transpose(1, 2)  # noqa: E731
     lse = lse[..., : q.shape[2]]
-    dq, dk, dv = b.run(
-        q, kernel("flash_attn_backward"), t(g), t(q), t(k), t(v), t(out), lse.float(),
-        softmax_scale=scale, causal=is_causal, target=b.target_of(q),
-    )  # fmt: skip
+    args = (t(g), t(q), t(k), t(v), t(out), lse.float())
+    opts = {"softmax_scale": scale, "causal": is_causal, "target": b.target_of(q)}
+    dq, dk, dv = b.run(q, kernel("flash_attn_backward"), *args, **opts)
     return t(dq), t(dk), t(dv)
 
 
@@ -134,20 +132,29 @@ def flash_impl(b, q, k, v, dropout_p, is_causal, return_debug_mask, scale):
     m = _shells(_FLASH, q, k, v, dropout_p, is_causal, return_debug_mask, scale=scale)
     out, lse = _forward(b, q, k, v, is_causal, scale)
     return (
-        _like(m[0], q, out), _like(m[1], q, lse), _like(m[2], q), _like(m[3], q),
-        q.shape[2], k.shape[2], _like(m[6], q), _like(m[7], q), _like(m[8], q),
-    )  # fmt: skip
+        _like(m[0], q, out),
+        _like(m[1], q, lse),
+        _like(m[2], q),
+        _like(m[3], q),
+        q.shape[2],
+        k.shape[2],
+        _like(m[6], q),
+        _like(m[7], q),
+        _like(m[8], q),
+    )
 
 
-def flash_bwd_reason(b, g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed,
-                     offset, scale):  # fmt: skip
+def flash_bwd_reason(
+    b, g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed, offset, scale
+):
     if type(g) not in PLAIN or type(out) not in PLAIN:
         return "subclass"
     return _qkv_reason(b, q, k, v, dropout_p, is_causal)
 
 
-def flash_bwd_impl(b, g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed, offset,
-                   scale):  # fmt: skip
+def flash_bwd_impl(
+    b, g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed, offset, scale
+):
     return _backward(b, g, q, k, v, out, lse, is_causal, scale)
 
 
@@ -166,8 +173,9 @@ def eff_impl(b, q, k, v, attn_bias, compute_lse, dropout_p, is_causal, scale):
     return _like(m[0], q, out), lse_out, _like(m[2], q), _like(m[3], q)
 
 
-def eff_bwd_reason(b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, mask, is_causal,
-                   scale):  # fmt: skip
+def eff_bwd_reason(
+    b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, mask, is_causal, scale
+):
     if attn_bias is not None and attn_bias.numel():
         return "params"
     if type(g) not in PLAIN or type(out) not in PLAIN:
@@ -177,8 +185,9 @@ def eff_bwd_reason(b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, 
     return _qkv_reason(b, q, k, v, dropout_p, is_causal)
 
 
-def eff_bwd_impl(b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, mask, is_causal,
-                 scale):  # fmt: skip
+def eff_bwd_impl(
+    b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, mask, is_causal, scale
+):
     dq, dk, dv = _backward(b, g, q, k, v, out, lse, is_causal, scale)
     return dq, dk, dv, None
 

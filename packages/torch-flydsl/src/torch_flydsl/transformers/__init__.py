@@ -28,7 +28,7 @@ from ._checks import PROFILE_PREFIXES, STAT_KEYS
 from ._experts import NAME as EXPERTS_IMPLEMENTATION
 from ._experts import experts_forward
 from ._experts import register as register_experts
-from ._patch import ROUTES, NotRouted, Patch, Replacement, patch
+from ._patch import ROUTES, NotRouted, Patch, Replacement, is_mxfp4, patch
 
 
 def register() -> None:
@@ -49,6 +49,7 @@ __all__ = [
     "Replacement",
     "attention_forward",
     "experts_forward",
+    "is_mxfp4",
     "patch",
     "register",
     "register_attention",

@@ -22,13 +22,9 @@ padding) give 0 where eager averages every value: they are padding, no logit rea
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ..eligibility import PLAIN, device_reason, target
-
-log = logging.getLogger("torch_flydsl")
 
 NAME = "flydsl"
 STAT = "hf.attention"
@@ -68,9 +64,12 @@ def _mask_tensor(mask, B, Sq, Sk):
     """``mask`` as the ``(B, Sq, Sk)`` int8 tensor the mask mod reads, converted once per mask
     object (the version counter catches in-place edits)."""
     hit = _CONVERTED.get(id(mask))
-    if hit is not None and hit[0] is mask and hit[1] == mask._version and hit[2].shape == (
-        B, Sq, Sk,
-    ):  # fmt: skip
+    if (
+        hit is not None
+        and hit[0] is mask
+        and hit[1] == mask._version
+        and hit[2].shape == (B, Sq, Sk)
+    ):
         return hit[2]
     t = mask[:, 0].expand(B, Sq, Sk).to(torch.int8).contiguous()
     if len(_CONVERTED) >= 4:
@@ -159,9 +158,9 @@ def attention_forward(
             st.hits += 1
             return out, None
         except Exception as e:
-            log.warning("hf attention: the FlyDSL kernel raised %s: %s", type(e).__name__, e)
-            r = "error"
-    st.fallback(r)
+            st.error(e, "torch's attention")
+    else:
+        st.fallback(r)
     out = _torch(module, query, key, value, mask, scale, dropout, softcap, sinks, is_causal)
     return out, None
 

@@ -44,7 +44,7 @@ _FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
 _GEMM_DTYPES = frozenset({torch.bfloat16, torch.float16})
 
 
-def _grad_reason(*ts) -> str | None:
+def grad_reason(*ts) -> str | None:
     """``autograd`` when a backward may follow: the routes are forward-only kernels."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
         return "autograd"
@@ -52,7 +52,7 @@ def _grad_reason(*ts) -> str | None:
 
 
 def _norm_reason(x, weight) -> str | None:
-    why = device_reason(x) or _grad_reason(x, weight)
+    why = device_reason(x) or grad_reason(x, weight)
     if why:
         return why
     if x.dtype not in _FLOATS or (weight is not None and weight.dtype not in _FLOATS):
@@ -85,7 +85,7 @@ def why_not_add_norm(x, residual, weight) -> str | None:
 
 
 def why_not_router(logits, top_k: int) -> str | None:
-    why = device_reason(logits) or _grad_reason(logits)
+    why = device_reason(logits) or grad_reason(logits)
     if why:
         return why
     if logits.dtype not in _FLOATS:
@@ -98,7 +98,7 @@ def why_not_router(logits, top_k: int) -> str | None:
 
 
 def why_not_experts(hidden, *weights) -> str | None:
-    why = device_reason(hidden) or _grad_reason(hidden, *weights)
+    why = device_reason(hidden) or grad_reason(hidden, *weights)
     if why:
         return why
     for w in weights:

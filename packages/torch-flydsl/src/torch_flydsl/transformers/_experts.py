@@ -65,7 +65,7 @@ def _reason(module, hidden_states, mx: bool) -> str | None:
     if getattr(module, "_is_expert_parallel", False):
         return "params"  # EP sentinels: transformers' own implementations handle them
     if mx:
-        why = device_reason(hidden_states) or _checks._grad_reason(hidden_states, *_weights(module))
+        why = device_reason(hidden_states) or _checks.grad_reason(hidden_states, *_weights(module))
         if why:
             return why
         return "dtype" if hidden_states.dtype not in (torch.bfloat16, torch.float16) else None

@@ -346,7 +346,10 @@ def _patch_routers(p: Patch, model) -> None:
         )
 
 
-def _is_mxfp4(config) -> bool:
+def is_mxfp4(config) -> bool:
+    """Whether a transformers config declares MXFP4 quantization (``quantization_config``'s
+    ``quant_method``, a dict or an object): ``patch(mx_experts="auto")`` routes its experts
+    through the MX kernels."""
     q = getattr(config, "quantization_config", None)
     method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
     return str(getattr(method, "value", method)).lower() == "mxfp4"
@@ -373,7 +376,7 @@ def _patch_experts(p: Patch, model, mx_experts) -> None:
             p.set_attr(cfg, "_experts_implementation_internal", _experts.NAME)
         cfg_prev = previous[id(cfg)]
         p.set_attr(m, "_flydsl_fallback", cfg_prev)
-        use_mx = _is_mxfp4(cfg) if mx_experts == "auto" else bool(mx_experts)
+        use_mx = is_mxfp4(cfg) if mx_experts == "auto" else bool(mx_experts)
         detail = "grouped_mm (bf16/fp16), bias fused" if m.has_bias else "grouped_mm (bf16/fp16)"
         route = "experts"
         if use_mx:

@@ -30,7 +30,8 @@ import threading
 
 import torch
 
-from . import _runtime
+from . import eligibility
+from .ops import _sym
 
 #: CPU tensors normally decompose into the opaque ``flydsl::<op>_cpu`` twins (library.py);
 #: the tests set this to ``"cpu-interpret"`` to trace them into wrap_triton kernels too (for
@@ -73,7 +74,7 @@ def target_for(t: torch.Tensor) -> str:
 
     if t.device.type == "cpu" and CPU_TRACE_TARGET is not None:
         return CPU_TRACE_TARGET
-    arch = getattr(_ASSUMED, "arch", None) or _runtime.resolve_arch(t.device.index)
+    arch = getattr(_ASSUMED, "arch", None) or eligibility.resolve_arch(t.device.index)
     tgt = lookup_target(arch) if arch else None
     if tgt is None or not tgt.is_gpu or not get_backend(tgt).generates_source:
         known = [x.name for x in all_targets() if x.is_gpu and get_backend(x).generates_source]
@@ -87,19 +88,12 @@ def target_for(t: torch.Tensor) -> str:
 # -- facts of traced values -------------------------------------------------------------------------
 
 
-def _known_int(v):
-    """``v`` as an int when it is one or the shape environment fixes it, else None."""
-    if isinstance(v, int):
-        return v
-    return v.node.maybe_as_int()
-
-
 def _fact_int(v):
     """A stand-in int carrying exactly the facts provable for every value of ``v``: 1, a
     multiple of 16 (16), or none (3); ``v`` itself when it is fixed."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    k = _known_int(v)
+    k = _sym.static(v)
     if k is not None:
         return k
     if statically_known_true(v == 1):
@@ -114,7 +108,7 @@ def tensor_spec(t):
 
     shape = tuple(_fact_int(s) for s in t.shape)
     stride = tuple(_fact_int(s) for s in t.stride())
-    fixed = all(_known_int(s) is not None for s in (*t.shape, *t.stride()))
+    fixed = all(_sym.static(s) is not None for s in (*t.shape, *t.stride()))
     bits = 64
     if fixed:
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride) if s > 0)
@@ -122,7 +116,9 @@ def tensor_spec(t):
     return TensorSpec(t.dtype, shape, stride, aligned=True, index_bits=bits)
 
 
-def _spec_value(v):
+def spec_value(v):
+    """What a launch argument is specialized as when traced: a tensor's ``TensorSpec``, a
+    symbolic int's provable facts (``_fact_int``), any float for a symbolic float."""
     if isinstance(v, torch.Tensor):
         return tensor_spec(v)
     if isinstance(v, torch.SymInt):
@@ -171,7 +167,7 @@ def launch(kernel, grid, args, kwargs):
     if target is None:
         raise RuntimeError(f"{kernel.name}: a traced FlyDSL launch needs an explicit target")
     bound = kernel.bind(args, kwargs)
-    specs = {n: _spec_value(v) for n, v in bound.items()}
+    specs = {n: spec_value(v) for n, v in bound.items()}
     # FlyDSL's code generation is not part of the traced program: outside the tracer's modes
     # (it may use torch itself, e.g. to round a constant to bf16, which a FakeTensor can't)
     with _disable_current_modes():
@@ -203,7 +199,7 @@ def by_m(M, choice, variant, operands, m_of):
     ``MChoice``): for a fixed M its own; for a symbolic one a ``cond`` chain over the ranges
     ``(.., bounds[0]], (bounds[0], bounds[1]], ...`` (``MChoice.ranges``: each range takes
     ``choose`` at its top)."""
-    m = _known_int(M)
+    m = _sym.static(M)
     if m is not None:
         return variant(*choice.choose(m))(*operands)
     return _chain(choice.ranges(), choice.choose, variant, tuple(operands), m_of)
@@ -222,38 +218,31 @@ def _chain(ranges, choose, variant, operands, m_of):
     return cond_op(m_of(operands) <= hi, run, later, operands)
 
 
-def _hint(v) -> int:
-    k = _known_int(v)
-    if k is not None:
-        return k
-    return int(v.node.hint) if v.node.has_hint() else 1
-
-
 def dense_ranges(M, N, K, batch, swiglu=False, target=None):
     """The dense GEMM's (or fused SwiGLU's) choice over M for ``target``'s table, as the eager
     API makes it: ``flydsl_kernels.gemm.configs.m_choice``."""
     from flydsl_kernels.gemm import configs
 
     kind = "swiglu" if swiglu else "dense"
-    return configs.m_choice(kind, _known_int(N), _known_int(K), _hint(batch), target=target)
+    return configs.m_choice(kind, _sym.static(N), _sym.static(K), _sym.hint(batch), target=target)
 
 
 def grouped_ranges(M, N, K, G, target=None):
     """The grouped GEMM's choice over M (``G`` groups of a ragged M, else 0)."""
     from flydsl_kernels.gemm import configs
 
-    return configs.m_choice("grouped", _known_int(N), _known_int(K), G, target=target)
+    return configs.m_choice("grouped", _sym.static(N), _sym.static(K), G, target=target)
 
 
 def mx_ranges(M, N, K, fa, fb, target=None):
     """The MX GEMM's choice over M."""
     from flydsl_kernels.mx import configs
 
-    return configs.m_choice("gemm", _known_int(N), _known_int(K), fa, fb, target=target)
+    return configs.m_choice("gemm", _sym.static(N), _sym.static(K), fa, fb, target=target)
 
 
 def mx_grouped_ranges(M, N, K, G, fa, fb, target=None):
     """The grouped MX GEMM's choice over M (``G`` groups of a ragged M, else 0)."""
     from flydsl_kernels.mx import configs
 
-    return configs.m_choice("grouped", _known_int(N), _known_int(K), G, fa, fb, target=target)
+    return configs.m_choice("grouped", _sym.static(N), _sym.static(K), G, fa, fb, target=target)
