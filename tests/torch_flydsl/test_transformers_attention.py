@@ -49,9 +49,9 @@ def logits(model, impl, **kw):
 
 
 @pytest.fixture
-def registered(cpu_backend):
-    tft.register()
-    return cpu_backend
+def registered(plain):
+    """``"flydsl"`` registered, no ``torch_flydsl.enable()``: the route needs none (below)."""
+    return plain
 
 
 @pytest.mark.parametrize("make", [llama, gpt_oss], ids=["llama", "gpt_oss"])
