@@ -220,3 +220,46 @@ def test_marked_dynamic_batch_dim_serves_every_m():
     assert graphs.get("calls_captured", 0) > 0
     st = torch_flydsl.stats()
     assert st["flydsl::gemm"]["hits"] == len(ms) and st["compile:epilogue"]["hits"] == 1
+
+
+def _sink_attention(q, k, v, sinks):
+    """gpt-oss's eager attention (``eager_attention_forward``): the scores ``q @ k^T`` (the KV
+    length as N), a learned sink logit per head in the softmax, ``p @ v`` (the KV length as
+    K). The sinks keep Inductor from matching it to SDPA, so both matmuls reach the pass."""
+    w = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
+    s = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+    c = torch.cat([w, s], dim=-1)
+    c = c - c.max(dim=-1, keepdim=True).values
+    p = torch.softmax(c, dim=-1)[..., :-1]
+    return torch.matmul(p, v)
+
+
+def test_decode_with_a_growing_kv_length_does_not_recompile():
+    """Decode steps of a growing KV length: Dynamo compiles the first step's static graph,
+    then one graph with the length symbolic (its automatic dynamic shapes); the pass keeps the
+    length symbolic (no guard on its value), so no later step recompiles, and both matmuls of
+    every step run FlyDSL's GEMM, each as eager's. (Before: N / K were specialized, each step
+    recompiled until Dynamo's recompile limit of 8, then ran uncompiled.) ~20 s."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch_flydsl.reset_stats()
+    torch.manual_seed(0)
+    sinks = torch.randn(2).to(BF16)
+    fn = torch.compile(_sink_attention, backend="flydsl", options={"device": "cpu"})
+    steps = range(3, 16)  # 13 steps: more than the default recompile limit
+    # a third graph would be a recompile too many: raise instead of running uncompiled
+    limit = torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True)
+    with _no_compile_caches(), torch.no_grad(), limit:
+        for kv in steps:
+            q = torch.randn(1, 2, 1, 16).to(BF16)
+            k, v = (torch.randn(1, 2, kv, 16).to(BF16) for _ in range(2))
+            _close(fn(q, k, v, sinks), _sink_attention(q, k, v, sinks))
+    graphs = dict(counters["stats"])
+    torch._dynamo.reset()
+    assert graphs["unique_graphs"] == 2, graphs
+    st = torch_flydsl.stats()
+    assert st["flydsl::gemm"]["hits"] == 2 * len(steps)
+    assert st["compile:bmm"]["fallbacks"] == {}

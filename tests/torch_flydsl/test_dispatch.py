@@ -691,3 +691,48 @@ def test_decisions_before_the_predicate(cpu_backend, monkeypatch, tmp_path):
         st = _s("_fused_rms_norm")
         assert st["fallbacks"] == ({want: 1} if want else {}), (x.shape, x.dtype, st)
         assert st["hits"] == (0 if want else 1)
+
+
+def _decomposed_backward(*args):
+    from torch._decomp.decompositions import _fused_rms_norm_backward
+
+    return _fused_rms_norm_backward(*args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_backward_takes_rows_of_a_wider_gradient(cpu_backend, dtype):
+    """A gradient whose rows are one stride apart but not contiguous with each other (a slice
+    of wider rows) is the layout the kernel addresses: it runs on FlyDSL, as the decomposition."""
+    x = torch.randn(2, 5, 24).to(dtype)
+    w = torch.randn(24).to(dtype)
+    g = torch.randn(2, 5, 40).to(dtype)[..., 3:27]  # row stride 40
+    _, rstd = torch.ops.aten._fused_rms_norm.default(x, [24], w, 1e-6)
+    dx, dw = torch.ops.aten._fused_rms_norm_backward.default(g, x, [24], rstd, w, [True, True])
+    assert _s("_fused_rms_norm_backward") == {"calls": 1, "hits": 1, "fallbacks": {}}
+    rdx, rdw = _decomposed_backward(g, x, [24], rstd, w, [True, True])
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(dx, rdx, rtol=rtol * 2, atol=atol * 2)
+    torch.testing.assert_close(dw, rdw, rtol=rtol * 4, atol=atol * 4)
+
+
+def test_rms_norm_backward_on_qwen3_head_norm_layout(cpu_backend):
+    """Qwen3's ``q_norm`` / ``k_norm`` normalize ``(B, S, H, D)`` and are followed by
+    ``transpose(1, 2)``: their gradient's rows are laid out ``(B, H, S)``, not one stride
+    apart, which the kernel cannot address: an ATen fallback counted as ``row_stride`` (not the
+    catch-all ``layout``), with the decomposition's gradients."""
+    x0 = torch.randn(2, 5, 3, 16).bfloat16()
+    w0 = torch.randn(16).bfloat16()
+    up = torch.randn(2, 3, 5, 16).bfloat16()
+
+    def grads():
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        y = F.rms_norm(x, (16,), w, 1e-6).transpose(1, 2)
+        (y * up).float().sum().backward()
+        return x.grad, w.grad
+
+    dx, dw = grads()
+    assert _s("_fused_rms_norm_backward")["fallbacks"] == {"row_stride": 1}
+    with torch_flydsl.disabled():
+        rdx, rdw = grads()
+    torch.testing.assert_close(dx, rdx)
+    torch.testing.assert_close(dw, rdw)

@@ -179,13 +179,13 @@ def test_unfusable_chain_stays_inductors():
 def test_fallback_reasons_are_counted(tmp_path):
     gm, n = _compiled(torch.mm, [torch.randn(4, 8), torch.randn(8, 4)])  # fp32
     assert n == 0 and _s("compile:mm")["fallbacks"] == {"dtype": 1}
-    # N symbolic: a model constant, specialized with a guard (rows never are); unbacked: no value
+    # M and N symbolic: both stay free on the CPU (the opaque op picks its config per call;
+    # the traced path guards N only by its config rule: test_kv_length_*); unbacked: no value
     gm, n = _compiled(torch.mm, [_rand(4, 8), _rand(8, 6)], dynamic={0: (0,), 1: (1,)})
     assert n == 1
-    a_val = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
-    m_sym = a_val.shape[0].node.expr
-    guards = [g.expr for g in a_val.fake_mode.shape_env.guards]
-    assert guards and all(m_sym not in g.free_symbols for g in guards)  # N fixed, M free
+    a_val, b_val = (n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
+    assert a_val.shape[0].node.maybe_as_int() is None and b_val.shape[1].node.maybe_as_int() is None
+    assert not a_val.fake_mode.shape_env.guards
     from torch_flydsl.inductor.graph_pass import CompileContext
     from torch_flydsl.ops import gemm as gemm_spec
 
@@ -496,6 +496,97 @@ def test_traced_kernels_compute_what_eager_does(monkeypatch, m):
         out = RunTriton(gm).run(x, args[1], args[2], r)
         _close(out, f(x, args[1], args[2], r))
         assert RunTriton.launches == ["gemm_kernel"]  # one branch ran, one kernel
+    finally:
+        triton.runtime.driver._active = prev
+
+
+# -- a symbolic N or K: an attention matmul's KV length ---------------------------------------------
+
+
+def _qk(q, k):  # eager attention's scores: the KV length is N
+    return torch.matmul(q, k.transpose(1, 2))
+
+
+def _pv(p, v):  # and its output: the KV length is K
+    return torch.matmul(p, v)
+
+
+def _kv_graph(which, kv, settings, device=None):
+    """The decode step's matmul (one query row, 4 heads, head dim 16) with a symbolic KV length
+    ``kv`` (its example value), rewritten; returns ``(gm, n, the KV length's SymInt, shape env)``."""
+    mode = fake_mode()
+    if which == "qk":
+        fn, args, dyn = _qk, [_rand(4, 1, 16), _rand(4, kv, 16)], {1: (1,)}
+    else:
+        fn, args, dyn = _pv, [_rand(4, 1, kv), _rand(4, kv, 16)], {0: (2,), 1: (1,)}
+    fakes = [fake(mode, a, dyn.get(i, ()), device) for i, a in enumerate(args)]
+    gm = post_grad(fn, fakes)
+    n = rewrite(gm.graph, settings)
+    gm.recompile()
+    return gm, n, fakes[1].shape[1], mode.shape_env
+
+
+def _admits(shape_env, value) -> bool:
+    """Whether every guard the shape environment holds is true with the KV length ``value``
+    (each symbol of these graphs is the KV length: ``p @ v`` has two, guarded equal)."""
+    return all(
+        bool(g.expr.xreplace(dict.fromkeys(g.expr.free_symbols, value))) for g in shape_env.guards
+    )
+
+
+@pytest.mark.parametrize("which", ["qk", "pv"])
+def test_kv_length_stays_symbolic_on_the_cpu(which):
+    """A decode step's attention matmul with a symbolic KV length is rewritten with no guard
+    on that length (the CPU graph calls the opaque op, which picks its config per call)."""
+    gm, n, kv, env = _kv_graph(which, 9, CPU)
+    assert n == 1 and flydsl.gemm.default in targets(gm)
+    assert kv.node.maybe_as_int() is None  # not specialized
+    assert all(_admits(env, length) for length in (2, 9, 100, 5000))  # nor guarded
+    q, k = _rand(4, 1, 16), _rand(4, 37, 16)
+    args = (q, k) if which == "qk" else (_rand(4, 1, 37), k)
+    _close(gm(*args), (_qk if which == "qk" else _pv)(*args))
+
+
+@pytest.mark.parametrize("which", ["qk", "pv"])
+def test_kv_length_guards_only_the_config_choice(gfx950, which):
+    """Traced for a GPU, the KV length stays symbolic too: the config rule is evaluated on it,
+    so the guards are the rule's conditions (ranges of the length), never its value. As K (p @
+    v) at 900 the rule splits K in two (4 tiles for 256 CUs, 8 K tiles): the graph holds the
+    split kernels and admits the lengths with the same split, not those without."""
+    kv_len = 900 if which == "pv" else 9
+    gm, n, kv, env = _kv_graph(which, kv_len, gfx950, "cuda")
+    assert n == 1 and flydsl.gemm.default not in targets(gm)
+    assert kv.node.maybe_as_int() is None  # no guard fixed the length
+    names = [k.fn.fn.__name__ for k, _ in _kernels(gm)]
+    assert names == (["gemm_kernel", "splitk_reduce_kernel"] if which == "pv" else ["gemm_kernel"])
+    for other in (kv_len + 1, kv_len + 55):  # lengths with the same choice
+        assert _admits(env, other)
+    if which == "pv":
+        from flydsl_kernels.gemm import configs
+
+        assert configs.m_choice("dense", 16, 600, 4, "gfx950").choose(1).split_k == 1
+        assert not _admits(env, 600)  # the eager API does not split there: another graph
+
+
+@pytest.mark.parametrize("which", ["qk", "pv"])
+def test_traced_kv_length_kernels_compute_what_eager_does(monkeypatch, which):
+    """The symbolic-KV graphs traced for ``cpu-interpret`` and run by Triton's interpreter at
+    several lengths their guards admit, against ATen."""
+    import triton
+
+    monkeypatch.setattr(graph_launch, "CPU_TRACE_TARGET", "cpu-interpret")
+    prev = triton.runtime.driver._active
+    triton.runtime.driver.set_active(StubDriver())
+    try:
+        gm, _, _, env = _kv_graph(which, 9, Settings.from_options({"device": "cpu"}))
+        assert flydsl.gemm.default not in targets(gm) and _kernels(gm)
+        for length in (9, 5, 37, 100, 128):
+            assert _admits(env, length)
+            k = _rand(4, length, 16)
+            args = (_rand(4, 1, 16), k) if which == "qk" else (_rand(4, 1, length), k)
+            out = RunTriton(gm).run(*args)
+            out = out[0] if isinstance(out, (list, tuple)) else out
+            _close(out, (_qk if which == "qk" else _pv)(*args))
     finally:
         triton.runtime.driver._active = prev
 

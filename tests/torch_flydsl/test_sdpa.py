@@ -149,3 +149,75 @@ def test_sdpa_scale_zero_or_negative_matches_aten(sdpa_on, scale, causal):
     assert rel_err(out, ref) <= 2e-2
     for a, r in zip(grads, rgrads):  # dq and dk are exactly zero at scale 0
         assert (a.float() - r.float()).abs().max() <= 2e-2 * max(r.float().abs().max(), 1e-3)
+
+
+def _bhsd(b, h, s, d, seed, layout):
+    """``(b, h, s, d)`` bf16 in ``layout``: ``contiguous``, or ``bshd`` (the transpose of a
+    ``(b, s, h, d)`` tensor: what a transformers attention module passes SDPA)."""
+    g = torch.Generator().manual_seed(seed)
+    if layout == "bshd":
+        return torch.randn(b, s, h, d, generator=g).bfloat16().transpose(1, 2)
+    return torch.randn(b, h, s, d, generator=g).bfloat16()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "bshd"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_gradients_have_atens_strides(sdpa_on, layout, causal):
+    """Our CPU backward returns dq / dk / dv laid out as ATen's (its meta kernel: the
+    ``(B, S, H, D)`` order, whatever the inputs' layout), so Inductor's stride checks of a
+    compiled graph hold and a consumer sees what ATen would give; values as ATen's."""
+    fwd, bwd = getattr(torch.ops.aten, FWD).default, getattr(torch.ops.aten, BWD).default
+    q, k, v = (_bhsd(2, 3, 19, 16, seed, layout) for seed in (1, 2, 3))
+    with torch_flydsl.disabled():
+        out, lse = fwd(q, k, v, is_causal=causal)
+    do = _bhsd(2, 3, 19, 16, 4, layout)
+    ours = bwd(do, q, k, v, out, lse, 0.0, causal)
+    assert sdpa_on.stats()[BWD]["hits"] == 1
+    with torch_flydsl.disabled():
+        want = bwd(do, q, k, v, out, lse, 0.0, causal)
+    meta = bwd(*(t.to("meta") for t in (do, q, k, v, out, lse)), 0.0, causal)
+    for a, r, m in zip(ours, want, meta):
+        assert a.shape == r.shape and a.dtype == r.dtype
+        assert a.stride() == r.stride() == m.stride()
+        assert rel_err(a, r) <= 2e-2
+
+
+def test_compiled_training_step_with_the_override(sdpa_on):
+    """A training step under torch.compile: Inductor checks the strides of the SDPA backward's
+    outputs against ATen's meta kernel (``assert_size_stride``), so ours must match them. The
+    step's gradients agree with the same step on ATen."""
+    import torch._dynamo
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96, bias=False)
+            self.out = torch.nn.Linear(32, 32, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 2, 16).unbind(2)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, s, d), BSHD strides
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out(o.transpose(1, 2).reshape(b, s, 32))
+
+    torch.manual_seed(0)
+    model = Attn().bfloat16()
+    x = torch.randn(2, 11, 32).bfloat16()
+
+    def step(fn):
+        model.zero_grad(set_to_none=True)
+        fn(x).float().square().mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    torch._dynamo.reset()
+    try:
+        ours = step(torch.compile(model, backend="inductor"))
+    finally:
+        torch._dynamo.reset()
+    st = sdpa_on.stats()
+    assert st[FWD]["hits"] == 1 and st[BWD]["hits"] == 1
+    with torch_flydsl.disabled():
+        want = step(model)
+    for a, r in zip(ours, want):
+        assert rel_err(a, r) <= 2e-2

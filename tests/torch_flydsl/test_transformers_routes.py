@@ -396,3 +396,29 @@ def test_a_kernel_error_falls_back_with_a_warning(monkeypatch, caplog):
     assert torch.equal(y, type(mod).forward(mod, x))
     assert torch_flydsl.stats()["hf.rms_norm"]["fallbacks"] == {"error": 1}
     assert "injected" in caplog.text
+
+
+def test_patch_reports_attention_as_the_model_runs_it():
+    """``patch`` registers ``"flydsl"`` and reports attention truthfully: routed (one entry
+    per attention module) where the model uses ``attn_implementation="flydsl"``, else not
+    routed with the call that routes it; never "no implementation is registered"."""
+    from transformers import AttentionInterface
+
+    m = tiny(llama_cfg())
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3))
+    with patch(m) as p:
+        assert "flydsl" in AttentionInterface._global_mapping
+        (n,) = [n for n in p.not_routed if n.what == "attention"]
+        assert "sdpa" in n.reason and "set_attn_implementation('flydsl')" in n.reason
+        assert "registered yet" not in n.reason and p.counts()["attention"] == 0
+    m.set_attn_implementation("flydsl")
+    torch_flydsl.reset_stats()
+    with torch.no_grad(), patch(m) as p:
+        assert p.counts()["attention"] == 2
+        assert [r.module for r in p.replaced if r.route == "attention"] == [
+            "model.layers.0.self_attn",
+            "model.layers.1.self_attn",
+        ]
+        assert not [n for n in p.not_routed if n.what == "attention"]
+        m(ids)
+    assert torch_flydsl.stats()["hf.attention"]["hits"] == 2  # what the report says runs

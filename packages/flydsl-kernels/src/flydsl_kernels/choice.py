@@ -45,7 +45,10 @@ class MChoice:
     def bounds(self) -> tuple[int, ...]:
         """The increasing breakpoints of ``M`` (each the top of a range, inclusive)."""
         if self._bounds is None:
-            self._bounds = tuple(sorted(set(self._bounds_of())))
+            # int(): a bound computed from a traced symbolic size (torch-flydsl's compiled
+            # graphs pass a symbolic N or K) is specialized to its value, a guard on the bound
+            # alone; plain ints pass through
+            self._bounds = tuple(sorted({int(b) for b in self._bounds_of()}))
         return self._bounds
 
     def ranges(self) -> list[tuple[int | None, int]]:

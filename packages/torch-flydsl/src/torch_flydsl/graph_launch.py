@@ -125,6 +125,13 @@ def spec_value(v):
         return _fact_int(v)
     if isinstance(v, torch.SymFloat):
         return 1.5  # a float argument: no facts
+    if isinstance(v, torch.SymBool):
+        # a flag computed from symbolic sizes (the GEMM's EVEN_K: K a multiple of the K tile)
+        # holds only where proven for every value; else the kernel's general path (masked
+        # loads), with no guard: a growing K would otherwise recompile at each multiple
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return statically_known_true(v)
     return v
 
 
@@ -220,11 +227,27 @@ def _chain(ranges, choose, variant, operands, m_of):
 
 def dense_ranges(M, N, K, batch, swiglu=False, target=None):
     """The dense GEMM's (or fused SwiGLU's) choice over M for ``target``'s table, as the eager
-    API makes it: ``flydsl_kernels.gemm.configs.m_choice``."""
+    API makes it: ``flydsl_kernels.gemm.configs.m_choice``.
+
+    ``N`` and ``K`` go in as they are, symbolic ones included (an attention matmul's KV
+    length): the rule's comparisons on them (split-K's tile counts, the grid-fill bound) then
+    each add a guard on that condition alone, a range of the size, and a split count or M
+    bound computed from one is specialized to its value (``int``, a guard on that value). So a
+    growing KV length recompiles only where the eager API's choice changes, and each graph
+    launches the config the eager API would for every size its guards admit."""
+    from flydsl_kernels.choice import Choice, MChoice
     from flydsl_kernels.gemm import configs
 
     kind = "swiglu" if swiglu else "dense"
-    return configs.m_choice(kind, _sym.static(N), _sym.static(K), _sym.hint(batch), target=target)
+    choice = configs.m_choice(kind, N, K, _sym.hint(batch), target=target)
+    if _sym.static(N) is not None and _sym.static(K) is not None:
+        return choice
+
+    def choose(m):
+        c = choice.choose(m)
+        return Choice(c.config, None if c.split_k is None else int(c.split_k))
+
+    return MChoice(choose, lambda: choice.bounds)
 
 
 def grouped_ranges(M, N, K, G, target=None):

@@ -23,9 +23,10 @@ REASONS = (
     "params",  # parameters outside the kernel's support (k, dim, shapes, eps, weight, out=)
     "empty",  # 0-d or empty tensors (ATen's own edge cases)
     "layout",  # non-contiguous inputs
+    "row_stride",  # rows not one stride apart (a permuted view): RMSNorm takes one row stride
     "span",  # beyond the 32-bit buffer-descriptor span
     "gate",  # outside the gate table: ATen is faster there
-    "dynamic",  # torch.compile: a size FlyDSL needs fixed (N, K, groups) is symbolic
+    "dynamic",  # torch.compile: a size FlyDSL compiles for (N, K, groups) has no value (unbacked)
     "error",  # the kernel raised: logged at warning, ATen's result returned
 )
 

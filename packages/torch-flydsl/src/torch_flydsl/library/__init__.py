@@ -13,7 +13,9 @@ op                      what                                                    
 ``hf_add_rms_norm``,    under torch.compile, named in profiles, a kernel error
 ``hf_moe_router``,      answered by the route's PyTorch formula)
 ``hf_grouped_mm``,
-``hf_mx_grouped_mm``
+``hf_mx_grouped_mm``,
+``hf_attention``,       (``hf_attention``: the ``"flydsl"`` attention implementation,
+``..._backward``        differentiable through ``hf_attention_backward``)
 ``flex_attention``,     flex_attention's HOP rewrite (registered by                  ``flex``
 ``..._backward``        ``torch_flydsl.flex.compile``, next to the rewrite)
 ======================  ===========================================================  ==========

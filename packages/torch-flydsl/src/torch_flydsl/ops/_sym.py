@@ -1,12 +1,21 @@
 """Size checks that work on ints and on symbolic sizes (the torch.compile pass runs the spec
 predicates on FakeTensors).
 
-Two kinds of sizes: the rows (M, tokens; dynamic in serving) are never guarded on, so one
-graph serves every M: a fact about them counts only where the shape environment proves it
-for every value (``eq``, ``known_zero``). The sizes FlyDSL compiles a kernel for (N, K, the
-scales' K blocks, the group count) are model constants: ``fixed`` specializes a symbolic one
-to its value with a guard, as Dynamo does for weights (a different value then recompiles);
-None only where no value is known (an unbacked size)."""
+Three kinds of sizes:
+
+* the rows (M, tokens; dynamic in serving) are never guarded on, so one graph serves every
+  M: a fact about them counts only where the shape environment proves it for every value
+  (``eq``, ``known_zero``);
+* a dense GEMM's N and K may be symbolic too (``backed``): an attention matmul's KV length
+  grows every decode step (eager attention: ``q @ k^T`` has it as N, ``p @ v`` as K). The
+  kernels are generated without facts about such a size, and the config choice is evaluated
+  on the symbolic size itself (``graph_launch.dense_ranges``), so the only guards are the
+  conditions that choice tests (a range of the size: where split-K or the grid-fill rule
+  changes, whether K is a multiple of the K tile), never its value;
+* the sizes FlyDSL compiles the other kernels for (the grouped and MX GEMMs' N, K, the
+  scales' K blocks, the group count) are model constants: ``fixed`` specializes a symbolic
+  one to its value with a guard, as Dynamo does for weights (a different value then
+  recompiles); None only where no value is known (an unbacked size)."""
 
 from __future__ import annotations
 
@@ -28,6 +37,11 @@ def fixed(v):
     if not v.node.has_hint():
         return None
     return int(v)  # guards on the value: N / K / groups are the model's constants
+
+
+def backed(v) -> bool:
+    """``v`` is an int or a symbolic size with an example value (not an unbacked one)."""
+    return static(v) is not None or v.node.has_hint()
 
 
 def hint(v) -> int:

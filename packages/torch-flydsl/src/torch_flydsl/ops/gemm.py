@@ -6,9 +6,10 @@ the SwiGLU pattern (``inductor.epilogue``). ``F.linear`` reaches the post-grad g
 ``addmm`` / ``mm`` of a ``permute``d weight.
 
 Predicate order: subclass, arch, dtype (bf16 / fp16, one dtype), params (2-D / 3-D as the
-op's schema; shapes that multiply), dynamic (N and K must be fixed; M and the batch may be
-symbolic), empty (a zero extent: ATen's), gate (op ``gemm`` at (M, N, K), M's example value
-when it is symbolic).
+op's schema; shapes that multiply), dynamic (an unbacked N or K: no value to choose a config
+by; M, the batch and backed N and K may be symbolic, an attention matmul's KV length among
+them: ``_sym`` says how they are guarded), empty (a zero extent: ATen's), gate (op ``gemm`` at
+(M, N, K), a symbolic size's example value, as the rows').
 """
 
 from __future__ import annotations
@@ -37,13 +38,12 @@ def _operands(ctx, a, b, batched: bool) -> str | None:
         return "params"
     if not _sym.eq(a.shape[-1], b.shape[-2]) or (batched and not _sym.eq(a.shape[0], b.shape[0])):
         return "params"
-    n, k = _sym.fixed(b.shape[-1]), _sym.fixed(a.shape[-1])
-    if n is None or k is None:
+    m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+    if not (_sym.backed(n) and _sym.backed(k)):
         return "dynamic"
-    m = a.shape[-2]
-    if _sym.known_zero(m) or n == 0 or k == 0 or (batched and _sym.known_zero(a.shape[0])):
+    if any(_sym.known_zero(s) for s in (m, n, k)) or (batched and _sym.known_zero(a.shape[0])):
         return "empty"
-    if not ctx.table.allows(arch, "gemm", a.dtype, _sym.hint(m), n, k):
+    if not ctx.table.allows(arch, "gemm", a.dtype, _sym.hint(m), _sym.hint(n), _sym.hint(k)):
         return "gate"
     return None
 

@@ -16,7 +16,9 @@ backend opts in to exercise the GPU's dispatch path.
 
 Predicate order (the gate before the weight, stride and span checks): subclass, arch, dtype,
 params (``normalized_shape`` a suffix), empty, gate, params (weight of that shape, ``eps >= 0``),
-layout (contiguous), span. The eager wrapper decides subclass / arch / dtype / a closed gate
+layout (contiguous), span; the backward's gradient may be any layout the kernels address (rows
+of contiguous elements one stride apart, ``_row_layout``): ``layout`` where a row is not
+contiguous, ``row_stride`` where the rows are not one stride apart (a permuted view). The eager wrapper decides subclass / arch / dtype / a closed gate
 before calling it (``dispatch.make_kernel``).
 """
 
@@ -120,10 +122,51 @@ def backward_reason(b, g, x, ns, rstd, w, mask) -> str | None:
     r = _reason(b, "rms_norm_backward", x, ns, w, None)
     if r is not None:
         return r
-    if rstd.numel() * _n(ns) != x.numel():  # one rstd per row
+    n = _n(ns)
+    if rstd.numel() * n != x.numel():  # one rstd per row
         return "params"
-    if not g.is_contiguous():
-        return "layout"
+    why = _row_layout(g, len(ns))
+    if why is None and g.stride() != x.stride():  # rows of a wider buffer: their span
+        m = x.numel() // n
+        if ((m - 1) * _row_stride(g, len(ns)) + n) * g.element_size() > _SPAN:
+            return "span"
+    return why
+
+
+def _row_stride(t, kd: int) -> int:
+    """The stride between the rows of ``t`` (``_row_layout``: one), 0 for a single row."""
+    for i in range(t.dim() - kd - 1, -1, -1):
+        if t.shape[i] != 1:
+            return t.stride(i)
+    return 0
+
+
+def _row_layout(t, kd: int) -> str | None:
+    """None where ``t`` has the layout the kernels address: each row (the last ``kd`` dims) one
+    run of contiguous elements, row ``i`` at ``i * stride`` (contiguous tensors, slices of wider
+    rows); ``layout`` where a row's elements are not contiguous (a broadcast gradient);
+    ``row_stride`` where the rows are not one stride apart: a permuted view, such as the
+    gradient transformers' Qwen3 ``q_norm`` / ``k_norm`` receive through the ``transpose(1, 2)``
+    after them (rows over ``(batch, seq, head)`` laid out ``(batch, head, seq)``). The kernels
+    take one row stride (a compile-time constant), so such a view goes to ATen."""
+    shape, stride, nd = t.shape, t.stride(), t.dim()
+    expect = 1
+    for i in range(nd - 1, nd - kd - 1, -1):
+        if shape[i] != 1:
+            if stride[i] != expect:
+                return "layout"
+            expect *= shape[i]
+    row = None
+    for i in range(nd - kd - 1, -1, -1):
+        if shape[i] == 1:
+            continue
+        if row is None:
+            row = stride[i]
+            if row < 0:
+                return "layout"
+        elif stride[i] != expect:
+            return "row_stride"
+        expect = stride[i] * shape[i]
     return None
 
 

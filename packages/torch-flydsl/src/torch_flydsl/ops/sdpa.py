@@ -11,7 +11,9 @@ Opt-in (``enable(ops=["sdpa"])``; ``enable()`` alone leaves SDPA to ATen): there
 table for attention yet. The forward and backward are interchangeable with ATen's: the outputs
 have ATen's shapes, strides and dtypes (taken from the op's meta kernel), the LSE is the same
 natural-log fp32, so a call whose forward ran here and whose backward falls back (or the other
-way round) is still right.
+way round) is still right. The backwards' gradients take the layout of the op's meta kernel too
+(a copy only where the kernel's differs): the CPU and memory-efficient ones ``(B, S, H, D)``
+order, the flash one its inputs' (torch's ``_meta_registrations``), which Inductor checks.
 
 Predicate order: subclass, arch, dtype (bf16 / fp16, one dtype), params (dropout, debug mask,
 attention bias or mask, causal with ``Sq != Sk``: SDPA's causal mask is top-left aligned,
@@ -56,6 +58,16 @@ def _shells(op, *args, **kw):
     meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
     mkw = {n: (a.to("meta") if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
     return op(*meta, **mkw)
+
+
+def _as(m, t):
+    """``t`` in meta tensor ``m``'s layout: itself where the strides already agree, else a copy
+    (ATen's backward layouts differ by op: the CPU and memory-efficient ones lay the gradients out
+    ``(B, S, H, D)``, the flash one as its inputs; Inductor checks a compiled graph's strides
+    against these meta kernels)."""
+    if t.stride() == m.stride() or t.numel() <= 1:
+        return t
+    return _like(m, t, t)
 
 
 def _like(m, t, src=None):
@@ -112,14 +124,17 @@ def cpu_bwd_reason(b, g, q, k, v, out, lse, dropout_p, is_causal, attn_mask, sca
 
 
 def cpu_bwd_impl(b, g, q, k, v, out, lse, dropout_p, is_causal, attn_mask, scale):
-    dq, dk, dv = _backward(b, g, q, k, v, out, lse, is_causal, scale)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    m = _shells(_CPU_BWD, g, q, k, v, out, lse, dropout_p, is_causal, scale=scale)
+    grads = _backward(b, g, q, k, v, out, lse, is_causal, scale)
+    return tuple(_as(mi, gi) for mi, gi in zip(m, grads))
 
 
 # -- GPU key: flash and memory-efficient SDPA --------------------------------------------------
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention.default
+_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
 _EFF = torch.ops.aten._scaled_dot_product_efficient_attention.default
+_EFF_BWD = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
 
 
 def flash_reason(b, q, k, v, dropout_p, is_causal, return_debug_mask, scale) -> str | None:
@@ -155,7 +170,26 @@ def flash_bwd_reason(
 def flash_bwd_impl(
     b, g, q, k, v, out, lse, cq, ck, mq, mk, dropout_p, is_causal, seed, offset, scale
 ):
-    return _backward(b, g, q, k, v, out, lse, is_causal, scale)
+    m = _shells(
+        _FLASH_BWD,
+        g,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cq,
+        ck,
+        mq,
+        mk,
+        dropout_p,
+        is_causal,
+        seed,
+        offset,
+        scale=scale,
+    )
+    grads = _backward(b, g, q, k, v, out, lse, is_causal, scale)
+    return tuple(_as(mi, gi) for mi, gi in zip(m, grads))
 
 
 def eff_reason(b, q, k, v, attn_bias, compute_lse, dropout_p, is_causal, scale) -> str | None:
@@ -188,8 +222,24 @@ def eff_bwd_reason(
 def eff_bwd_impl(
     b, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, mask, is_causal, scale
 ):
-    dq, dk, dv = _backward(b, g, q, k, v, out, lse, is_causal, scale)
-    return dq, dk, dv, None
+    m = _shells(
+        _EFF_BWD,
+        g,
+        q,
+        k,
+        v,
+        None,
+        out,
+        lse,
+        seed,
+        offset,
+        dropout_p,
+        mask,
+        is_causal,
+        scale=scale,
+    )
+    grads = _backward(b, g, q, k, v, out, lse, is_causal, scale)
+    return (*(_as(mi, gi) for mi, gi in zip(m, grads)), None)
 
 
 #: no gate table for attention; the key tensor is q (argument 1 of the backwards, after the

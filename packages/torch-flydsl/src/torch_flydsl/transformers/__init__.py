@@ -13,10 +13,12 @@ these models. ``patch`` routes each family explicitly and reversibly::
 Modules are recognized by their ``forward`` bodies (``_forms``), not their
 names; every FlyDSL launch is a ``flydsl::hf_*`` custom op (``torch_flydsl.library.hf``),
 so torch.compile treats it as one opaque node and torch.profiler names it.
-Linear layers stay on ATen and attention on the model's ``attn_implementation``: ``patch``
-lists them under ``not_routed``. ``register()`` adds ``"flydsl"`` to transformers'
-``AttentionInterface`` (``_attention``: FlyDSL's attention kernels, masks as sdpa builds them,
-gpt-oss sinks) and ``ExpertsInterface``, so ``attn_implementation="flydsl"`` works.
+Linear layers stay on ATen (``not_routed``). Attention is the model's ``attn_implementation``:
+``register()`` (which ``patch`` calls) adds ``"flydsl"`` to transformers' ``AttentionInterface``
+(``_attention``: ``flydsl::hf_attention``, FlyDSL's attention forward and backward, masks as
+sdpa builds them, gpt-oss sinks) and ``ExpertsInterface``, so ``attn_implementation="flydsl"``
+works; ``patch`` reports the attention modules as routed where the model uses it, else as not
+routed with the call that routes them.
 """
 
 from __future__ import annotations

@@ -7,16 +7,22 @@
 ``register()`` adds ``attention_forward`` to ``AttentionInterface`` and sdpa's mask builder to
 ``AttentionMaskInterface`` under the same name, so a model builds the masks it builds for
 ``"sdpa"``: a boolean ``(B, 1, Sq, Sk)`` mask (padding, sliding windows, packed sequences), or
-None where sdpa relies on ``is_causal``. The call runs ``flydsl_kernels.attention.
-flash_attn_func``: the mask, when there is one, as a FlyDSL mask mod reading it (a mod tensor,
-``mask[b, q_idx, kv_idx]``), else the kernel's causal flag; GQA without ``repeat_kv``;
-gpt-oss's sinks (``s_aux``) as the kernel's sinks; Gemma's ``softcap``; ``scaling``. The KV
-cache needs nothing: transformers passes the cached keys and a mask over them.
+None where sdpa relies on ``is_causal``. The call is the custom op ``flydsl::hf_attention``
+(``torch_flydsl.library.hf``: one named node for torch.profiler and torch.compile, with
+autograd through ``flydsl::hf_attention_backward``, so training takes the route too), which
+runs ``flydsl_kernels.attention.flash_attn_func``: the mask, when there is one, as a FlyDSL
+mask mod reading it (a mod tensor, ``mask[b, q_idx, kv_idx]``), else the kernel's causal flag;
+GQA without ``repeat_kv``; gpt-oss's sinks (``s_aux``, differentiable) as the kernel's sinks;
+Gemma's ``softcap``; ``scaling``. The KV cache needs nothing: transformers passes the cached
+keys and a mask over them.
 
-Where the kernels do not apply (fp32, dropout in training, head dims over 256, a float mask, a
-device FlyDSL does not run on) the call computes the same attention in PyTorch (``_torch``,
-eager's math with the mask, sinks and softcap), counted as a fallback under
-``torch_flydsl.stats()["hf.attention"]`` with its reason. Rows with no visible key (left
+Which calls run FlyDSL is ``torch_flydsl.eligibility``'s rule, as for every route: the
+implementation is an explicit request, so a CPU tensor runs FlyDSL's CPU backend with no
+``torch_flydsl.enable()`` (which only installs the global ATen hooks), and a GPU one where its
+arch is allowed. Where the kernels do not apply (fp32, dropout in training, head dims over
+256, a float mask, a device FlyDSL does not run on) the call computes the same attention in
+PyTorch (``_torch``, eager's math with the mask, sinks and softcap), counted as a fallback
+under ``torch_flydsl.stats()["hf.attention"]`` with its reason. Rows with no visible key (left
 padding) give 0 where eager averages every value: they are padding, no logit reads them.
 """
 
@@ -24,10 +30,12 @@ from __future__ import annotations
 
 import torch
 
-from ..eligibility import PLAIN, device_reason, target
+from ..eligibility import PLAIN, device_reason
+from ..library import hf as _hf  # registers flydsl::hf_attention
+from ..stats import get as _stat
 
 NAME = "flydsl"
-STAT = "hf.attention"
+STAT = _hf.ATTENTION
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -41,20 +49,6 @@ def register(name: str = NAME) -> None:
     AttentionMaskInterface.register(name, sdpa_mask)
 
 
-def _mask_mod():
-    from flydsl_kernels.attention import MaskMod
-
-    global _MASK
-    if _MASK is None:
-
-        def hf_mask(b, h, q_idx, kv_idx, mask):
-            return mask.gather(b, q_idx, kv_idx).load() != 0
-
-        _MASK = MaskMod(hf_mask, name="hf_mask")
-    return _MASK
-
-
-_MASK = None
 #: recent masks converted: id -> (mask, its version, int8 copy); a forward passes the same
 #: one or two mask objects (full and sliding layers) to every layer
 _CONVERTED: dict = {}
@@ -62,7 +56,9 @@ _CONVERTED: dict = {}
 
 def _mask_tensor(mask, B, Sq, Sk):
     """``mask`` as the ``(B, Sq, Sk)`` int8 tensor the mask mod reads, converted once per mask
-    object (the version counter catches in-place edits)."""
+    object (the version counter catches in-place edits); under torch.compile, in the graph."""
+    if torch.compiler.is_compiling():
+        return mask[:, 0].expand(B, Sq, Sk).to(torch.int8).contiguous()
     hit = _CONVERTED.get(id(mask))
     if (
         hit is not None
@@ -143,41 +139,21 @@ def attention_forward(
 ):
     """transformers' attention signature: q ``(B, H, Sq, D)``, k/v ``(B, Hk, Sk, D)``; returns
     ``(out (B, Sq, H, Dv), None)``."""
-    from ..stats import get
-
-    st = get(STAT)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     sinks = s_aux if s_aux is not None else kwargs.get("sinks")
     mask = attention_mask
     if mask is not None and mask.shape[-1] != key.shape[2]:
         mask = mask[..., : key.shape[2]]
     r = _reason(module, query, key, value, mask, dropout)
-    if r is None:
-        try:
-            out = _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks)
-            st.hits += 1
-            return out, None
-        except Exception as e:
-            st.error(e, "torch's attention")
-    else:
-        st.fallback(r)
-    out = _torch(module, query, key, value, mask, scale, dropout, softcap, sinks, is_causal)
-    return out, None
-
-
-def _flydsl(module, query, key, value, mask, scale, is_causal, softcap, sinks):
-    from flydsl_kernels.attention import flash_attn_func
-
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    kw = {}
-    if mask is not None:
-        kw["mask_mod"] = _mask_mod()
-        kw["mod_tensors"] = (_mask_tensor(mask, q.shape[0], q.shape[1], k.shape[1]),)
-    else:
-        kw["causal"] = _causal(module, is_causal, q.shape[1])
-    if sinks is not None:
-        kw["sinks"] = sinks
-    out = flash_attn_func(
-        q, k, v, softmax_scale=scale, softcap=float(softcap or 0.0), target=target(query), **kw
+    if r is not None:
+        _stat(STAT).fallback(r)
+        out = _torch(module, query, key, value, mask, scale, dropout, softcap, sinks, is_causal)
+        return out, None
+    B, _, Sq, _ = query.shape
+    mt = None if mask is None else _mask_tensor(mask, B, Sq, key.shape[2])
+    causal = mask is None and _causal(module, is_causal, Sq)
+    # the op counts its hits (and a kernel error, answered in PyTorch) in the stats
+    out, _ = torch.ops.flydsl.hf_attention(
+        query, key, value, mt, sinks, float(scale), causal, float(softcap or 0.0)
     )
-    return out
+    return out, None

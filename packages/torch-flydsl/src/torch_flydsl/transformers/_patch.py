@@ -14,7 +14,7 @@ from . import _checks, _experts, _forms
 
 log = logging.getLogger("torch_flydsl")
 
-ROUTES = ("rms_norm", "add_rms_norm", "moe_router", "experts", "mx_experts")
+ROUTES = ("rms_norm", "add_rms_norm", "moe_router", "experts", "mx_experts", "attention")
 _MISSING = object()
 
 
@@ -233,7 +233,11 @@ def patch(
       their checkpoint is MXFP4 (``quantization_config.quant_method == "mxfp4"``,
       gpt-oss) with ``to_mx`` and runs the MX grouped GEMM; True / False force it.
 
-    Attention and linear layers are not touched (listed in ``not_routed``). Each
+    Attention is the model's ``attn_implementation``: ``patch`` registers ``"flydsl"``
+    (``register()``) and reports the attention modules as routed (``attention``) where the
+    model uses it, else under ``not_routed`` with the call that routes them
+    (``model.set_attn_implementation("flydsl")``); the report is of the model as ``patch``
+    found it. Linear layers are not touched (listed in ``not_routed``). Each
     replaced forward checks its inputs per call (device arch, dtype, layout) and
     falls back to the module's own forward, counted in ``torch_flydsl.stats()``
     under ``hf.*``. ``patch`` compiles nothing; kernels compile on first use.
@@ -405,27 +409,47 @@ def _patch_experts(p: Patch, model, mx_experts) -> None:
         )
 
 
-def _note_unrouted(p: Patch, model) -> None:
-    attn: dict[str, list[str]] = {}
-    linears = 0
+def _note_attention(p: Patch, model) -> None:
+    """Report the attention modules: routed where their config names ``"flydsl"`` (FlyDSL's
+    attention implementation, registered here so that it can be named), else not routed."""
+    from ._attention import NAME
+    from ._attention import register as register_attention
+
+    register_attention()
+    attn: dict[tuple[str, str], list[str]] = {}
     for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear):
-            linears += 1
         cfg = getattr(m, "config", None)
         impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
         if impl is not None and type(m).__name__.endswith("Attention"):
-            attn.setdefault(f"{type(m).__name__}|{impl}", []).append(name)
-    for key, mods in attn.items():
-        cls, impl = key.split("|")
+            attn.setdefault((type(m).__name__, impl), []).append(name)
+    for (cls, impl), mods in attn.items():
+        if impl == NAME:
+            p.replaced += [
+                Replacement(
+                    "attention",
+                    name,
+                    cls,
+                    f"attn_implementation={NAME!r}: flydsl::hf_attention (FlyDSL's attention "
+                    "forward and backward); fallback: the same math in PyTorch where not eligible",
+                )
+                for name in mods
+            ]
+            continue
+        where = f"{len(mods)} modules ({mods[0]}, ...)" if len(mods) > 1 else mods[0]
         p.not_routed.append(
             NotRouted(
                 "attention",
-                f"{len(mods)} modules ({mods[0]}, ...)" if len(mods) > 1 else mods[0],
+                where,
                 cls,
-                f"attn_implementation={impl!r}: stays on transformers' attention path "
-                "(no FlyDSL attention implementation is registered yet)",
+                f"attn_implementation={impl!r}: transformers' attention path; "
+                f"model.set_attn_implementation({NAME!r}) routes it (registered by patch)",
             )
         )
+
+
+def _note_unrouted(p: Patch, model) -> None:
+    _note_attention(p, model)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     if linears:
         p.not_routed.append(
             NotRouted(
