@@ -56,7 +56,7 @@ class Config:
     num_stages: int = 1
     nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
     waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
-    lazy: bool = True  # forward: the rescale behind a scalar branch (forward._update)
+    lazy: bool = True  # forward: the lazy per-row rescale (forward._update, fly.rescale)
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -116,18 +116,20 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
 #: fwd d128 256x64 with 4 warps: 7.39) or spill (fwd d128 256x128: 8.19 with 5 SGPR spills
 #: under LLVM's minimal-register scheduler, 243 spills under the default one) were passed over.
 #: Decode runs one warp per tile: with two, Triton's layouts issued 12 MFMA-equivalents for 8
-#: of work. The lazy rescale is off: its scalar branch needs a workgroup-wide max through LDS
-#: and a barrier and splits the loop body, which cost more than the rescale it skips (fwd d128
-#: 256x64: 298 instructions per trip with the branch, 281 rescaling always).
+#: of work. The lazy rescale is on for every forward and decode entry: per row, and skipped by
+#: a wave as one where no row it holds grew its max (``fly.rescale``: a compare and a branch
+#: per trip, the multiplies counted apart); fwd d128 282 -> 261 instructions per trip. Its
+#: earlier form, a workgroup-wide vote through LDS and a barrier, cost more than it skipped
+#: (298).
 _GFX950 = {
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, False, 142, 215, 13.44),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, False, 254, 282, 8.81),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, False, 246, 293, 7.33),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 202, 221, 13.81),
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 144, 297, 37.12),
-    ("decode", "d128"): _c(16, 32, 1, 1, 16, False, 144, 208, 26.0),
-    ("decode", "d192"): _c(16, 32, 2, 1, 16, False),
-    ("decode", "d256"): _c(16, 32, 2, 1, 16, False, 190, 224),
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 142, 204, 12.75),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 252, 261, 8.16),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 172, 194, 12.12),
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, 144, 294, 36.75),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, 144, 195, 24.38),
+    ("decode", "d192"): _c(16, 32, 2, 1, 16, True),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 186, 215),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 216, 220, 13.75),
     ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 204, 174, 10.88),
     ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 248, 231, 11.55),
@@ -158,13 +160,25 @@ _SM90 = {
 for _k in ("fwd", "decode", "bwd_dkdv", "bwd_dq"):  # MLA heads: the d256 tiles there
     _SM90[(_k, "d192")] = _SM90[(_k, "d256")]
 
+
+def _eager(tab: dict, keys=None) -> None:
+    """The forward and decode entries of ``tab`` (or ``keys``) with the rescale on every trip:
+    where ``fly.rescale`` is a plain multiply (no ``Target.has_wave_skip_asm``, or its asm did
+    not fit the registers), the lazy rule's per-row select only adds instructions."""
+    for k, c in list(tab.items()):
+        if (keys is None and k[0] in ("fwd", "decode")) or (keys is not None and k in keys):
+            tab[k] = replace(c, lazy=False)
+
+
+_eager(_SM90)
+
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
 #: d128: 128x64 with 4 warps spilled 2 SGPRs without the causal mask and needed AGPRs (one wave
 #: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
 _GFX942 = {
     **_GFX950,
-    ("fwd", "d128"): _c(128, 32, 4, 1, 32, False),
+    ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
@@ -172,6 +186,9 @@ _GFX942 = {
 }
 for _k in ("fwd", "bwd_dkdv", "bwd_dq"):  # gfx950's MLA tiles spill here: the d256 ones
     _GFX942[(_k, "d192")] = _GFX942[(_k, "d256")]
+# the lazy rescale's asm fits the forward's d64 and d128 tiles here (d128: 10.63 -> 9.59 loop
+# instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
+_eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = {
     **_GFX950,
@@ -184,6 +201,7 @@ _GFX1250 = {
     ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
+_eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
