@@ -1,6 +1,6 @@
 """Compile times per example kernel and GPU target, on this machine (no GPU needed).
 
-    uv run python tools/bench_compile.py [--targets gfx950 sm90 ...]
+    uv run python tools/bench_compile.py [--targets gfx950 sm90 ...] [--examples matmul ...]
 
 * cold: trace + passes + codegen + triton.compile, with Triton's own cache
   pointed at an empty directory;
@@ -52,11 +52,12 @@ ARGS = {
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", default=["gfx950", "gfx942", "gfx1250", "sm90"])
+    ap.add_argument("--examples", nargs="+", choices=examples.NAMES, default=examples.NAMES)
     args = ap.parse_args(argv)
     table = Table(title="FlyDSL compile times (CPU, 2 cores; seconds / milliseconds)")
     for col in ("kernel", "target", "cold", "warm disk", "in-process hit"):
         table.add_column(col, justify="left" if col in ("kernel", "target") else "right")
-    for name in examples.NAMES:
+    for name in args.examples:
         mod = examples.load(name)
         a, kw = ARGS[name]()
         for tgt in args.targets:

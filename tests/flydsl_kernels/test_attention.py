@@ -9,7 +9,7 @@ data per test; the kernels run on ``cpu-reference`` and, for a subset (the inter
 Tolerances, stated: outputs (bf16) ``atol = rtol = 1e-2`` (one bf16 rounding of the output,
 plus P rounded to bf16 before P @ V, as flash-attn does); fp16 ``2e-3``; LSE (fp32) ``atol
 1e-4``; gradients (bf16) ``atol = rtol = 2e-2`` (P and dS are rounded to bf16 before their
-matmuls), fp16 ``5e-3``. Deterministic mode is checked bitwise. Small tiles (16 x 16) are used
+matmuls), fp16 ``5e-3``; fp32 ``1e-5`` (IEEE fp32 products). Deterministic mode is checked bitwise. Small tiles (16 x 16) are used
 where a test needs windows and masks to cut through several tiles at small sizes.
 """
 
@@ -36,9 +36,9 @@ from flydsl_kernels.attention import api as attn_api
 pytestmark = pytest.mark.cpu
 
 REF, INTERP = "cpu-reference", "cpu-interpret"
-BF16, FP16 = torch.bfloat16, torch.float16
-OUT_TOL = {BF16: 1e-2, FP16: 2e-3}
-GRAD_TOL = {BF16: 2e-2, FP16: 5e-3}
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+OUT_TOL = {BF16: 1e-2, FP16: 2e-3, FP32: 1e-5}
+GRAD_TOL = {BF16: 2e-2, FP16: 5e-3, FP32: 1e-5}
 C16 = configs.Config(16, 16, 4)
 SMALL = {"fwd": C16, "bwd_dkdv": C16, "bwd_dq": C16}
 
@@ -165,6 +165,13 @@ def test_seqlen_1000_default_config():
 def test_fp16():
     q, k, v = qkv(1, 20, 35, 2, 1, 64, seed=7, dtype=FP16, grad=True)
     check_fwd_bwd(q, k, v, REF, causal=True)
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_fp32(target):
+    # fp32 operands (flex_attention's fp32 inputs): IEEE fp32 products, fp32 tolerances
+    q, k, v = qkv(1, 19, 37, 2, 1, 40, seed=8, dtype=FP32, grad=True)
+    check_fwd_bwd(q, k, v, target, causal=True, window_size=(11, 3))
 
 
 def test_empty_batch_and_empty_sequences():
@@ -701,8 +708,8 @@ def test_errors_say_what_is_supported():
     q, k, v = qkv(1, 4, 4, 2, 1, 32, seed=36)
     with pytest.raises(NotImplementedError, match="dropout"):
         flash_attn_func(q, k, v, dropout_p=0.1)
-    with pytest.raises(TypeError, match="bf16 and fp16"):
-        flash_attn_func(q.float(), k.float(), v.float())
+    with pytest.raises(TypeError, match="bf16, fp16 and fp32"):
+        flash_attn_func(q.double(), k.double(), v.double())
     with pytest.raises(ValueError, match="multiple of nheads_k"):
         flash_attn_func(q, torch.cat([k, k, k], 2), torch.cat([v, v, v], 2))
     with pytest.raises(ValueError, match="head dims up to 256"):

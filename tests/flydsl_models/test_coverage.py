@@ -27,19 +27,15 @@ class Block(torch.nn.Module):
 
 
 def _profile(model, x, *, module_context=True):
-    from torch.profiler import profile
-
-    ctx = coverage.module_ranges(model) if module_context else None
-    with torch.no_grad(), profile() as prof:
-        if ctx:
-            ctx.__enter__()
+    with (
+        torch.no_grad(),
+        measure.profiling(model, module_context=module_context, device=x.device) as (prof, marks),
+    ):
         with measure.phase("prefill"):
             model(x)
         with measure.phase("decode"):
             model(x[:, :1])
-        if ctx:
-            ctx.__exit__(None, None, None)
-    return prof.profiler.kineto_results
+    return prof.profiler.kineto_results, marks
 
 
 def test_attribution_off_and_patched():
@@ -48,15 +44,19 @@ def test_attribution_off_and_patched():
     torch.manual_seed(0)
     model = Block()
     x = torch.randn(1, 8, 64).bfloat16()
-    off = coverage.attribute(_profile(model, x), gpu=False, module_context=True)
+    events, marks = _profile(model, x)
+    off = coverage.attribute(events, gpu=False, module_context=True, marks=marks)
     assert off.flydsl_us == 0 and off.share == 0
     fam = off.by_family
     assert fam["norm"]["total_us"] > 0  # pow/mean/rsqrt inside the norm module's range
     assert fam["gemm"]["total_us"] > 0 and fam["attention"]["total_us"] > 0
     assert off.total_us == pytest.approx(sum(v["total_us"] for v in fam.values()))
     assert set(off.by_phase) == {"prefill", "decode"}
+    ph = off.by_phase["prefill"]
+    assert ph["total_us"] == pytest.approx(sum(v["total_us"] for v in ph["by_family"].values()))
     with patch(model):
-        on = coverage.attribute(_profile(model, x), gpu=False, module_context=True)
+        events, marks = _profile(model, x)
+        on = coverage.attribute(events, gpu=False, module_context=True, marks=marks)
     assert on.by_family["norm"]["flydsl_us"] > 0
     assert on.by_family["norm"]["flydsl_us"] == pytest.approx(on.by_family["norm"]["total_us"])
     assert on.by_family["gemm"]["flydsl_us"] == 0 and on.share > 0
@@ -67,23 +67,113 @@ def test_attribution_off_and_patched():
     assert d["share"] == pytest.approx(on.share) and d["device_kind"] == "cpu"
 
 
-def test_flydsl_ranges_and_kernel_names():
-    """``record_function('flydsl::...')`` marks FlyDSL work too; GPU kernel names are known."""
+def test_eager_overrides_count_by_their_hits():
+    """An ATen op that torch-flydsl's eager override took counts as FlyDSL (its share of hits);
+    SDPA's override is attention, the F.rms_norm override norm."""
+    import torch_flydsl
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 16, 16, dtype=torch.bfloat16)
+    w = torch.randn(16, dtype=torch.bfloat16)
+    torch_flydsl.enable(ops=["sdpa", "rms_norm"], device="cpu")
+    try:
+        ctx = measure.profiling(torch.nn.Linear(1, 1), module_context=False, device=x.device)
+        with ctx as (prof, marks), measure.phase("prefill"):
+            torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+            torch.nn.functional.rms_norm(x, (16,), w, 1e-6)
+    finally:
+        torch_flydsl.disable(ops=["sdpa", "rms_norm"], device="cpu")
+    assert marks.overrides == {
+        "aten::_scaled_dot_product_flash_attention_for_cpu": 1.0,
+        "aten::_fused_rms_norm": 1.0,
+    }
+    cov = coverage.attribute(
+        prof.profiler.kineto_results, gpu=False, module_context=False, marks=marks
+    )
+    assert cov.by_family["attention"]["flydsl_us"] > 0 and cov.by_family["norm"]["flydsl_us"] > 0
+    assert cov.by_family["gemm"]["flydsl_us"] == 0
+
+
+def test_override_shares_from_stats_snapshots():
+    before = {"_grouped_mm": {"calls": 2, "hits": 2}, "hf.rms_norm": {"calls": 1, "hits": 1}}
+    after = {
+        "_grouped_mm": {"calls": 6, "hits": 4},
+        "topk": {"calls": 1, "hits": 1},
+        "topk.values": {"calls": 1, "hits": 0},
+        "hf.rms_norm": {"calls": 9, "hits": 9},  # a transformers route: its ops are named
+        "compile:mm": {"calls": 3, "hits": 3},  # nodes of the compile pass: not ATen calls
+        "flydsl::gemm": {"calls": 3, "hits": 3},
+        "_scaled_mm": {"calls": 0, "hits": 0},
+    }
+    assert coverage.override_shares(before, after) == {"aten::_grouped_mm": 0.5, "aten::topk": 0.5}
+
+
+def test_flydsl_ranges_marks_and_kernel_names():
+    """``record_function('flydsl::...')`` marks FlyDSL work; a marked call that hit counts and
+    one that fell back does not; GPU kernel names come from the families' ``KERNELS``."""
     from torch.profiler import profile
 
+    marks = coverage.Marks(
+        calls={
+            coverage.CALL_PREFIX + "attention#0": ("attention", True),
+            coverage.CALL_PREFIX + "attention#1": ("attention", False),
+        }
+    )
+    a = torch.ones(64, 64)
     with profile() as prof, measure.phase("prefill"):
         with torch.autograd.profiler.record_function("flydsl::some_launch"):
-            torch.ones(64, 64) @ torch.ones(64, 64)
-        torch.ones(64, 64) @ torch.ones(64, 64)
-    cov = coverage.attribute(prof.profiler.kineto_results, gpu=False, module_context=False)
-    assert cov.flydsl_us > 0 and cov.flydsl_us < cov.total_us
+            a @ a
+        a @ a
+        for i in (0, 1):
+            with torch.autograd.profiler.record_function(coverage.CALL_PREFIX + f"attention#{i}"):
+                (a * 2).softmax(-1)
+    cov = coverage.attribute(
+        prof.profiler.kineto_results, gpu=False, module_context=False, marks=marks
+    )
+    assert 0 < cov.flydsl_us < cov.total_us
+    assert cov.by_family["attention"]["flydsl_us"] > 0
+    assert cov.by_family["attention"]["flydsl_us"] < cov.by_family["attention"]["total_us"]
+    assert set(cov.flydsl_ops) == {"flydsl::some_launch", "attention"}
     names = coverage.flydsl_kernel_names()
-    assert {
-        "rmsnorm_fwd_row",
-        "grouped_gemm_kernel",
-        "moe_router_kernel",
-        "mx_grouped_gemm_nt",
-    } <= names
+    assert {"rmsnorm_fwd_row", "grouped_gemm_kernel", "moe_router_kernel", "mx_grouped_gemm_nt",
+            "attn_fwd_kernel", "attn_bwd_dq_kernel"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "op, kernel_family, family",
+    [
+        ("flydsl::gemm", "gemm", "gemm"),
+        ("flydsl::gemm_cpu", "gemm", "gemm"),
+        ("flydsl::swiglu", "gemm", "gemm"),
+        ("flydsl::grouped_mm", "gemm", "gemm"),
+        ("flydsl::mx_mm", "mx", "gemm"),
+        ("flydsl::mx_grouped_mm_cpu", "mx", "gemm"),
+        ("flydsl::flex_attention", "attention", "attention"),
+        ("flydsl::flex_attention_backward", "attention", "attention"),
+        ("flydsl::hf_rms_norm", "rmsnorm", "norm"),
+        ("flydsl::hf_add_rms_norm", "rmsnorm", "norm"),
+        ("flydsl::hf_moe_router", "topk", "moe"),
+        ("flydsl::hf_grouped_mm", "gemm", "gemm"),
+        ("flydsl::hf_mx_grouped_mm", "mx", "gemm"),
+    ],
+)
+def test_flydsl_ops_take_their_family_from_the_registry(op, kernel_family, family):
+    assert coverage.registry_family(op) == kernel_family
+    assert coverage.report_family(kernel_family) == family
+
+
+def test_every_flydsl_op_has_a_family():
+    """Every op torch_flydsl.library lists resolves to a kernel family, so a new op cannot fall
+    into "other" unnoticed."""
+    import re
+
+    import torch_flydsl.library as lib
+
+    # the first column of its docstring's table: ``op`` (or ``op``, continued below)
+    ops = {f"{lib.NAMESPACE}::{o}" for o in re.findall(r"^``(\w+)``", lib.__doc__, re.M)}
+    assert len(ops) >= 8, ops
+    missing = sorted(op for op in ops if coverage.registry_family(op) is None)
+    assert not missing, missing
 
 
 def test_module_kinds():

@@ -52,6 +52,8 @@ def test_default_is_llama_scaled_down():
     assert spec.name == models.DEFAULT and spec.model_type == "llama"
     d = spec.config_dict
     assert d["num_hidden_layers"] == 2 and d["hidden_size"] == 256 and d["vocab_size"] == 8192
+    # Llama-3.1-8B's 4:1 grouped-query ratio, with KV heads that split over --tp 2
+    assert (d["num_attention_heads"], d["num_key_value_heads"]) == (8, 2)
     assert d["rope_scaling"]["rope_type"] == "llama3"  # the rest is Llama-3.1-8B's
     assert models.resolve(None, {"layers": 1}).config_dict["num_hidden_layers"] == 1
 

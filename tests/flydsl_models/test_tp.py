@@ -1,11 +1,12 @@
 """Tensor parallel on the CPU: 2 processes on gloo through transformers' tp_plan="auto", FlyDSL on.
 
-``torchrun --nproc-per-node 2 -m flydsl_models.eval --tp 2 --tp-reference``
-shards a tiny Qwen3-MoE (attention projections and expert weights split over
-the ranks; ``SIZES`` also has a Llama), runs the off and eager arms, and rank 0
-runs the same checkpoint unsharded: the sharded logits must equal the
-single-process ones within the report's tolerance, in both arms. About 1.5
-minutes of CPU time: two processes, each importing torch and transformers.
+``torchrun --nproc-per-node 2 -m flydsl_models.eval --tp 2 --tp-reference`` (the
+READMEs' command) shards the default model (llama-tiny: its 2 KV heads split over the
+2 ranks) and a tiny Qwen3-MoE (attention projections and expert weights split), runs
+the off and eager arms (FlyDSL attention included), and rank 0 runs the same
+checkpoint unsharded: the sharded logits must equal the single-process ones within
+the report's tolerance, in both arms. About a minute of CPU time per model: two
+processes, each importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -20,18 +21,7 @@ import pytest
 pytestmark = pytest.mark.cpu
 
 SIZES = {
-    "llama": [
-        "--model",
-        "llama-3.1-8b",
-        "--hidden",
-        "64",
-        "--intermediate",
-        "128",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-    ],
+    "default": ["--hidden", "128", "--intermediate", "224"],  # llama-tiny: 8 / 2 heads
     "qwen3_moe": [
         "--model",
         "qwen3-30b-a3b",
@@ -57,7 +47,7 @@ SIZES = {
 
 @pytest.mark.timeout(900)
 # one model: its dense attention projections and its experts both shard
-@pytest.mark.parametrize("model", ["qwen3_moe"])
+@pytest.mark.parametrize("model", ["default", "qwen3_moe"])
 def test_tp2_on_gloo_matches_one_process(tmp_path, model):
     out = tmp_path / "out"
     cmd = [
@@ -79,6 +69,7 @@ def test_tp2_on_gloo_matches_one_process(tmp_path, model):
     eager = r["arms"]["eager"]
     assert eager["correctness"]["ok"]
     assert eager["stats"]["hf.rms_norm"]["hits"] > 0 and eager["coverage"]["share"] > 0
+    assert eager["stats"]["hf.attention"]["hits"] > 0  # each rank's heads on FlyDSL attention
     if model == "qwen3_moe":
         assert eager["stats"]["hf.experts"]["hits"] > 0  # on each rank's shard of the experts
     assert "Tensor parallel vs single process" in (out / "report.md").read_text()

@@ -283,7 +283,7 @@ def test_every_path_takes_the_same_cpu_target(monkeypatch, env, cpu):
     import torch_flydsl
     from flydsl_core.targets import get_target
     from torch_flydsl import dispatch, eligibility, gates
-    from torch_flydsl.flex import _eager
+    from torch_flydsl.flex import run
     from torch_flydsl.transformers import _attention, _checks
 
     for name, value in (("FLYDSL_TARGET", env), ("FLYDSL_TORCH_CPU_TARGET", cpu)):
@@ -299,7 +299,7 @@ def test_every_path_takes_the_same_cpu_target(monkeypatch, env, cpu):
         want = "cpu-reference"
     x = torch.empty(2)
     assert dispatch.Backend("cpu", gates.GateTable()).target_of(x) == want
-    assert eligibility.target(x) == _eager._target(x) == want
+    assert eligibility.target(x) == run.kernel_target(x) == want
     assert _checks.device_reason(x) is None and _attention.target(x) == want
     torch_flydsl.disable()
     assert torch_flydsl.status("cpu")["target"] == want

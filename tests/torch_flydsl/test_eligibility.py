@@ -36,11 +36,13 @@ def test_one_home_for_plain_types_and_targets():
 
 
 def test_every_path_asks_the_same_helper():
-    from torch_flydsl.flex import _eager
+    from torch_flydsl.flex import call, run
     from torch_flydsl.transformers import _attention, _checks
 
-    assert _eager._device_reason is eligibility.device_reason
-    assert _eager._target is _attention.target is eligibility.target
+    assert call.device_reason is eligibility.device_reason
+    assert _attention.target is eligibility.target
+    x = torch.empty(2)
+    assert run.kernel_target(x) == eligibility.target(x)  # flex's launches ask the helper
     assert _checks.device_reason is _attention.device_reason is eligibility.device_reason
 
 

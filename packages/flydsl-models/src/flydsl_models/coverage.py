@@ -2,51 +2,54 @@
 
 Attribution (the same on a CPU and a GPU):
 
-* **Which time is FlyDSL's.** Every FlyDSL launch of the transformers routes
-  is a ``torch_flydsl::hf_*`` custom op, and the profiler records the op's
-  name around everything it runs; ``record_function`` ranges named
-  ``flydsl::...`` count the same way (``torch_flydsl.transformers.PROFILE_PREFIXES``),
-  for launches that come from elsewhere. On a GPU a kernel also counts as
-  FlyDSL when its name is one of the FlyDSL kernels' names (``flydsl_kernels``
-  families), whichever op launched it. On the CPU backend a "kernel" is the
-  reference backend's torch ops, so names cannot tell: only the op ranges do.
-* **Which family.** ``torch_flydsl::hf_rms_norm`` / ``hf_add_rms_norm`` are norm,
-  ``hf_moe_router`` / ``hf_grouped_mm`` / ``hf_mx_grouped_mm`` are MoE. Other ops
-  take the family of the module they run in, from ``record_function`` ranges
-  this module opens around modules while profiling (``module_ranges``): the
-  MoE block (router, experts and the routing glue) is MoE, a norm module is
-  norm; outside those, GEMM ops (``mm``, ``addmm``, ``linear``, ``bmm``...) are
-  GEMM, attention ops (``scaled_dot_product_attention``...) and whatever else
-  runs inside an attention module besides its projections are attention, and
-  the rest is other. Under torch.compile the module ranges are not installed
-  (hooks would be traced), so families come from op names alone there.
-* **Which time.** CPU: each op's *self* time (its span less its children's),
-  so nothing counts twice; GPU: the device time of each kernel, charged to the
-  CPU op that launched it (kineto's correlation ids). Only events inside the
-  measured phases' ranges count. The raw kineto events are read directly
-  (``_cpu_tree``): building ``prof.events()`` for the CPU backend's many small
-  ops takes longer than the run profiled.
+* **Which time is FlyDSL's.** (1) Ops and ranges whose names start with
+  ``torch_flydsl.transformers.PROFILE_PREFIXES`` (``flydsl::hf_*``, the
+  ``flydsl::`` ops of the compile pass): all of their time. (2) ATen ops that
+  torch-flydsl's eager overrides took (``torch_flydsl.stats()`` keys that name an
+  ATen overload, read over the profiled window): their time times the share of their
+  calls that hit FlyDSL (1 or 0 in practice: the calls of one op in one run are alike).
+  (3) Calls the profiler cannot name, reported by ``Marks``: transformers' ``"flydsl"``
+  attention implementation is a plain function, so ``measure.profile`` opens a range
+  per call and records whether it hit FlyDSL, and the autograd node its output
+  carries, whose backward then counts as FlyDSL too. (4) On a GPU, kernels whose
+  name is one of the kernel families' kernels (``flydsl_kernels.<family>.KERNELS``;
+  the generated Triton function is named after the kernel), whichever op launched it.
+* **Which family** (``FAMILIES``). A FlyDSL op takes the family of the kernel family
+  it runs, found in the kernels' registry (``registry_family``); the registry's tags
+  map a kernel family onto a report family (``_TAGS``). ATen ops take GEMM /
+  attention / norm by their names. In the eager arms ``module_ranges`` opens a range
+  around every MoE block, norm and attention module, and time inside the MoE block
+  (router, experts, routing glue) counts as MoE and inside a norm as norm, whatever
+  the op; under torch.compile there are no module ranges (hooks would be traced), so
+  there the experts' grouped GEMMs count as GEMM.
+* **Which time.** CPU: each op's *self* time (its span less its children's), so
+  nothing counts twice; GPU: the device time of each kernel, charged to the CPU op
+  that launched it (kineto's correlation ids). Only events inside the measured
+  phases' ranges count. The raw kineto events are read directly (``_cpu_tree``):
+  building ``prof.events()`` for the CPU backend's many small ops takes longer
+  than the run profiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 
 import torch
 
 FAMILIES = ("gemm", "attention", "norm", "moe", "other")
 PHASE_PREFIX = "flydsl_models::phase::"
 MODULE_PREFIX = "flydsl_models::module::"
-OUR_OP_PREFIXES = ("torch_flydsl::", "flydsl::")
+CALL_PREFIX = "flydsl_models::call::"
+_OWN_PREFIX = "flydsl_models::"
+_BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
-_FLYDSL_OP_FAMILY = {
-    "hf_rms_norm": "norm",
-    "hf_add_rms_norm": "norm",
-    "hf_moe_router": "moe",
-    "hf_grouped_mm": "moe",
-    "hf_mx_grouped_mm": "moe",
-}
+#: registry tag -> report family, in the order a family's tags are read (mx: quantization
+#: and gemm -> gemm; topk: selection and moe -> moe)
+_TAGS = (("attention", "attention"), ("norm", "norm"), ("gemm", "gemm"), ("moe", "moe"))
+
+#: ATen op families by name (ATen's own op names: no registry lists them)
 _GEMM_OPS = frozenset(
     "aten::" + n
     for n in (
@@ -61,7 +64,9 @@ _GEMM_OPS = frozenset(
         "_grouped_mm",
         "grouped_mm",
         "_scaled_mm",
+        "_scaled_mm_v2",
         "_scaled_grouped_mm",
+        "_scaled_grouped_mm_v2",
     )
 )
 _ATTENTION_MARKS = (
@@ -70,49 +75,130 @@ _ATTENTION_MARKS = (
     "efficient_attention",
     "flex_attention",
 )
+_NORM_MARKS = ("rms_norm", "layer_norm")
+
+
+def _prefixes() -> tuple[str, ...]:
+    from torch_flydsl.transformers import PROFILE_PREFIXES
+
+    return tuple(PROFILE_PREFIXES)
+
+
+# -- the kernels' registry ---------------------------------------------------------------------------
 
 
 @functools.cache
-def flydsl_kernel_names() -> frozenset[str]:
-    """The names FlyDSL kernels carry on a GPU (the generated Triton function is named after the
-    kernel): every ``flydsl_core`` kernel defined in a shipped family's ``kernels`` module."""
-    import importlib
-
+def _registry() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """``(public function -> family, kernel name -> family, family -> report family)`` from
+    ``flydsl_kernels.families()``: each family's public API (``__all__``) and ``KERNELS``."""
     import flydsl_kernels
-    from flydsl_core import Kernel
 
-    names = set()
-    for fam in flydsl_kernels.FAMILIES:
-        mod = importlib.import_module(f"flydsl_kernels.{fam}.kernels")
-        names.update(v.name for v in vars(mod).values() if isinstance(v, Kernel))
-    return frozenset(names)
-
-
-def _is_flydsl(name: str) -> bool:
-    return name.startswith(OUR_OP_PREFIXES)
-
-
-def _flydsl_family(name: str) -> str:
-    op = name.split("::", 1)[1] if "::" in name else name
-    return _FLYDSL_OP_FAMILY.get(op.split(".")[0], "other")
+    functions, kernels, report = {}, {}, {}
+    for name, fam in flydsl_kernels.families().items():
+        mod = importlib.import_module(f"flydsl_kernels.{name}")
+        report[name] = next((f for tag, f in _TAGS if tag in fam.tags), "other")
+        for fn in getattr(mod, "__all__", ()):
+            if callable(getattr(mod, fn, None)) and not fn.isupper():
+                functions.setdefault(fn, name)
+        for k in getattr(mod, "KERNELS", {}).values():
+            kernels[getattr(k, "name", str(k))] = name
+    return functions, kernels, report
 
 
-def _op_family(name: str) -> str | None:
+def flydsl_kernel_names() -> frozenset[str]:
+    """The names FlyDSL kernels carry on a GPU (every family's ``KERNELS``)."""
+    return frozenset(_registry()[1])
+
+
+def registry_family(op: str) -> str | None:
+    """The kernel family a FlyDSL op runs: ops are named after the family API function they
+    call (``flydsl::gemm`` -> ``gemm.gemm``, ``flydsl::hf_moe_router`` ->
+    ``topk.moe_router``), a variant of one (``hf_add_rms_norm`` -> ``fused_add_rms_norm``),
+    or name the family (``flydsl::flex_attention`` -> attention, ``flydsl::mx_mm`` -> mx)."""
+    functions, kernels, report = _registry()
+    short = op.split("::", 1)[-1].split(".")[0]
+    if short.startswith("hf_"):
+        short = short[3:]
+    for suffix in ("_backward", "_cpu"):
+        short = short.removesuffix(suffix)
+    if short in functions:
+        return functions[short]
+    if short in kernels:
+        return kernels[short]
+    tails = [f for f in functions if f.endswith("_" + short)]
+    if len(tails) == 1:
+        return functions[tails[0]]
+    tokens = short.split("_")
+    names = [n for n in report if n in tokens or n == short.replace("_", "")]
+    return names[0] if len(names) == 1 else None
+
+
+def report_family(kernel_family: str | None) -> str:
+    """A kernel family's report family (``FAMILIES``), through the registry's tags."""
+    if kernel_family is None:
+        return "other"
+    return _registry()[2].get(kernel_family, "other")
+
+
+def _aten_family(name: str) -> str | None:
     if name in _GEMM_OPS:
         return "gemm"
     if any(m in name for m in _ATTENTION_MARKS):
         return "attention"
+    if name.startswith("aten::") and any(m in name for m in _NORM_MARKS):
+        return "norm"
     return None
 
 
-def _cpu_tree(result):
+# -- marks: what the profiler cannot name --------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Marks:
+    """FlyDSL work the profile's names cannot show, collected while profiling.
+
+    ``calls``: ``{range name: (family, hit)}`` of the ranges ``measure.profile`` opened
+    around calls (``CALL_PREFIX``); ``nodes``: ``{autograd node name: family}`` of the
+    outputs of calls that hit (their backward runs FlyDSL's kernels too); ``overrides``:
+    ``{"aten::op": share of calls that hit}`` from ``torch_flydsl.stats()`` over the window.
+    """
+
+    calls: dict = dataclasses.field(default_factory=dict)
+    nodes: dict = dataclasses.field(default_factory=dict)
+    overrides: dict = dataclasses.field(default_factory=dict)
+
+
+def override_shares(before: dict, after: dict) -> dict[str, float]:
+    """``{"aten::op": hits / calls}`` of the eager overrides between two ``torch_flydsl.stats()``
+    snapshots; keys naming an ATen overload are those with no ``:`` and no ``hf.`` prefix
+    (``stats()``'s documented key forms)."""
+    acc: dict[str, list[int]] = {}
+    for key, now in after.items():
+        if ":" in key or key.startswith("hf."):
+            continue
+        was = before.get(key, {"calls": 0, "hits": 0})
+        calls, hits = now["calls"] - was["calls"], now["hits"] - was["hits"]
+        if calls > 0:
+            a = acc.setdefault("aten::" + key.split(".")[0], [0, 0])
+            a[0] += hits
+            a[1] += calls
+    return {op: h / c for op, (h, c) in acc.items()}
+
+
+# -- the profile's CPU events, nested --------------------------------------------------------------
+
+
+def _cpu_tree(result, marks: Marks):
     """``[(name, self_us, ctx)]`` of the profile's CPU events, nested per thread by time, and
-    ``{correlation id: index}``; ``ctx = (phase, module, flydsl op, op family, outermost op)``.
+    ``{correlation id: index}``; ``ctx = (phase, module, fly, fly_family, share, op family,
+    outermost op)``: ``fly`` names the FlyDSL op (or call) the event runs in, ``share`` the
+    part of its time that is FlyDSL's.
 
     Reads the profiler's raw kineto events rather than ``prof.events()``: the CPU
     backend's kernels are torch ops, tens of thousands of events, and building
     ``FunctionEvent``s for them costs far more than the run profiled.
     """
+    prefixes = _prefixes()
     cpu = []
     for e in result.events():
         if e.device_type() != torch.autograd.DeviceType.CPU or e.is_async():
@@ -139,31 +225,42 @@ def _cpu_tree(result):
         if stack:
             parent = records[stack[-1][1]]
             parent[1] -= dur
-            phase, module, fly, fam, outer = parent[2]
+            phase, module, fly, ffam, share, fam, outer = parent[2]
         else:
-            phase = module = fly = fam = outer = None
+            phase, module, fly, ffam, share, fam, outer = None, None, None, None, 0.0, None, None
         if name.startswith(PHASE_PREFIX):
             phase = name[len(PHASE_PREFIX) :]
         elif name.startswith(MODULE_PREFIX):
             module = name[len(MODULE_PREFIX) :]  # the innermost module range wins
-        else:
-            if fly is None and _is_flydsl(name):
-                fly = name
+        elif name.startswith(CALL_PREFIX):
+            cfam, hit = marks.calls.get(name, ("other", False))
+            fam = fam or cfam
+            if fly is None and hit:
+                fly, ffam, share = name, cfam, 1.0
+        elif fly is None:
+            node = name[len(_BACKWARD_PREFIX) :] if name.startswith(_BACKWARD_PREFIX) else None
+            if name.startswith(prefixes):
+                fly, ffam, share = name, report_family(registry_family(name)), 1.0
+            elif node is not None and node in marks.nodes:
+                fly, ffam, share = node, marks.nodes[node], 1.0
+            elif marks.overrides.get(name):
+                fly, ffam, share = name, _aten_family(name) or "other", marks.overrides[name]
+        if not name.startswith(_OWN_PREFIX):
             if fam is None:
-                fam = _op_family(name)
-            if outer is None and "::" in name and not name.startswith("flydsl_models::"):
+                fam = _aten_family(name)
+            if outer is None and "::" in name:
                 outer = name
-        records.append([name, dur, (phase, module, fly, fam, outer)])
+        records.append([name, dur, (phase, module, fly, ffam, share, fam, outer)])
         by_corr[corr] = len(records) - 1
         stack.append((end, len(records) - 1))
     return records, by_corr
 
 
-def _family(fly, module, fam) -> str:
-    if fly is not None:
-        return _flydsl_family(fly)
+def _family(module, ffam, fam) -> str:
     if module in ("moe", "norm"):
         return module
+    if ffam is not None:
+        return ffam
     if fam is not None:
         return fam
     if module == "attention":
@@ -178,7 +275,7 @@ class Coverage:
     device_kind: str  # "cpu" (CPU time of ops) or "gpu" (device time of kernels)
     total_us: float
     by_family: dict  # family -> {"total_us", "flydsl_us"}
-    by_phase: dict  # phase -> {"total_us", "flydsl_us"}
+    by_phase: dict  # phase -> {"total_us", "flydsl_us", "by_family": {family -> {...}}}
     top_unrouted: list  # [{"op", "family", "us", "share"}]
     flydsl_ops: dict  # FlyDSL op / kernel name -> us
     module_context: bool
@@ -198,10 +295,17 @@ class Coverage:
         return d
 
 
-def attribute(result, *, gpu: bool, module_context: bool, top: int = 8) -> Coverage:
+def _empty() -> dict:
+    return {f: {"total_us": 0.0, "flydsl_us": 0.0} for f in FAMILIES}
+
+
+def attribute(
+    result, *, gpu: bool, module_context: bool, marks: Marks | None = None, top: int = 8
+) -> Coverage:
     """Coverage of a profile (``prof.profiler.kineto_results``) inside the phase ranges."""
-    kernel_names = flydsl_kernel_names() if gpu else frozenset()
-    records, by_corr = _cpu_tree(result)
+    marks = marks or Marks()
+    kernel_names = _registry()[1] if gpu else {}
+    records, by_corr = _cpu_tree(result, marks)
     items = []  # (record index, kernel or op name, us)
     if gpu:
         for e in result.events():
@@ -212,28 +316,28 @@ def attribute(result, *, gpu: bool, module_context: bool, top: int = 8) -> Cover
                 items.append((i, e.name(), e.duration_ns() / 1000.0))
     else:
         items = [(i, r[0], r[1]) for i, r in enumerate(records)]
-    fam = {f: {"total_us": 0.0, "flydsl_us": 0.0} for f in FAMILIES}
+    fam = _empty()
     phases: dict[str, dict] = {}
     unrouted: dict[tuple[str, str], float] = {}
     fly_ops: dict[str, float] = {}
     for i, kname, us in items:
-        name, _, (phase, module, fly, opfam, outer) = records[i]
-        if phase is None or us <= 0 or name.startswith("flydsl_models::"):
+        name, _, (phase, module, fly, ffam, share, opfam, outer) = records[i]
+        if phase is None or us <= 0 or name.startswith(_OWN_PREFIX):
             continue
-        f = _family(fly, module, opfam)
-        # a FlyDSL kernel launched under an ATen op (a compile backend's) keeps that op's family
-        is_fly = fly is not None or kname in kernel_names
-        fam[f]["total_us"] += us
-        ph = phases.setdefault(phase, {"total_us": 0.0, "flydsl_us": 0.0})
-        ph["total_us"] += us
-        if is_fly:
-            fam[f]["flydsl_us"] += us
-            ph["flydsl_us"] += us
-            key = fly or kname
-            fly_ops[key] = fly_ops.get(key, 0.0) + us
-        else:
+        if fly is None and kname in kernel_names:  # a FlyDSL kernel under an ATen-named op
+            fly, ffam, share = kname, report_family(kernel_names[kname]), 1.0
+        f = _family(module, ffam, opfam)
+        fly_us = us * share if fly is not None else 0.0
+        ph = phases.setdefault(phase, {"total_us": 0.0, "flydsl_us": 0.0, "by_family": _empty()})
+        for bucket in (fam[f], ph, ph["by_family"][f]):
+            bucket["total_us"] += us
+            bucket["flydsl_us"] += fly_us
+        if fly_us:
+            key = fly.removeprefix(CALL_PREFIX).split("#")[0]
+            fly_ops[key] = fly_ops.get(key, 0.0) + fly_us
+        if us - fly_us > 0:
             key = (outer or name, f)
-            unrouted[key] = unrouted.get(key, 0.0) + us
+            unrouted[key] = unrouted.get(key, 0.0) + us - fly_us
     total = sum(v["total_us"] for v in fam.values())
     biggest = sorted(unrouted.items(), key=lambda kv: -kv[1])[:top]
     return Coverage(

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from .checks import UsageError
+
 log = logging.getLogger("flydsl_models")
 
 #: shipped configs (published values), by preset name
@@ -40,8 +42,8 @@ DEFAULT_OVERRIDES = {
     "layers": 2,
     "hidden": 256,
     "intermediate": 896,  # 3.5 x hidden, as 14336 / 4096
-    "heads": 4,
-    "kv_heads": 1,  # Llama-3.1-8B's 4:1 grouped-query ratio
+    "heads": 8,
+    "kv_heads": 2,  # Llama-3.1-8B's 4:1 grouped-query ratio; 2 KV heads split over --tp 2
     "vocab": 8192,
 }
 
@@ -78,11 +80,19 @@ class ModelSpec:
     overrides: dict
 
     def config(self):
+        """transformers' config object; a config transformers rejects is a ``UsageError``
+        naming where it came from."""
         from transformers import AutoConfig
 
         d = dict(self.config_dict)
         model_type = d.pop("model_type")
-        return AutoConfig.for_model(model_type, **d)
+        try:
+            return AutoConfig.for_model(model_type, **d)
+        except Exception as e:  # transformers' and huggingface_hub's validators raise several kinds
+            why = " ".join(str(e).split())  # one line
+            raise UsageError(
+                f"--model {self.path or self.name}: transformers rejects the config: {why}"
+            ) from None
 
     @property
     def model_type(self) -> str:
@@ -105,6 +115,25 @@ class ModelSpec:
             "vocab_size",
         )
         return {k: d[k] for k in keys if d.get(k) is not None}
+
+
+def _read_json(path: Path) -> dict:
+    """A config file's dict; a file that is not a JSON object is a ``UsageError`` naming it."""
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(
+            f"--model {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--model {path}: cannot read it ({e})") from None
+    if not isinstance(d, dict):
+        raise UsageError(
+            f"--model {path}: a config.json holds a JSON object, not {type(d).__name__}"
+        )
+    if "model_type" not in d:
+        raise UsageError(f"--model {path}: the config has no model_type")
+    return d
 
 
 def _preset_dict(name: str) -> dict:
@@ -132,14 +161,14 @@ def resolve(model: str | None, overrides: dict | None = None) -> ModelSpec:
     if p.is_dir():
         cfg = p / "config.json"
         if not cfg.is_file():
-            raise ValueError(
+            raise UsageError(
                 f"--model {model}: a directory needs a config.json (a local checkpoint)"
             )
         has_weights = any(any(p.glob(g)) for g in _WEIGHT_FILES)
-        d = json.loads(cfg.read_text())
+        d = _read_json(cfg)
         if has_weights:
             if overrides:
-                raise ValueError(
+                raise UsageError(
                     f"--model {model} is a checkpoint: its real weights fix the sizes, so size "
                     f"overrides ({', '.join(sorted(overrides))}) cannot apply; point --model at its "
                     "config.json to build a scaled-down model with random weights instead"
@@ -148,13 +177,9 @@ def resolve(model: str | None, overrides: dict | None = None) -> ModelSpec:
         return ModelSpec(p.name, "config", str(cfg), apply_overrides(d, overrides), overrides)
     if p.is_file() and p.suffix == ".json":
         return ModelSpec(
-            p.stem,
-            "config",
-            str(p),
-            apply_overrides(json.loads(p.read_text()), overrides),
-            overrides,
+            p.stem, "config", str(p), apply_overrides(_read_json(p), overrides), overrides
         )
-    raise ValueError(
+    raise UsageError(
         f"--model {model!r}: expected one of {', '.join(PRESETS)}, a path to a config.json, or a "
         "local checkpoint directory (nothing is downloaded)"
     )
@@ -165,16 +190,16 @@ def apply_overrides(d: dict, overrides: dict) -> dict:
     d = dict(d)
     mt = d.get("model_type")
     if mt is None:
-        raise ValueError("the config has no model_type")
+        raise UsageError("the config has no model_type")
     for name, value in overrides.items():
         keys = OVERRIDE_KEYS.get(name)
         if keys is None:
-            raise ValueError(
+            raise UsageError(
                 f"unknown size override {name!r}: expected one of {', '.join(OVERRIDE_KEYS)}"
             )
         targets = keys.get(mt, keys.get("*"))
         if targets is None:
-            raise ValueError(f"--{name.replace('_', '-')} does not apply to {mt} models")
+            raise UsageError(f"--{name.replace('_', '-')} does not apply to {mt} models")
         for k in targets:
             d[k] = int(value)
     if "layers" in overrides and isinstance(d.get("layer_types"), list):
@@ -190,6 +215,12 @@ def apply_overrides(d: dict, overrides: dict) -> dict:
         if vocab and any(isinstance(i, int) and i >= vocab for i in ids):
             d[k] = None  # a scaled-down vocabulary has no such token
     return d
+
+
+def is_mxfp4_dict(d: dict) -> bool:
+    """``is_mxfp4`` of a config dict (before transformers builds the config)."""
+    q = d.get("quantization_config")
+    return isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "mxfp4"
 
 
 def is_mxfp4(config) -> bool:
