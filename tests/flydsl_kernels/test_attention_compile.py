@@ -28,6 +28,7 @@ from dataclasses import replace
 
 import pytest
 
+import flydsl_core as fly
 from flydsl_kernels.attention import configs, model
 
 pytestmark = pytest.mark.compile
@@ -204,3 +205,39 @@ def test_decode_issues_only_useful_mfmas():
         _, fig, cfg = _compile("decode", dcls)
         assert cfg.num_warps == 1 and cfg.BN >= 32
         assert fig["loop_mfma"] == fig["useful_mfma"], (dcls, fig)
+
+
+#: a relative-position bias read from a 2-D table (``table[h, q - kv + S - 1]``, flex's shape of
+#: a learned bias) and ALiBi's arithmetic: the mods whose per-score registers spilled the
+#: prefill tiles (gfx950 d128 256x64: 238 VGPRs spilled with the table, 3 with ALiBi)
+MOD_S = 4096
+
+
+def _table_bias(score, b, h, q_idx, kv_idx, table):
+    return score + table.gather(h, q_idx - kv_idx + (MOD_S - 1)).load().to(fly.fp32)
+
+
+def _alibi(score, b, h, q_idx, kv_idx, slopes):
+    return score - slopes.gather(h).load() * fly.abs(q_idx - kv_idx).to(fly.fp32)
+
+
+@pytest.mark.parametrize("target", ["gfx950", "gfx942", "gfx1250", "sm90"])
+@pytest.mark.parametrize("mod", ["table", "alibi"])
+def test_forward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, mod):
+    from flydsl_core import TensorSpec
+    from flydsl_kernels.attention import mods, plan
+
+    fn, t = {
+        "table": (_table_bias, TensorSpec("fp32", (16, 2 * MOD_S - 1))),
+        "alibi": (_alibi, TensorSpec("fp32", (16,))),
+    }[mod]
+    p = plan.Problem(4, MOD_S, MOD_S, 16, 16, 128, 128, score_mod=mods.ScoreMod(fn))
+    fp = plan.plan_forward(p, target)
+    assert fp.config.BN <= configs.MOD_BN and fp.config.nonkdim == configs.MOD_NONKDIM
+    ck = fp.launches(**model.specs(p), mod_tensors=(t,))[0].compile(target)
+    r = ck.executable.report
+    assert not (r.scratch_bytes or 0), (target, mod, r.scratch_bytes)
+    assert not (r.vgpr_spill_count or 0) and not (r.sgpr_spill_count or 0), (target, mod)
+    assert not (getattr(r, "spill_store_bytes", 0) or 0)
+    if target.startswith("gfx"):
+        assert (r.occupancy or 0) >= 2

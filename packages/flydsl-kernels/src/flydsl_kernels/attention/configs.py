@@ -251,6 +251,24 @@ def band_config(kind: str, cfg: Config, band: int | None) -> Config:
     return c
 
 
+#: keys per tile (at most) and MFMA shape of a forward tile that traces a score or mask mod
+MOD_BN, MOD_NONKDIM = 32, 16
+
+
+def mod_config(cfg: Config) -> Config:
+    """The forward's tile where a score or mask mod is traced in: a mod's per-score index
+    arithmetic and gathers (a captured table read at ``[h, q - kv]``) hold registers for every
+    score a lane owns, and the prefill tiles spilled with one (gfx950 d128 256x64: 238 VGPRs
+    spilled, 576 B of scratch, with a 2-D table lookup; 3 with ALiBi's arithmetic). A warp
+    keeps 16 query rows (16x16 MFMAs) of at most ``MOD_BN`` keys: a quarter of the scores per
+    lane (gfx950 d128 128x32 with 8 warps: 176 VGPRs with the table, no spill on gfx950,
+    gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
+    for themselves next to a gather). Untimed."""
+    bm = min(cfg.BM, 16 * cfg.num_warps)
+    return replace(cfg, BM=bm, BN=max(16, min(cfg.BN, MOD_BN)), nonkdim=MOD_NONKDIM,
+                   lazy=False, notes={})  # fmt: skip
+
+
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger
 DECODE_ROWS_MAX = 64
 

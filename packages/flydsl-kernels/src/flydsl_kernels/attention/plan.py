@@ -188,6 +188,8 @@ def plan_forward(
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
     cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
+    if config is None and (p.score_mod is not None or p.mask_mod is not None):
+        cfg = configs.mod_config(cfg)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     if p.page_size and p.page_size < cfg.BN:
