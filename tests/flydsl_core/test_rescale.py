@@ -195,3 +195,21 @@ def test_the_loop_finder_reads_conditional_assembly_and_local_labels():
     (lp,) = amdgcn.loops(body)
     # ds_read, mfma, add, cmp, branch, s_cmp, s_cbranch every trip; the two multiplies apart
     assert lp.always == 7 and lp.conditional == 2
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target", ["gfx950", "sm90"])
+def test_reciprocal_is_one_instruction_on_the_gpu(target):
+    # fly.reciprocal: the hardware reciprocal (v_rcp_f32 / div.approx), not a division
+    spec = fly.TensorSpec(torch.float32, (256,))
+
+    @fly.kernel
+    def rcp_kernel(x: fly.Tensor, out: fly.Tensor, B: fly.constexpr):
+        out[fly.ds(0, B)].store(fly.reciprocal(x[fly.ds(0, B)].load()))
+
+    ck = rcp_kernel.compile(spec, spec, B=256, target=target)
+    if target == "gfx950":
+        asm = ck.stages()["amdgcn"]
+        assert "v_rcp_f32" in asm and "v_div_scale" not in asm and "v_div_fmas" not in asm
+    else:
+        assert "div.approx.f32" in ck.stages()["ptx"]

@@ -225,6 +225,7 @@ UNARY_FLOAT = (
     "rsqrt",
     "erf",
     "tanh",
+    "reciprocal",
     "sigmoid",
     "sin",
     "cos",

@@ -30,6 +30,13 @@ sqrt = _float_unary("sqrt")
 rsqrt = _float_unary("rsqrt")
 erf = _float_unary("erf")
 tanh = _float_unary("tanh")
+reciprocal = _float_unary("reciprocal")
+reciprocal.__doc__ = (
+    "Elementwise 1 / x within 1 ulp: the hardware reciprocal where there is one (v_rcp_f32 on "
+    "AMD, div.approx on NVIDIA; a correctly rounded division there is about ten instructions), "
+    "where a result outside fp32's normal range may flush to 0 or overflow; exact on the CPU "
+    "backends and in fp64."
+)
 sigmoid = _float_unary("sigmoid")
 sin = _float_unary("sin")
 cos = _float_unary("cos")
@@ -109,6 +116,7 @@ __all__ = [
     "log2",
     "maximum",
     "minimum",
+    "reciprocal",
     "rescale",
     "rsqrt",
     "sigmoid",

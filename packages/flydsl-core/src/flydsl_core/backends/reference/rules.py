@@ -119,6 +119,7 @@ _UN = {
     "rsqrt": torch.rsqrt,
     "erf": torch.erf,
     "tanh": torch.tanh,
+    "reciprocal": torch.reciprocal,
     "sigmoid": torch.sigmoid,
     "sin": torch.sin,
     "cos": torch.cos,

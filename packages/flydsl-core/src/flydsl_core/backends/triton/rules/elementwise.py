@@ -118,15 +118,16 @@ _UNARY = {
 }
 
 
-def lower_unary(cx: Lowering, op: Op, fn: str):
-    """``fn(x)``; Triton's math functions take fp32/fp64, so 16-bit floats compute in fp32."""
+def lower_unary(cx: Lowering, op: Op, fn: str | None, rcp: str | None = None):
+    """``fn(x)`` (or ``rcp`` with ``{d}`` standing for ``x``); Triton's math functions take
+    fp32/fp64, so 16-bit floats compute in fp32."""
     a = op.operand("x")
     tv = cx.get(a)
     x = cx.tensor(a)
     d = a.type.dtype
     if d.bits < 32:
         x = f"{x}.to(tl.float32)"
-    expr = f"{fn}({x})"
+    expr = f"{fn}({x})" if rcp is None else rcp.format(d=x)
     if d.bits < 32:
         expr = cx.convert(expr, dt.fp32, d)
     cx.define(op.results[0], expr, tv.shape, op.loc)
@@ -187,6 +188,15 @@ _RCP = {
     "is_pure=True, pack=1)",
     "cuda": "tl.math.fdiv(1.0, {d}, approx=True)",
 }
+
+
+@lower("reciprocal")
+def _reciprocal(cx: Lowering, op: Op):
+    # the target's one-instruction reciprocal (1 ulp; a result outside the normal range may
+    # flush to 0 or overflow); fp64 and the interpreter divide
+    d = op.operand("x").type.dtype
+    rcp = _RCP.get(cx.target.backend) if d != dt.fp64 else None
+    lower_unary(cx, op, None, rcp=rcp or "(1.0 / ({d}))")
 
 
 @lower("tanh")
