@@ -20,6 +20,7 @@ from .common import (
     _seq_info,
     _sparse_loop,
     chunks,
+    softcap_r,
 )
 
 
@@ -104,7 +105,7 @@ def _bwd_scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     (t = softcap's tanh or None, z1 softcapped, z2 modded))``; ``i``/``j``/``h``/``slope``
     broadcast to ``s``. Multiplies by constants are folded where nothing comes between them
     (``s * (scale * log2 e)``, ``t * (c * log2 e)``)."""
-    t = fly.tanh(s * (scale / softcap)) if C.SOFTCAP else None
+    t = 1.0 - 2.0 * softcap_r(s, scale, softcap) if C.SOFTCAP else None
     if C.score_mod is None and not C.ALIBI:
         z = t * (softcap * LOG2E) if C.SOFTCAP else s * (scale * LOG2E)
         return z, (t, None, None)

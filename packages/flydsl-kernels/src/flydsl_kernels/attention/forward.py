@@ -30,6 +30,7 @@ from .common import (
     _store_lse,
     _store_rows,
     chunks,
+    softcap_shift,
 )
 
 
@@ -233,8 +234,11 @@ def _fwd_tile(
                 block(n0, kind)
 
     m, l_sum = st.m, st.l
+    shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
     if C.SINKS and C.SPLITS == 1:
         sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
+        if C.SOFTCAP:
+            sink = sink - shift
         m_f = fly.maximum(m, sink)
         alpha = fly.exp2(m - m_f)
         l_sum = l_sum * alpha + fly.exp2(sink - m_f)
@@ -249,7 +253,10 @@ def _fwd_tile(
         _store_rows(dst, bq, row0, hk, g0, c0, cs, C, out, rmask, G)
     if C.LSE:
         empty = NEG_INF if C.SPLITS > 1 else float("inf")
-        lse2 = fly.where(l_sum > 0, m + fly.log2(_nonzero(l_sum)), empty)
+        lse2 = m + fly.log2(_nonzero(l_sum))
+        if C.SOFTCAP:
+            lse2 = lse2 + shift
+        lse2 = fly.where(l_sum > 0, lse2, empty)
         val = lse2 if (C.LSE_LOG2 or C.SPLITS > 1) else lse2 * LN2
         dst = lse if C.SPLITS == 1 else lse[fly.program_id(2)]
         _store_lse(dst, bq, row0, hk, g0, C, val, rmask, G)
