@@ -205,7 +205,7 @@ def _dkdv_tile(
     names = {"low": "right", "high": "left", "both": "both", None: None}
     # without a left window bound the high-end tiles test the right bound too (``_visible``),
     # so the tiles crossing "both" fold into them
-    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW and C.HAS_WL)
+    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW and C.HAS_WL, BM)
     segs = [(a, e, names[k]) for a, e, k in segs]
     if C.mask_mod is not None:
         segs = [(lo, hi, "both")]

@@ -301,14 +301,22 @@ def _kv_range(C, i0, sq, sk, off, wl, wr):
     return lo, full_lo, full_hi, hi
 
 
-def _segments(low, lo, full_lo, full_hi, hi, narrow=True):
+def _segments(low, lo, full_lo, full_hi, hi, narrow=True, tile=None):
     """A tile loop over ``[lo, hi)`` as ``[(start, stop, kind)]`` (tiles from ``start``):
     ``"low"`` tiles can cross only the bound at the low end (below ``full_lo``), None tiles no
     bound, ``"both"`` tiles both (only where the band is narrower than the tile), ``"high"``
     tiles only the bound at the high end (from ``full_hi`` on). ``low``: whether the low-end
     bound exists (without it, ``full_lo`` is ``lo`` and the "low" and "both" loops are not
     traced); ``narrow`` False: the plan proved the "both" loop empty (``plan.narrow_band``),
-    so it is not traced either."""
+    so it is not traced either.
+
+    ``tile``: the loop step (``lo``, ``full_lo``, ``full_hi`` are multiples of it). ``hi`` is
+    rounded up to a multiple first: the tiles starting below it are the same, and every
+    segment bound is then a visible multiple of the tile (a max / min of multiples), so the
+    compiler knows each trip's start is aligned: the dK/dV kernel's per-query row loads (LSE,
+    delta) were 32 scalar loads per trip under gpt-oss's window, not 4 vector ones."""
+    if tile is not None:
+        hi = ((hi + (tile - 1)) // tile) * tile
     if not low:
         c = fly.maximum(lo, fly.minimum(full_hi, hi))
         return [(lo, c, None), (c, hi, "high")]
@@ -327,7 +335,7 @@ def _kv_segments(C, lo, full_lo, full_hi, hi):
     ``"both"``, ``"right"`` tiles the right bound and the sequence's end. With a left bound the
     interior exists wherever the window is wider than the tile (``plan.window_config``)."""
     names = {"low": "left", "high": "right", "both": "both", None: None}
-    segs = _segments(C.HAS_WL, lo, full_lo, full_hi, hi, C.NARROW)
+    segs = _segments(C.HAS_WL, lo, full_lo, full_hi, hi, C.NARROW, C.BN)
     return [(a, b, names[k]) for a, b, k in segs]
 
 
