@@ -573,6 +573,7 @@ MATH = [
     ("rsqrt", fly.rsqrt, torch.rsqrt, True),
     ("erf", fly.erf, torch.erf, False),
     ("tanh", fly.tanh, torch.tanh, False),
+    ("reciprocal", fly.reciprocal, torch.reciprocal, True),
     ("sigmoid", fly.sigmoid, torch.sigmoid, False),
     ("sin", fly.sin, torch.sin, False),
     ("cos", fly.cos, torch.cos, False),

@@ -174,6 +174,17 @@ def test_fp32(target):
     check_fwd_bwd(q, k, v, target, causal=True, window_size=(11, 3))
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_fp32_softcap(target):
+    # softcap's logits leave out their constant c (common.softcap_r / softcap_shift): the LSE
+    # gets it back, sinks are compared without it; fp32 tolerances at a Gemma-sized cap
+    q, k, v = qkv(1, 19, 37, 2, 1, 40, seed=10, dtype=FP32, grad=True)
+    q = (q.detach() * 8).requires_grad_()  # scores of tens: the cap bites
+    sinks = rand(2, g=gen(11), dtype=FP32).requires_grad_()
+    check_fwd_bwd(q, k, v, target, causal=True, softcap=30.0, sinks=sinks, extra_grad=(sinks,))
+    check_fwd_bwd(q, k, v, target, softcap=30.0, window_size=(9, 2))
+
+
 def test_empty_batch_and_empty_sequences():
     q, k, v = qkv(0, 5, 6, 2, 1, 32, seed=8, grad=True)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=REF)

@@ -225,6 +225,7 @@ UNARY_FLOAT = (
     "rsqrt",
     "erf",
     "tanh",
+    "reciprocal",
     "sigmoid",
     "sin",
     "cos",
@@ -338,6 +339,17 @@ def _bitcast(t, attrs):
     if to.bits != a.dtype.bits or to.is_bool or a.dtype.is_bool:
         raise TypeCheckError(f"bitcast from {a.dtype} to {to} needs equal bit widths")
     return [a.with_dtype(to)]
+
+
+@op("rescale", ("x", "factor"))
+def _rescale(t, attrs):
+    """``x * factor`` (one float type and shape): the same values as a ``mul``; a backend may
+    skip the multiply where every factor it would apply is exactly 1 (a skipped ``x * 1.0`` is
+    ``x``), e.g. an online softmax's accumulator rescale, whose factors are mostly 1."""
+    a, b = _tile(t.x), _tile(t.factor)
+    _same(a, b, "rescale")
+    _float(a, "rescale")
+    return [a]
 
 
 @op("where", ("cond", "x", "y"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import dtypes as dt
+from ..exc import TypeCheckError
 from .tile import Tile, as_tile, bitcast, broadcast_shapes, broadcast_to, cast, emit1, unify
 
 
@@ -29,6 +30,13 @@ sqrt = _float_unary("sqrt")
 rsqrt = _float_unary("rsqrt")
 erf = _float_unary("erf")
 tanh = _float_unary("tanh")
+reciprocal = _float_unary("reciprocal")
+reciprocal.__doc__ = (
+    "Elementwise 1 / x within 1 ulp: the hardware reciprocal where there is one (v_rcp_f32 on "
+    "AMD, div.approx on NVIDIA; a correctly rounded division there is about ten instructions), "
+    "where a result outside fp32's normal range may flush to 0 or overflow; exact on the CPU "
+    "backends and in fp64."
+)
 sigmoid = _float_unary("sigmoid")
 sin = _float_unary("sin")
 cos = _float_unary("cos")
@@ -67,6 +75,21 @@ def where(cond, a, b) -> Tile:
     )
 
 
+def rescale(x, factor) -> Tile:
+    """``x * factor`` (``factor`` broadcast to ``x``'s shape), for factors that are mostly
+    exactly 1: the values are the product's, and a backend may skip the multiply where all the
+    factors it would apply are 1 (on AMD CDNA a wave tests its factors and branches around the
+    multiplies as one: an online softmax's accumulator rescale costs a compare and a branch on
+    the tiles where no row's max grew). Float tiles; ``factor`` is cast to ``x``'s dtype."""
+    x = as_tile(x)
+    if not x.dtype.is_float or x.dtype.storage_only:
+        raise TypeCheckError(f"rescale scales a float tile, got {x.type}")
+    f = broadcast_to(cast(as_tile(factor), x.dtype), x.shape)
+    if x.dtype.bits < 32:  # 16-bit floats multiply in fp32 and round once, as torch's mul
+        return cast(emit1("rescale", [cast(x, dt.fp32), cast(f, dt.fp32)]), x.dtype)
+    return emit1("rescale", [x, f])
+
+
 def isnan(x) -> Tile:
     x = as_tile(x)
     return x != x
@@ -93,6 +116,8 @@ __all__ = [
     "log2",
     "maximum",
     "minimum",
+    "reciprocal",
+    "rescale",
     "rsqrt",
     "sigmoid",
     "sin",

@@ -99,6 +99,11 @@ class Target:
     # a one-instruction fp32 tanh (gfx1250's v_tanh_f32): fly.tanh lowers to the library's,
     # which compiles to it; elsewhere to the branch-free formula (rules/elementwise.tanh_helper)
     has_native_tanh: bool = False
+    # wave64 CDNA: an inline-asm block may compare its operands into VCC and branch around its
+    # own instructions (s_cbranch_vccz), a wave-uniform skip: fly.rescale's multiply
+    # (rules/elementwise.rescale_asm). Off where the hardware does not interlock VALU results
+    # (gfx1250's expert scheduling: the compiler's waits would not cover an asm block's)
+    has_wave_skip_asm: bool = False
     unverified: tuple[str, ...] = ()  # names of fields holding placeholder figures
 
     @property
@@ -218,6 +223,7 @@ _GFX950 = Target(
     # gfx942 has no block-scaled MFMA (obs: tl.dot_scaled upcasts to bf16 MFMA there).
     supports_native_mx=True,
     has_buffer_ops=True,  # obs: Triton 3.9 emits buffer_load_* given tt.pointer_range = 32
+    has_wave_skip_asm=True,  # obs: Triton 3.9 assembles rescale_asm for it (compiled, not run)
 )
 
 _GFX942 = Target(
@@ -253,6 +259,7 @@ _GFX942 = Target(
     ),
     supports_native_mx=False,
     has_buffer_ops=True,  # obs: Triton 3.9 emits buffer_load_* given tt.pointer_range = 32
+    has_wave_skip_asm=True,  # obs: Triton 3.9 assembles rescale_asm for it (compiled, not run)
 )
 
 _GFX1250 = Target(

@@ -20,6 +20,7 @@ from .common import (
     _seq_info,
     _sparse_loop,
     chunks,
+    softcap_r,
 )
 
 
@@ -104,7 +105,7 @@ def _bwd_scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):
     (t = softcap's tanh or None, z1 softcapped, z2 modded))``; ``i``/``j``/``h``/``slope``
     broadcast to ``s``. Multiplies by constants are folded where nothing comes between them
     (``s * (scale * log2 e)``, ``t * (c * log2 e)``)."""
-    t = fly.tanh(s * (scale / softcap)) if C.SOFTCAP else None
+    t = 1.0 - 2.0 * softcap_r(s, scale, softcap) if C.SOFTCAP else None
     if C.score_mod is None and not C.ALIBI:
         z = t * (softcap * LOG2E) if C.SOFTCAP else s * (scale * LOG2E)
         return z, (t, None, None)
@@ -204,7 +205,7 @@ def _dkdv_tile(
     names = {"low": "right", "high": "left", "both": "both", None: None}
     # without a left window bound the high-end tiles test the right bound too (``_visible``),
     # so the tiles crossing "both" fold into them
-    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW and C.HAS_WL)
+    segs = _segments(C.HAS_WR, lo, full_lo, full_hi, hi, C.NARROW and C.HAS_WL, BM)
     segs = [(a, e, names[k]) for a, e, k in segs]
     if C.mask_mod is not None:
         segs = [(lo, hi, "both")]

@@ -56,7 +56,11 @@ class Config:
     num_stages: int = 1
     nonkdim: int = 32  # AMD matrix_instr_nonkdim: 32 -> 32x32x16 MFMA, 16 -> 16x16x32
     waves_per_eu: int = 0  # AMD occupancy hint (0: the compiler's choice)
-    lazy: bool = True  # forward: the rescale behind a scalar branch (forward._update)
+    lazy: bool = True  # forward: the lazy per-row rescale (forward._update, fly.rescale)
+    #: AMD: LLVM's machine scheduler for the kernel (``amdgpu-sched-strategy``: "coexec",
+    #: "iterative-ilp", ...; Triton's ``llvm_fn_attrs``, passed on AMD targets only); "" its
+    #: default
+    sched: str = ""
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -69,6 +73,8 @@ class Config:
         }
         if self.waves_per_eu:
             opts["waves_per_eu"] = self.waves_per_eu
+        if self.sched:
+            opts["llvm_fn_attrs"] = f"amdgpu-sched-strategy={self.sched}"
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -79,6 +85,8 @@ class Config:
             d["waves_per_eu"] = self.waves_per_eu
         if not self.lazy:
             d["lazy"] = False
+        if self.sched:
+            d["sched"] = self.sched
         return d
 
 
@@ -102,10 +110,14 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 # saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
 
 
-def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
+def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched=""):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
-    return Config(bm, bn, w, ns, nk, lazy=lazy, notes=notes)
+    return Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, notes=notes)
 
+
+#: LLVM machine schedulers (``Config.sched``) the gfx950 entries take where they gave fewer
+#: loop instructions per MFMA than LLVM's default, with no spill and 2 waves per SIMD
+COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 
 #: gfx950, picked by the static model (``python -m flydsl_kernels.attention.model``; Triton
 #: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
@@ -116,26 +128,32 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None):
 #: fwd d128 256x64 with 4 warps: 7.39) or spill (fwd d128 256x128: 8.19 with 5 SGPR spills
 #: under LLVM's minimal-register scheduler, 243 spills under the default one) were passed over.
 #: Decode runs one warp per tile: with two, Triton's layouts issued 12 MFMA-equivalents for 8
-#: of work. The lazy rescale is off: its scalar branch needs a workgroup-wide max through LDS
-#: and a barrier and splits the loop body, which cost more than the rescale it skips (fwd d128
-#: 256x64: 298 instructions per trip with the branch, 281 rescaling always).
+#: of work. The lazy rescale is on for every forward and decode entry: per row, and skipped by
+#: a wave as one where no row it holds grew its max (``fly.rescale``: a compare and a branch
+#: per trip, the multiplies counted apart); fwd d128 282 -> 261 instructions per trip. Its
+#: earlier form, a workgroup-wide vote through LDS and a barrier, cost more than it skipped
+#: (298). The scheduler (``sched``) is the static model's pick per entry among LLVM's
+#: default, coexec, iterative-ilp and max-ilp (fwd d128: coexec 261 -> 248 per trip; dK/dV
+#: d128: iterative-ilp 174 -> 163; dQ d128: coexec 166 -> 143).
 _GFX950 = {
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, False, 142, 215, 13.44),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, False, 254, 282, 8.81),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, False, 246, 293, 7.33),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, False, 202, 221, 13.81),
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, False, 144, 297, 37.12),
-    ("decode", "d128"): _c(16, 32, 1, 1, 16, False, 144, 208, 26.0),
-    ("decode", "d192"): _c(16, 32, 2, 1, 16, False),
-    ("decode", "d256"): _c(16, 32, 2, 1, 16, False, 190, 224),
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 216, 220, 13.75),
-    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 204, 174, 10.88),
-    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 248, 231, 11.55),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 214, 164),
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 218, 230, 9.58),
-    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 224, 166, 6.92),
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 164, 196, 12.25, sched=ILP),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, 142, 284, 35.5, sched=ILP),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, 158, 184, 23.0, sched=ILP),
+    ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
+    ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 244, 163, 10.19, sched=ILP),
+    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 244, 227, 11.35, sched=MAX_ILP),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 226, 152, sched=ILP),
+    # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
+    # 10.21 -> 9.96 there, where coexec gave 10.62
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 238, 227, 9.46, sched=ILP),
+    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 143, 5.96, sched=COEXEC),
     ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 244, 293, 9.16),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 236, 203, 8.46),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 252, 198, 8.25, sched=ILP),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
 #: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
@@ -158,13 +176,35 @@ _SM90 = {
 for _k in ("fwd", "decode", "bwd_dkdv", "bwd_dq"):  # MLA heads: the d256 tiles there
     _SM90[(_k, "d192")] = _SM90[(_k, "d256")]
 
+
+def _default_sched(tab: dict) -> None:
+    """``tab``'s entries with LLVM's default scheduler: the tables that start from gfx950's
+    take its schedulers only where checked there (coexec is gfx950 / gfx1250 only in LLVM,
+    and the others spilled some of gfx942's and gfx1250's tiles)."""
+    for k, c in list(tab.items()):
+        if c.sched:
+            tab[k] = replace(c, sched="")
+
+
+def _eager(tab: dict, keys=None) -> None:
+    """The forward and decode entries of ``tab`` (or ``keys``) with the rescale on every trip:
+    where ``fly.rescale`` is a plain multiply (no ``Target.has_wave_skip_asm``, or its asm did
+    not fit the registers), the lazy rule's per-row select only adds instructions."""
+    for k, c in list(tab.items()):
+        if (keys is None and k[0] in ("fwd", "decode")) or (keys is not None and k in keys):
+            tab[k] = replace(c, lazy=False)
+
+
+_eager(_SM90)
+_default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for clarity
+
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
 #: d128: 128x64 with 4 warps spilled 2 SGPRs without the causal mask and needed AGPRs (one wave
 #: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
 _GFX942 = {
     **_GFX950,
-    ("fwd", "d128"): _c(128, 32, 4, 1, 32, False),
+    ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
@@ -172,6 +212,10 @@ _GFX942 = {
 }
 for _k in ("fwd", "bwd_dkdv", "bwd_dq"):  # gfx950's MLA tiles spill here: the d256 ones
     _GFX942[(_k, "d192")] = _GFX942[(_k, "d256")]
+# the lazy rescale's asm fits the forward's d64 and d128 tiles here (d128: 10.63 -> 9.59 loop
+# instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
+_eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
+_default_sched(_GFX942)
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = {
     **_GFX950,
@@ -184,6 +228,8 @@ _GFX1250 = {
     ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
+_eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
+_default_sched(_GFX1250)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
@@ -231,6 +277,24 @@ def band_config(kind: str, cfg: Config, band: int | None) -> Config:
         while band + 1 < c.BN + c.BM and c.num_warps > 1 and c.BN > 16:
             c = replace(c, BN=c.BN // 2, num_warps=c.num_warps // 2, notes={})
     return c
+
+
+#: keys per tile (at most) and MFMA shape of a forward tile that traces a score or mask mod
+MOD_BN, MOD_NONKDIM = 32, 16
+
+
+def mod_config(cfg: Config) -> Config:
+    """The forward's tile where a score or mask mod is traced in: a mod's per-score index
+    arithmetic and gathers (a captured table read at ``[h, q - kv]``) hold registers for every
+    score a lane owns, and the prefill tiles spilled with one (gfx950 d128 256x64: 238 VGPRs
+    spilled, 576 B of scratch, with a 2-D table lookup; 3 with ALiBi's arithmetic). A warp
+    keeps 16 query rows (16x16 MFMAs) of at most ``MOD_BN`` keys: a quarter of the scores per
+    lane (gfx950 d128 128x32 with 8 warps: 176 VGPRs with the table, no spill on gfx950,
+    gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
+    for themselves next to a gather) and LLVM's default scheduler (the one checked). Untimed."""
+    bm = min(cfg.BM, 16 * cfg.num_warps)
+    return replace(cfg, BM=bm, BN=max(16, min(cfg.BN, MOD_BN)), nonkdim=MOD_NONKDIM,
+                   lazy=False, sched="", notes={})  # fmt: skip
 
 
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger

@@ -30,6 +30,7 @@ from .common import (
     _store_lse,
     _store_rows,
     chunks,
+    softcap_shift,
 )
 
 
@@ -61,7 +62,7 @@ class Fwd:
     PERSIST: bool = False  # a persistent grid walking the tiles (configs.persistent_programs)
     score_mod: Any = None
     mask_mod: Any = None
-    LAZY_RESCALE: bool = True  # skip the rescale when no row's max grew (a scalar branch)
+    LAZY_RESCALE: bool = True  # per-row stale max, the rescale skipped per wave (fly.rescale)
     SPARSE_Q: int = 0  # block sparsity: the BlockMask's (Q, KV) block sizes (0: dense)
     SPARSE_KV: int = 0
     SPARSE_FULL: bool = False  # full-block lists given (their tiles skip the mask mod)
@@ -91,17 +92,17 @@ def _update(st: _Softmax, z, zc, vts, C):
     masked) and its V chunks into ``st``."""
     m_tile = fly.max(z, 1) if zc is None else fly.max(z, 1) * zc
     if C.LAZY_RESCALE:
-        # keep a stale running max until some row's max passes it by more than RESCALE_TAU
-        # (FA4's rule): p = 2^(s - m) stays below 2^TAU, and the rescale runs behind a scalar
-        # branch that is taken on the first tile and then rarely
-        grow = fly.max(m_tile - st.m, 0) > RESCALE_TAU
-        with fly.if_(grow):
-            m_new = fly.maximum(st.m, m_tile)
-            alpha = fly.exp2(st.m - m_new)
-            st.l *= alpha
-            for a in st.acc:
-                a *= alpha[:, None]
-            st.m.set(m_new)
+        # per row, keep a stale running max until the row's max passes it by more than
+        # RESCALE_TAU (FA4's rule): p = 2^(s - m) stays below 2^TAU. A stale row's factor is
+        # exactly 1 (2^0), and fly.rescale skips the accumulator's multiply where a whole wave's
+        # factors are 1 (a compare and a branch on AMD CDNA, no workgroup-wide vote): after the
+        # first tiles, rows' maxima rarely grow by 2^TAU
+        m_new = fly.where(m_tile - st.m > RESCALE_TAU, fly.maximum(st.m, m_tile), st.m)
+        alpha = fly.exp2(st.m - m_new)
+        st.l *= alpha
+        for a in st.acc:
+            a.set(fly.rescale(a, alpha[:, None]))
+        st.m.set(m_new)
     else:
         m_new = fly.maximum(st.m, m_tile)
         alpha = fly.exp2(st.m - m_new)
@@ -233,8 +234,11 @@ def _fwd_tile(
                 block(n0, kind)
 
     m, l_sum = st.m, st.l
+    shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
     if C.SINKS and C.SPLITS == 1:
         sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
+        if C.SOFTCAP:
+            sink = sink - shift
         m_f = fly.maximum(m, sink)
         alpha = fly.exp2(m - m_f)
         l_sum = l_sum * alpha + fly.exp2(sink - m_f)
@@ -249,7 +253,10 @@ def _fwd_tile(
         _store_rows(dst, bq, row0, hk, g0, c0, cs, C, out, rmask, G)
     if C.LSE:
         empty = NEG_INF if C.SPLITS > 1 else float("inf")
-        lse2 = fly.where(l_sum > 0, m + fly.log2(_nonzero(l_sum)), empty)
+        lse2 = m + fly.log2(_nonzero(l_sum))
+        if C.SOFTCAP:
+            lse2 = lse2 + shift
+        lse2 = fly.where(l_sum > 0, lse2, empty)
         val = lse2 if (C.LSE_LOG2 or C.SPLITS > 1) else lse2 * LN2
         dst = lse if C.SPLITS == 1 else lse[fly.program_id(2)]
         _store_lse(dst, bq, row0, hk, g0, C, val, rmask, G)

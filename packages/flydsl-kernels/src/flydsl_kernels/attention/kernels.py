@@ -23,8 +23,10 @@ Masks are bottom-right aligned (flash-attn): query ``i`` of a sequence with ``sq
 
 The KV loop is split into masked edge blocks and an unmasked interior (no mask, no bounds
 check: the loads need no ``v_cndmask`` and may go straight to LDS). The online softmax works
-in base 2 (scores are scaled by ``log2(e)`` once); with ``LAZY_RESCALE`` the running max stays
-stale until some row's max passes it by more than ``RESCALE_TAU`` (one scalar branch per tile). Scores pass through, in order: the scale,
+in base 2 (scores are scaled by ``log2(e)`` once); with ``LAZY_RESCALE`` a row's running max
+stays stale until the row's max passes it by more than ``RESCALE_TAU``, and the accumulator's
+rescale is ``fly.rescale`` (skipped by a wave where none of its rows changed). Scores pass
+through, in order: the scale,
 softcap (``c * tanh(s / c)``), the score mod, ALiBi (``-slope * |i + off - j|``), masks.
 """
 

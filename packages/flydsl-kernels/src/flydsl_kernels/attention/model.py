@@ -199,9 +199,11 @@ TILES = {
 }
 
 
-def space(kind: str, dcls: str) -> list[Config]:
+def space(kind: str, dcls: str, scheds=("",)) -> list[Config]:
     """The candidates of ``kind`` at a head-dim class: tiles x pipeline stages x MFMA shape
-    (x the lazy rescale, forward only)."""
+    (x the lazy rescale, forward only) x LLVM schedulers (``Config.sched``, AMD; ``scheds``:
+    "" is LLVM's default; the gfx950 table's picks compared "", "coexec", "iterative-ilp" and
+    "max-ilp")."""
     tiles = TILES["fwd_d256" if kind == "fwd" and dcls == "d256" else kind]
     out = []
     for bm, bn, w in tiles:
@@ -213,7 +215,8 @@ def space(kind: str, dcls: str) -> list[Config]:
                 if nk == 32 and rows < 32:
                     continue
                 for lazy in (True, False) if kind in ("fwd", "decode") else (True,):
-                    out.append(Config(bm, bn, w, ns, nk, lazy=lazy))
+                    for sched in scheds:
+                        out.append(Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched))
     return out
 
 
@@ -276,6 +279,12 @@ def main(argv=None):  # pragma: no cover - a developer tool
     ap.add_argument("--dclass", default="d128", choices=list(MODEL_SHAPES))
     ap.add_argument("--limit", type=int, default=0, help="only the first N candidates")
     ap.add_argument(
+        "--scheds",
+        default="",
+        help="comma-separated LLVM schedulers to try besides the default (AMD), e.g. "
+        "coexec,iterative-ilp,max-ilp",
+    )
+    ap.add_argument(
         "--check-tables", action="store_true", help="compile every shipped entry, every target"
     )
     a = ap.parse_args(argv)
@@ -283,7 +292,7 @@ def main(argv=None):  # pragma: no cover - a developer tool
         bad = check_tables()
         print("\n".join(bad) or "every shipped entry compiles without scratch or spills")
         raise SystemExit(1 if bad else 0)
-    cands = space(a.kind, a.dclass)
+    cands = space(a.kind, a.dclass, ("", *filter(None, a.scheds.split(","))))
     if a.limit:
         cands = cands[: a.limit]
     for cfg, fig, why in rank(a.kind, a.dclass, a.target, cands):

@@ -188,6 +188,8 @@ def plan_forward(
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
     cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
+    if config is None and (p.score_mod is not None or p.mask_mod is not None):
+        cfg = configs.mod_config(cfg)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     if p.page_size and p.page_size < cfg.BN:
@@ -261,7 +263,9 @@ def plan_forward(
 def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
     """fp32 operands (flex_attention's fp32 inputs) hold twice the registers and LDS of the
     16-bit ones the tables are tuned for: half the key tile (at least 16); not tuned."""
-    return replace(cfg, BN=max(16, cfg.BN // 2)) if p.dtype == "fp32" else cfg
+    if p.dtype != "fp32":
+        return cfg
+    return replace(cfg, BN=max(16, cfg.BN // 2), sched="")  # LLVM's default: the one checked
 
 
 def band(p: Problem) -> int | None:

@@ -119,6 +119,7 @@ _UN = {
     "rsqrt": torch.rsqrt,
     "erf": torch.erf,
     "tanh": torch.tanh,
+    "reciprocal": torch.reciprocal,
     "sigmoid": torch.sigmoid,
     "sin": torch.sin,
     "cos": torch.cos,
@@ -243,6 +244,17 @@ def _bitcast(op, S):
         env[r] = (
             env[a].contiguous().view(tt) if env[a].dim() else env[a].reshape(1).view(tt).reshape(())
         )
+
+    return step
+
+
+@rule("rescale")
+def _rescale(op, S):
+    """The product: a skipped multiply by 1 (the GPU lowering's branch) gives the same values."""
+    a, f, r = S[op.operand("x")], S[op.operand("factor")], S[op.results[0]]
+
+    def step(env, state):
+        env[r] = env[a] * env[f]
 
     return step
 

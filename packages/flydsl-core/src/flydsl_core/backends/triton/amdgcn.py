@@ -173,19 +173,66 @@ def _amd_body(lines: list[str], name: str | None) -> list[str]:
     return lines[start + 1 : end]
 
 
+_AMD_IF = re.compile(r"^\.(ifc|ifnc|ifeqs|ifnes)\s+(.*?)\s*,\s*(.*?)\s*$")
+_LOCAL_REF = re.compile(r"^(\d+)([fb])$")
+
+
 def instructions(body: list[str]):
     """Each label (a ``str``) and real instruction (``(mnemonic, operands)``) of a body, in
-    order: no directives or comments."""
+    order: no directives or comments.
+
+    Read as the assembler reads inline asm: ``.ifc`` / ``.ifnc`` (``.ifeqs`` / ``.ifnes``)
+    string conditions with ``.else`` / ``.endif`` drop what they do not assemble (an asm block
+    that tests each distinct register once, ``rules/elementwise.rescale_asm``; any other
+    ``.if`` counts as assembled), and numeric local labels (``1:``, branches to ``1f`` /
+    ``1b``) get names of their own, so a branch inside an asm block finds its target."""
+    live: list[bool] = []  # one per open conditional: whether its current branch assembles
+    seen: dict[str, int] = {}  # numeric label -> definitions so far
+
+    def local(ref: str) -> str:
+        m = _LOCAL_REF.match(ref)
+        if not m:
+            return ref
+        n, k = m.group(1), seen.get(m.group(1), 0)
+        return f".Llocal{n}_{k if m.group(2) == 'f' else k - 1}"
+
     for raw in body:
         line = raw.split(";", 1)[0].split("//", 1)[0].strip()
+        if line.startswith(".if"):
+            m = _AMD_IF.match(line)
+            if m:
+                same = m.group(2).strip('"') == m.group(3).strip('"')
+                live.append(same if m.group(1) in ("ifc", "ifeqs") else not same)
+            else:
+                live.append(True)
+            continue
+        if line.startswith(".else") and live:
+            live[-1] = not live[-1]
+            continue
+        if line.startswith(".endif"):
+            if live:
+                live.pop()
+            continue
+        if not all(live):
+            continue
         if m := _AMD_LABEL.match(line):
-            yield m.group(1)
+            name = m.group(1)
+            if name.isdigit():
+                label = local(name + "f")
+                seen[name] = seen.get(name, 0) + 1
+                yield label
+            else:
+                yield name
             continue
         if not line or line.startswith(".") or line.endswith(":"):
             continue
         mnem, _, ops = line.partition(" ")
         if _AMD_MNEMONIC.match(mnem):
-            yield mnem, ops.strip()
+            ops = ops.strip()
+            if _AMD_BRANCH.match(mnem) and ops:
+                head, sep, target = ops.rpartition(",")
+                ops = f"{head}{sep}{local(target.strip())}" if sep else local(ops)
+            yield mnem, ops
 
 
 def classify(mnem: str, ops: str) -> Instr:

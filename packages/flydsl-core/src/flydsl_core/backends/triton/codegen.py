@@ -48,10 +48,19 @@ def _header(fn: Function, target: Target, note: str) -> str:
     return "\n".join(lines)
 
 
-def generate(fn: Function, target: str | Target, *, dot_precisions=("ieee",)) -> GeneratedKernel:
+def generate(
+    fn: Function,
+    target: str | Target,
+    *,
+    dot_precisions=("ieee",),
+    num_warps: int | None = None,
+    skip_asm: bool = True,
+) -> GeneratedKernel:
     """The Triton source of ``fn`` for ``target`` (a GPU target, or ``cpu-interpret``).
 
-    ``dot_precisions`` are the ``tl.dot`` input precisions Triton allows there.
+    ``dot_precisions`` are the ``tl.dot`` input precisions Triton allows there; ``num_warps``
+    the launch's warps, where the source is made for one compile (None: for any);
+    ``skip_asm`` False lowers ``rescale`` to plain multiplies (``Lowering.skip_asm``).
     """
     target = get_target(target)
     interpret = not target.is_gpu  # Triton runs a CPU target through its interpreter
@@ -61,7 +70,7 @@ def generate(fn: Function, target: str | Target, *, dot_precisions=("ieee",)) ->
 
         fn, emitter = legalize(fn), InterpretLowering
     params, pnames = kernel_params(fn, target)
-    cx = emitter(fn, target, dot_precisions=dot_precisions)
+    cx = emitter(fn, target, dot_precisions=dot_precisions, num_warps=num_warps, skip_asm=skip_asm)
     for p in fn.params:
         if p.value is not None and p.kind != "constexpr":
             cx.pnames[p.value.id] = pnames[p.value.id]

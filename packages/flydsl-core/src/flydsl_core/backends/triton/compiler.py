@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from ...settings import default_cache_dir
 from ...targets import Target
 from .. import Backend, Executable
 from .codegen import GeneratedKernel, generate
+from .rules.elementwise import RESCALE_ASM_GUARD
 from .signature import make_extractor
 
 #: options every GPU target takes (defaults where FlyDSL's differ from Triton's)
@@ -43,6 +45,8 @@ AMD_DEFAULTS = {"num_warps": 4, "num_stages": 2}
 NVIDIA_DEFAULTS = {"num_warps": 4, "num_stages": 3}
 #: option fields that describe the target, not the compile: never taken from the user
 _INTERNAL = {"arch", "backend_name", "warp_size", "extern_libs", "supported_fp8_dtypes"}
+
+log = logging.getLogger(__name__)
 
 _modules: dict[str, Any] = {}
 _modules_lock = threading.Lock()
@@ -242,12 +246,21 @@ class TritonBackend(Backend):
     def deserialize(self, directory: Path) -> TritonExecutable:
         return load_executable(directory, self.target)
 
-    def generate(self, fn: Function) -> GeneratedKernel:
-        """The Triton source this backend would compile (no compile)."""
+    def generate(
+        self, fn: Function, num_warps: int | None = None, skip_asm: bool = True
+    ) -> GeneratedKernel:
+        """The Triton source this backend would compile (no compile); ``num_warps``: the
+        launch's, where the source is for one compile (``Lowering.num_warps``)."""
         target = self.target
         if not target.is_gpu:
             return generate(fn, target)
-        return generate(fn, target, dot_precisions=dot_precisions(target))
+        return generate(
+            fn,
+            target,
+            dot_precisions=dot_precisions(target),
+            num_warps=num_warps,
+            skip_asm=skip_asm,
+        )
 
     @property
     def generates_source(self) -> bool:
@@ -298,15 +311,70 @@ class TritonBackend(Backend):
             path = write_source(gen)
             return InterpretedExecutable(gen, path, import_source(path))
         opts = triton_options(target, options)
-        gen = self.generate(fn)
+        gen = self.generate(fn, opts["num_warps"])
         path = write_source(gen)
-        mod = import_source(path)
-        jitfn = getattr(mod, gen.name)
+        jitfn = getattr(import_source(path), gen.name)
+        guarded = RESCALE_ASM_GUARD in gen.source
+        said = b""
         try:
-            compiled = triton_compile(jitfn, gen, target, opts)
+            with _stderr_kept(guarded) as said_:
+                try:
+                    compiled = triton_compile(jitfn, gen, target, opts)
+                finally:
+                    said = said_()
         except Exception as e:
-            raise _compile_error(gen, path, target, e) from e
+            if not (guarded and RESCALE_ASM_GUARD.encode() in said):
+                _replay(said)
+                raise _compile_error(gen, path, target, e) from e
+            # a rescale asm block's register guard stopped the assembler (its messages are
+            # dropped): compile again with plain multiplies
+            log.info("%s: rescale's skipping asm did not fit the registers; plain multiplies",
+                     gen.name)  # fmt: skip
+            gen = self.generate(fn, opts["num_warps"], skip_asm=False)
+            path = write_source(gen)
+            jitfn = getattr(import_source(path), gen.name)
+            try:
+                compiled = triton_compile(jitfn, gen, target, opts)
+            except Exception as e2:
+                raise _compile_error(gen, path, target, e2) from e2
+        else:
+            _replay(said)
         return TritonExecutable(gen, path, target, opts, jitfn, compiled)
+
+
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_kept(keep: bool):
+    """While ``keep``: file descriptor 2 (where LLVM's assembler prints) goes to a temporary
+    file; yields a function returning what was written. The caller replays it (``_replay``)
+    unless it was the rescale guard's expected error. Otherwise a no-op."""
+    if not keep:
+        yield lambda: b""
+        return
+    # one at a time: two threads swapping the same descriptor could restore each other's file
+    with _stderr_lock, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+
+        def read() -> bytes:
+            sys.stderr.flush()
+            tmp.seek(0)
+            return tmp.read()
+
+        try:
+            yield read
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _replay(text: bytes) -> None:
+    if text:
+        os.write(2, text)
 
 
 class TritonExecutable(Executable):

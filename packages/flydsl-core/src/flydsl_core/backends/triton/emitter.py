@@ -142,9 +142,17 @@ class Lowering:
         *,
         dot_precisions=("ieee",),
         rules: Mapping[str, Rule] | None = None,
+        num_warps: int | None = None,
+        skip_asm: bool = True,
     ):
         self.fn = fn
         self.target = target
+        #: the launch's warps where the compile knows them (None: source made for any launch);
+        #: a rule may size per-thread work by them (``rescale``'s elements per asm block)
+        self.num_warps = num_warps
+        #: ``rescale`` may lower to its skipping asm (``rules/elementwise.rescale_asm``); off
+        #: for the compile again after the asm's register guard failed
+        self.skip_asm = skip_asm
         self.dot_precisions = tuple(dot_precisions)
         self.rules = LOWERINGS if rules is None else rules
         self.nums = value_numbers(fn)

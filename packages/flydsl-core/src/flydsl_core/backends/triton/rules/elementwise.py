@@ -118,15 +118,16 @@ _UNARY = {
 }
 
 
-def lower_unary(cx: Lowering, op: Op, fn: str):
-    """``fn(x)``; Triton's math functions take fp32/fp64, so 16-bit floats compute in fp32."""
+def lower_unary(cx: Lowering, op: Op, fn: str | None, rcp: str | None = None):
+    """``fn(x)`` (or ``rcp`` with ``{d}`` standing for ``x``); Triton's math functions take
+    fp32/fp64, so 16-bit floats compute in fp32."""
     a = op.operand("x")
     tv = cx.get(a)
     x = cx.tensor(a)
     d = a.type.dtype
     if d.bits < 32:
         x = f"{x}.to(tl.float32)"
-    expr = f"{fn}({x})"
+    expr = f"{fn}({x})" if rcp is None else rcp.format(d=x)
     if d.bits < 32:
         expr = cx.convert(expr, dt.fp32, d)
     cx.define(op.results[0], expr, tv.shape, op.loc)
@@ -189,6 +190,15 @@ _RCP = {
 }
 
 
+@lower("reciprocal")
+def _reciprocal(cx: Lowering, op: Op):
+    # the target's one-instruction reciprocal (1 ulp; a result outside the normal range may
+    # flush to 0 or overflow); fp64 and the interpreter divide
+    d = op.operand("x").type.dtype
+    rcp = _RCP.get(cx.target.backend) if d != dt.fp64 else None
+    lower_unary(cx, op, None, rcp=rcp or "(1.0 / ({d}))")
+
+
 @lower("tanh")
 def _tanh(cx: Lowering, op: Op):
     d = op.operand("x").type.dtype
@@ -198,6 +208,80 @@ def _tanh(cx: Lowering, op: Op):
         return
     rcp = _RCP.get(cx.target.backend, "(1.0 / ({d}))")
     lower_unary(cx, op, cx.helper("_fly_tanh", tanh_helper(rcp)))
+
+
+#: most elements one ``rescale`` asm block takes (three operands each)
+RESCALE_PACK_MAX = 64
+#: the assembler error a ``rescale`` asm block raises where LLVM's register choice breaks its
+#: assumptions; the backend then compiles the kernel again with plain multiplies
+#: (``compiler.TritonBackend.compile``)
+RESCALE_ASM_GUARD = "fly.rescale: register assignment unsupported"
+
+
+def rescale_asm(pack: int) -> tuple[str, str]:
+    """The AMD (wave64) inline asm of ``rescale`` over ``pack`` fp32 elements per thread, and
+    its constraints: outputs ``$0..``, inputs, factors. The wave skips the multiplies as one
+    (``s_cbranch_vccz``) when every lane's factor is exactly 1.0 (NaN compares unequal, so it
+    multiplies); skipped, each output keeps its input, which is ``x * 1.0``: so each output
+    must be in its input's register. The outputs are not tied to the inputs (tied, LLVM copied
+    the accumulator out of its MFMA register tuple and back, 116 moves per KV tile on gfx950);
+    it puts each output in its dying input's register by itself.
+
+    Assembler-time guards, no code: each output in its input's register (so the inputs are
+    distinct registers too), every factor in one register (each lane's elements share one
+    row, as in the MFMA accumulator layouts) that no output takes. Anything else is an
+    assembler error (``RESCALE_ASM_GUARD``) and the kernel is compiled again with plain
+    multiplies; never wrong code. The multiplies are framed by ``s_nop``s and the test by one:
+    LLVM's hazard recognizer does not look inside an asm block, and a matrix instruction's
+    result read by a VALU needs up to 19 wait states (gfx950, 16 passes), a VALU result read by
+    a matrix instruction 2, a transcendental's (the factor: an ``exp2``) read by a VALU 1."""
+    x = [f"${pack + i}" for i in range(pack)]
+    f = [f"${2 * pack + i}" for i in range(pack)]
+    err = f'.error "{RESCALE_ASM_GUARD}"'
+    lines = []
+    for i in range(pack):
+        lines += [f".ifnc ${i},{x[i]}", err, ".endif", f".ifc ${i},{f[0]}", err, ".endif"]
+        if i:
+            lines += [f".ifnc {f[i]},{f[0]}", err, ".endif"]
+    lines += ["s_nop 0", f"v_cmp_neq_f32 vcc, 1.0, {f[0]}", "s_cbranch_vccz 2f"]
+    lines += ["s_nop 7", "s_nop 7", "s_nop 7"]
+    lines += [f"v_mul_f32 ${i}, ${i}, {f[0]}" for i in range(pack)]
+    lines += ["s_nop 7", "2:"]
+    cons = ["=v"] * pack + ["v"] * (2 * pack) + ["~{vcc}"]
+    return "\n".join(lines), ",".join(cons)
+
+
+def _rescale_pack(cx: Lowering, op: Op) -> int:
+    """Elements per thread of ``rescale``'s tile (all of them in one asm block, up to
+    ``RESCALE_PACK_MAX``), or 0 where the asm does not apply: Triton gives every thread the
+    same power-of-two count of elements, at least ``numel / threads`` of them, and a pack must
+    divide it (a pack above it reads undefined operands)."""
+    x = op.operand("x")
+    t = cx.target
+    if not (cx.skip_asm and t.has_wave_skip_asm and cx.num_warps and x.type.dtype == dt.fp32):
+        return 0
+    n = 1
+    for s in x.type.shape:
+        n *= s
+    if n & (n - 1):
+        return 0
+    return max(1, min(n // (cx.num_warps * t.warp_size), RESCALE_PACK_MAX))
+
+
+@lower("rescale")
+def _rescale(cx: Lowering, op: Op):
+    x, f = op.operand("x"), op.operand("factor")
+    pack = _rescale_pack(cx, op)
+    if not pack:
+        a, b, shape = cx.ref(x), cx.ref(f), broadcast_shape(cx.get(x).shape, cx.get(f).shape)
+        cx.define(op.results[0], f"{a} * {b}", shape, op.loc)
+        return
+    asm, cons = rescale_asm(pack)
+    expr = (
+        f"tl.inline_asm_elementwise({asm!r}, {cons!r}, [{cx.full(x)}, {cx.full(f)}], "
+        f"dtype=tl.float32, is_pure=True, pack={pack})"
+    )
+    cx.define(op.results[0], expr, loc=op.loc)
 
 
 @lower("neg")
