@@ -685,6 +685,12 @@ def test_plan_picks_schedules_by_shape():
         ).persistent
         == 0
     )
+    # one m-block per (batch, head): causal tiles cost the same, so no persistent grid (decode
+    # B64 H32/8: 512 tiles, which the causal rule alone would walk persistently)
+    dec = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,
+                       decode=True)  # fmt: skip
+    fp = plan.plan_forward(dec, "gfx950")
+    assert fp.persistent == 0 and not fp.C.PERSIST and fp.grid == (1, 64 * 8, 1)
     huge = plan.Problem(16, 8192, 8192, 32, 8, 128, 128, causal=True)
     fp = plan.plan_forward(huge, "gfx950")
     assert fp.persistent == 0 and fp.splits == 1 and fp.grid == (32, 16 * 32, 1)

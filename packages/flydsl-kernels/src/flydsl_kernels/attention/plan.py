@@ -244,7 +244,8 @@ def plan_forward(
     pers = 0
     if s == 1:
         if persistent is None:
-            pers = configs.persistent_programs(programs, cus, uneven=p.causal)
+            # causal tiles cost unevenly only across m-blocks: one m-block (decode) is even
+            pers = configs.persistent_programs(programs, cus, uneven=p.causal and mblocks > 1)
         else:
             pers = int(persistent)
     if s > 1:
