@@ -110,15 +110,17 @@ def test_direct_to_lds_where_the_pipeline_allows_it():
     assert fig["direct_to_lds"] > 0 and not fig["scratch"]
 
 
-@pytest.mark.parametrize("page, d", [(16, 128), (32, 128), (256, 64), (32, 256)])
+@pytest.mark.parametrize("page, d", [(16, 128), (32, 128), (256, 64), (16, 64), (32, 256)])
 def test_paged_decode_without_spills_at_every_page_size(page, d):
-    # a tile never spans pages (plan.plan_forward): one page id per tile, no SGPR spills
+    # K in MFMA lane order (Config.klanes, d64 / d128): a tile spans pages of 16 keys or more,
+    # each key block from its page; without it (d256) a tile stays within one page
     from flydsl_kernels.attention import plan
 
     p = plan.Problem(64, 1, 8192, 32, 8, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, "gfx950")
-    assert max(page, 16) >= fp.C.BN and fp.C.GP == 4
+    cfg = configs.select("decode", d, "gfx950")
+    assert fp.C.BN == (cfg.BN if cfg.klanes else min(cfg.BN, page)) and fp.C.GP == 4
     r = model.forward_launches(fp)[0].compile("gfx950").executable.report
     assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count
     assert (r.occupancy or 0) >= 2

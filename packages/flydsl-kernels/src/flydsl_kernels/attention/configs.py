@@ -61,6 +61,11 @@ class Config:
     #: "iterative-ilp", ...; Triton's ``llvm_fn_attrs``, passed on AMD targets only); "" its
     #: default
     sched: str = ""
+    #: decode, one warp: load K in the lane order of the 16x16 MFMA's B operand with this many
+    #: head dims per lane (its k width: 8 for gfx950's 16x16x32, 4 for gfx942's 16x16x16), so
+    #: ``q @ k.T`` takes K as loaded (``common._load_k_lanes``); 0 the plain load. A tile may
+    #: then span pages of 16 keys or more (``plan.plan_forward``)
+    klanes: int = 0
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -87,6 +92,8 @@ class Config:
             d["lazy"] = False
         if self.sched:
             d["sched"] = self.sched
+        if self.klanes:
+            d["klanes"] = self.klanes
         return d
 
 
@@ -110,9 +117,9 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 # saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
 
 
-def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched=""):
+def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
-    return Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, notes=notes)
+    return Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, notes=notes)
 
 
 #: LLVM machine schedulers (``Config.sched``) the gfx950 entries take where they gave fewer
@@ -140,8 +147,8 @@ _GFX950 = {
     ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
     ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
     ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, 142, 284, 35.5, sched=ILP),
-    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, 158, 184, 23.0, sched=ILP),
+    ("decode", "d64"): _c(16, 128, 1, 1, 16, True, 226, 318, 19.88, sched=ILP, klanes=8),
+    ("decode", "d128"): _c(16, 64, 1, 1, 16, True, 238, 265, 16.56, sched=MAX_ILP, klanes=8),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
@@ -204,6 +211,10 @@ _default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for c
 #: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
 _GFX942 = {
     **_GFX950,
+    # K in the lane order of gfx942's 16x16x16 MFMA (4 head dims per lane); gfx950's wider
+    # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4),
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
@@ -221,6 +232,7 @@ _GFX1250 = {
     **_GFX950,
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, False),  # wave32 WMMA: gfx950's K lane order is not its
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here
