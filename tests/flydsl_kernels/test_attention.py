@@ -510,7 +510,9 @@ def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes
     p = plan.Problem(B, 1, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target, config=cfg)
-    assert fp.C.KLANES == klanes and fp.C.BN == (16 if 0 < page < 16 else 64)
+    bn = 16 if 0 < page < 16 else 64
+    got_klanes, got_bn = fp.C.KLANES, fp.C.BN
+    assert got_klanes == klanes and got_bn == bn
 
 
 def test_decode_k_lane_order_is_the_tables_and_skips_fp32():

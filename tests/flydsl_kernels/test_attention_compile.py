@@ -120,7 +120,9 @@ def test_paged_decode_without_spills_at_every_page_size(page, d):
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, "gfx950")
     cfg = configs.select("decode", d, "gfx950")
-    assert fp.C.BN == (cfg.BN if cfg.klanes else min(cfg.BN, page)) and fp.C.GP == 4
+    bn = cfg.BN if cfg.klanes else min(cfg.BN, page)
+    got_bn = fp.C.BN
+    assert got_bn == bn and fp.C.GP == 4
     r = model.forward_launches(fp)[0].compile("gfx950").executable.report
     assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count
     assert (r.occupancy or 0) >= 2

@@ -232,7 +232,9 @@ _GFX1250 = {
     **_GFX950,
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
-    ("decode", "d128"): _c(16, 32, 1, 1, 16, False),  # wave32 WMMA: gfx950's K lane order is not its
+    ("decode", "d128"): _c(
+        16, 32, 1, 1, 16, False
+    ),  # wave32 WMMA: gfx950's K lane order is not its
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here
