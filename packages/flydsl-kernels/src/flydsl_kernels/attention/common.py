@@ -142,44 +142,50 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
     return view.load(m, bounds_check=False)
 
 
-def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw):
-    """``_load_kv``'s ``(BN, cs)`` K tile (dense or one page per tile), loaded in the lane order
-    of a one-warp 16x16 MFMA's B operand with ``kw`` (its k width) head dims per lane, so that
-    ``q @ k.T`` needs no layout change. Loaded as ``(BN / 16, cs / 4kw, 4, 16, kw)`` (key
-    block, head-dim block, lane group, key, head dim) and permuted back: the load's
-    coalesced layout (``kw`` contiguous head dims per lane, lanes along the 16 keys, then the 4
-    groups) is then the operand's, where the plain ``(BN, cs)`` load put 8 lanes along the head
-    dim and Triton moved every element across lanes (gfx950 decode d64: 32 ``ds_bpermute`` and
-    64 ``v_cndmask`` per KV tile) or through LDS (d128: 8 writes and 8 reads)."""
-    kb = 4 * kw
-    a = fly.arange(0, BN // 16)[:, None, None, None, None] * 16
-    key = a + fly.arange(0, 16)[None, None, None, :, None]
+def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
+    """``_load_kv``'s ``(BN, cs)`` K tile, loaded in the lane order of a one-warp ``nk x nk``
+    MFMA's B operand with ``kw`` (its k width) head dims per lane, so that ``q @ k.T`` takes K
+    as loaded. With ``ng = 64 / nk`` lane groups, loaded as ``(BN / nk, cs / (ng kw), ng, nk,
+    kw)`` (key block, head-dim block, lane group, key, head dim) and permuted back: the load's
+    coalesced layout (``kw`` contiguous head dims per lane, lanes along the ``nk`` keys, then
+    the groups) is then the operand's, where the plain ``(BN, cs)`` load put 8 lanes along the
+    head dim and Triton moved every element across lanes (gfx950 decode d64: 32
+    ``ds_bpermute`` and 64 ``v_cndmask`` per KV tile) or through LDS (d128: 8 writes, 8 reads,
+    their waits). A key block never spans pages (``k_lanes_fit``)."""
+    ng = 64 // nk
+    kb = ng * kw
+    nb = BN // nk
     d = (
         c0
         + fly.arange(0, cs // kb)[None, :, None, None, None] * kb
-        + fly.arange(0, 4)[None, None, :, None, None] * kw
+        + fly.arange(0, ng)[None, None, :, None, None] * kw
         + fly.arange(0, kw)[None, None, None, None, :]
     )
-    if PAGE == 0:
-        view = t.gather(bk, n0 + key, hk, d)
-    elif PAGE >= BN:
-        view = t.gather(pages, n0 % PAGE + key, hk, d)
-    else:  # pages of 16 keys or more: each key block lies in one of the tile's pages
-        per = PAGE // 16
-        blk = fly.broadcast_to(pages[:, None], (BN // PAGE, per)).reshape(BN // 16)
-        row = (fly.arange(0, BN // 16) % per) * 16
-        key = row[:, None, None, None, None] + fly.arange(0, 16)[None, None, None, :, None]
+    key = fly.arange(0, nk)[None, None, None, :, None]
+    if PAGE == 0 or PAGE >= BN:
+        key = key + fly.arange(0, nb)[:, None, None, None, None] * nk
+        if PAGE == 0:
+            view = t.gather(bk, n0 + key, hk, d)
+        else:
+            view = t.gather(pages, n0 % PAGE + key, hk, d)
+    else:  # each key block lies in one of the tile's pages
+        per = PAGE // nk
+        blk = fly.broadcast_to(pages[:, None], (BN // PAGE, per)).reshape(nb)
+        key = key + ((fly.arange(0, nb) % per) * nk)[:, None, None, None, None]
         view = t.gather(blk[:, None, None, None, None], key, hk, d)
     m = None
     if kmask is not None:
-        m = kmask.reshape(BN // 16, 16)[:, None, None, :, None]
+        m = kmask.reshape(nb, nk)[:, None, None, :, None]
     x = view.load(m, bounds_check=False)
     return x.permute(0, 3, 1, 2, 4).reshape(BN, cs)
 
 
-def k_lanes_fit(C, cs: int, kw: int) -> bool:
-    """Whether ``_load_k_lanes`` applies to a K chunk of ``cs`` head dims (``C.KLANES`` set)."""
-    return kw > 0 and cs % (4 * kw) == 0 and C.BN % 16 == 0 and C.PAGE % 16 == 0
+def k_lanes_fit(C, cs: int) -> bool:
+    """Whether ``_load_k_lanes`` applies to a K chunk of ``cs`` head dims (``C.KLANES`` set;
+    ``C.KROWS`` the MFMA's rows): whole lane-group blocks of head dims and key blocks, and
+    pages (if any) of whole key blocks."""
+    kw, nk = C.KLANES, C.KROWS
+    return kw > 0 and cs % (64 // nk * kw) == 0 and C.BN % nk == 0 and C.PAGE % nk == 0
 
 
 def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):

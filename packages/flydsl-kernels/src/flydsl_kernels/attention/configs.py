@@ -217,6 +217,11 @@ _GFX942 = {
     ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4),
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
+    # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window
+    # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
+    # waves; 19.06 against 15.03 loop instructions per 32x32x8 MFMA), 3 waves at the model
+    # problem too (37.88 against 35.25)
+    ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),

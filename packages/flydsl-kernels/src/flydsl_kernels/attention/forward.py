@@ -77,6 +77,7 @@ class Fwd:
     #: decode, one warp: K loaded in the lane order of the QK MFMA's B operand with this many
     #: head dims per lane (``common._load_k_lanes``; 0: the plain load). ``Config.klanes``
     KLANES: int = 0
+    KROWS: int = 16  # that MFMA's rows and columns (16 or 32)
 
     @property
     def BMS(self) -> int:
@@ -211,9 +212,9 @@ def _fwd_tile(
         pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
         s = None
         for (c0, cs), qt in zip(chunks(C.D), qts):
-            if k_lanes_fit(C, cs, C.KLANES):
+            if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
-                                   C.KLANES)  # fmt: skip
+                                   C.KLANES, C.KROWS)  # fmt: skip
             else:
                 kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
             d = fly.dot(qt, kt.T)

@@ -192,8 +192,8 @@ def plan_forward(
         cfg = configs.mod_config(cfg)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
-    klanes = cfg.klanes if kind == "decode" and p.dtype != "fp32" else 0
-    if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % 16 == 0):
+    klanes = cfg.klanes if p.dtype != "fp32" else 0
+    if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % cfg.nonkdim == 0):
         # a tile spanning several pages gathers them row by row, which held scalar registers
         # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
         # tile shrinks to one page (16 keys at least), whose id is one scalar per tile. With K
@@ -233,7 +233,7 @@ def plan_forward(
         SPARSE_FULL=p.sparse_full,
         FOLD_SCALE=scale_of(p) > 0,
     )
-    C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes)
+    C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
