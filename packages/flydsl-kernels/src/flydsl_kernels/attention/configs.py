@@ -19,7 +19,8 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 * **window tiles** (``band_config``): a window narrower than the tile shrinks the tile until
   the window is wider than it (the KV loop then has unmasked interior trips);
 * **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
-  uneven tile costs (causal: a tile's keys grow with its m-block) and ``CUs <= T <
+  uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;
+  decode's single m-block is even) and ``CUs <= T <
   PERSIST_WAVES * CUs`` (a few waves, so the last wave's imbalance is a large share of the
   time), the grid is ``CUs`` programs walking tiles ``pid, pid + P, ...`` with the m-blocks in
   zig-zag order (step ``s`` of every program takes the heaviest remaining blocks when ``s`` is
@@ -130,7 +131,10 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
 #: main loop (per KV tile; per query step for dK/dV) and per useful 32x32x16 MFMA-equivalent.
 #: Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD, 128-bit K/V loads
-#: (decode also at page sizes 16 to 256: tiles never span pages). Tiles with fewer
+#: (decode also at page sizes 16 to 256, its tiles spanning pages: ``klanes``). Decode loads K
+#: in its MFMA's lane order (``klanes = 8``): d128 16x32 184 -> 157 loop instructions per trip,
+#: and 16x64, which spilled 4 SGPRs with the plain load, 265 (16.56 per MFMA); d64 16x64 284
+#: -> 181, 16x128 318 (19.88); 16x128 d128 and 16x256 d64 spill SGPRs. Tiles with fewer
 #: instructions per MFMA that need one wave per SIMD (dK/dV d128 32x128 with 4 warps: 8.16;
 #: fwd d128 256x64 with 4 warps: 7.39) or spill (fwd d128 256x128: 8.19 with 5 SGPR spills
 #: under LLVM's minimal-register scheduler, 243 spills under the default one) were passed over.
