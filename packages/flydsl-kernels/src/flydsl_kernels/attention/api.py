@@ -368,8 +368,9 @@ def flash_attn_func(
     if bsp is not None:
         fkw["sparse"], bkw["sparse"] = bsp, bsp
 
-    if out is not None and (tuple(out.shape) != (B, Sq, H, Dv) or out.dtype != q.dtype
-                            or out.device != q.device):  # fmt: skip
+    if out is not None and (
+        tuple(out.shape) != (B, Sq, H, Dv) or out.dtype != q.dtype or out.device != q.device
+    ):
         raise ValueError(
             f"flash_attn_func: out must be ({B}, {Sq}, {H}, {Dv}) {q.dtype} on the inputs' "
             f"device, got {list(out.shape)} {out.dtype}"
@@ -377,8 +378,11 @@ def flash_attn_func(
 
     def views(q, k, v, o=None, lse=None):
         if o is None:
-            o = out if out is not None else torch.empty((B, Sq, H, Dv), dtype=q.dtype,
-                                                         device=q.device)  # fmt: skip
+            o = (
+                out
+                if out is not None
+                else torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
+            )
             lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
         return (
             q.unflatten(2, (Hk, G)),
