@@ -37,13 +37,12 @@ import torch
 
 from flydsl_core import cdiv
 
+from .. import supported
 from . import configs
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
-#: q, k, v dtypes the kernels take (bf16 / fp16 as flash-attn; fp32 for flex_attention's inputs)
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: the largest head dim of q / k and of v
-MAX_HEAD_DIM = 256
+SUPPORTED_DTYPES = supported.ATTENTION
+MAX_HEAD_DIM = supported.ATTENTION_MAX_HEAD_DIM
 #: read CPU index tensors on the host (tests turn it off to run the device path on the CPU)
 HOST_VALUES = True
 _INT32_MAX = 2**31 - 1

@@ -21,6 +21,8 @@ import logging
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN, device_reason
 from ..stats import get as _stat
 from . import mods, run
@@ -29,8 +31,8 @@ from .translate import Unsupported
 log = logging.getLogger("torch_flydsl")
 
 STAT = "flex_attention"
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MAX_HEAD_DIM = 256
+DTYPES = supported.ATTENTION
+MAX_HEAD_DIM = supported.ATTENTION_MAX_HEAD_DIM
 
 
 def _torch_flex():

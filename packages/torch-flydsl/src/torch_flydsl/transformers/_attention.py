@@ -36,6 +36,8 @@ from ..stats import get as _stat
 
 NAME = "flydsl"
 STAT = _hf.ATTENTION
+#: a torch-side choice, narrower than the kernel's ``supported.ATTENTION`` (which adds fp32 for
+#: flex_attention): transformers' flash-attention implementations take bf16 / fp16 only
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
