@@ -11,6 +11,17 @@ from __future__ import annotations
 
 import torch
 
+__all__ = [
+    "ATTENTION",
+    "ATTENTION_MAX_HEAD_DIM",
+    "GEMM",
+    "GEMM_OUT",
+    "MX_INPUTS",
+    "MX_OUT",
+    "RMSNORM",
+    "TOPK",
+]
+
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 #: RMSNorm's x / weight dtypes (fp32 included: the kernel computes in fp32)
