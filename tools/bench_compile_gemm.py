@@ -4,7 +4,7 @@
     uv run python tools/bench_compile_gemm.py [--m 16,2048] [--reps 50] [--gates local|open]
                                               [--json PATH]
 
-Programs (shapes from /work/shared/reference/gfx950.md), each compiled both ways:
+Programs (shapes from ../shared/reference/gfx950.md), each compiled both ways:
 
 * the GEMMs of a Llama-3.1-8B decoder layer, one program per GEMM: q / k / v / o
   projections (``F.linear``), the MLP's gate + up as SwiGLU (``silu(x Wg^T) * (x Wu^T)``,

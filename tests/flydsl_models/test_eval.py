@@ -106,7 +106,12 @@ def test_readme_default_command(default_run):
     assert eager["stats"]["hf.attention"]["hits"] == eager["stats"]["hf.attention"]["calls"] > 0
     cov = eager["coverage"]
     assert _flydsl(cov, "attention") > 0 and _flydsl(cov, "norm") > 0 and _flydsl(cov, "gemm") == 0
-    assert "flydsl::hf_rms_norm" in cov["flydsl_ops"] and "attention" in cov["flydsl_ops"]
+    assert (
+        "flydsl::hf_rms_norm" in cov["flydsl_ops"] and "flydsl::hf_attention" in cov["flydsl_ops"]
+    )
+    # attention is set before patch, so patch reports what each arm runs
+    assert eager["routes"]["counts"]["attention"] > 0
+    assert comp["routes"]["counts"]["attention"] == 0 and comp["attention"] == "sdpa"
     # compile: the GEMMs are GEMM (not "other"), attention is the SDPA override's
     assert comp["stats"]["compile:mm"]["hits"] > 0 and comp["stats"]["flydsl::gemm"]["hits"] > 0
     sdpa = "_scaled_dot_product_flash_attention_for_cpu"

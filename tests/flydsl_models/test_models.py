@@ -13,7 +13,7 @@ pytestmark = pytest.mark.cpu
 
 
 def test_shipped_configs_hold_the_published_shapes():
-    """The figures of /work/shared/reference/gfx950.md's model table (published configs)."""
+    """The figures of ../shared/reference/gfx950.md's model table (published configs)."""
     llama = models.resolve("llama-3.1-8b").config_dict
     assert (llama["hidden_size"], llama["intermediate_size"], llama["num_attention_heads"]) == (
         4096,

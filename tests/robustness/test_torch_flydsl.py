@@ -284,7 +284,8 @@ def test_every_path_takes_the_same_cpu_target(monkeypatch, env, cpu):
     from flydsl_core.targets import get_target
     from torch_flydsl import dispatch, eligibility, gates
     from torch_flydsl.flex import run
-    from torch_flydsl.transformers import _attention, _checks
+    from torch_flydsl.library import hf
+    from torch_flydsl.transformers import _checks
 
     for name, value in (("FLYDSL_TARGET", env), ("FLYDSL_TORCH_CPU_TARGET", cpu)):
         if value is None:
@@ -300,7 +301,8 @@ def test_every_path_takes_the_same_cpu_target(monkeypatch, env, cpu):
     x = torch.empty(2)
     assert dispatch.EagerContext("cpu", gates.GateTable()).target_of(x) == want
     assert eligibility.target(x) == run.kernel_target(x) == want
-    assert _checks.device_reason(x) is None and _attention.target(x) == want
+    # transformers' routes launch through the flydsl::hf_* ops, which take eligibility's rule
+    assert _checks.device_reason(x) is None and hf.target is eligibility.target
     torch_flydsl.disable()
     assert torch_flydsl.status("cpu")["target"] == want
 

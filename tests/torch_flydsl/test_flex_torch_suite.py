@@ -809,8 +809,32 @@ def _dense_mask(bm, B, H, Sq, Sk):
     return (full | (part & mm)).expand(B, H, Sq, Sk)
 
 
-def reference(c: Call, q, k, v):
-    """Dense fp64 attention with torch's vmap of the mods: ``(out, lse)``, differentiable."""
+class _RoundedDelta(torch.autograd.Function):
+    """``softmax(s) @ v`` whose backward takes the row term ``delta = sum(dO * O)`` from ``o``, the
+    kernel's output as returned (rounded to its dtype), as every flash backward does. A
+    gradient that sums ``dS`` against a score-sized factor (a 0-d temperature: ``sum dS * s /
+    t^2``) cancels to a small difference of large terms, and bf16's rounding of ``O`` alone
+    moves it by about 1% there (fp64 vs rounded ``O`` in this reference); so the gradients are
+    checked against the exact backward of the output the kernel produced."""
+
+    @staticmethod
+    def forward(ctx, s, v, o):
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        ctx.save_for_backward(p, v, o)
+        return p @ v
+
+    @staticmethod
+    def backward(ctx, g):
+        p, v, o = ctx.saved_tensors
+        dp = g @ v.transpose(-1, -2)
+        delta = (g * o).sum(-1, keepdim=True)
+        return p * (dp - delta), p.transpose(-1, -2) @ g, None
+
+
+def reference(c: Call, q, k, v, out=None):
+    """Dense fp64 attention with torch's vmap of the mods: ``(out, lse)``, differentiable;
+    with ``out`` (the kernel's output) the backward's row term comes from it
+    (``_RoundedDelta``)."""
     B, H, Sq, Dq = q.shape
     G = H // k.shape[1]
     k = k.double().repeat_interleave(G, 1).expand(B, -1, -1, -1)
@@ -823,6 +847,9 @@ def reference(c: Call, q, k, v):
     if c.block_mask is not None:
         s = s.masked_fill(~_dense_mask(c.block_mask, B, H, Sq, k.shape[2]), -math.inf)
     lse = s.logsumexp(-1)
+    if out is not None:
+        o = out.detach().double().expand((*s.shape[:-1], v.shape[-1]))
+        return _RoundedDelta.apply(s, v, o), lse
     p = torch.softmax(s, -1).nan_to_num(0.0)
     return p @ v, lse
 
@@ -868,7 +895,7 @@ def run_case(tf, c: Case, compiled=False):
         assert torch.equal(torch.isinf(lse), torch.isinf(w_lse))
         live = ~torch.isinf(w_lse)
         assert rel_err(lse.detach()[live], w_lse[live]) <= tol
-    # gradients: fp64 dense reference
+    # gradients: fp64 dense reference, given the kernel's rounded output
     wrt = [t for t in (q, k, v) if t.requires_grad] + list(call.learn)
     if not wrt:
         return
@@ -881,7 +908,7 @@ def run_case(tf, c: Case, compiled=False):
         loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dl).sum()
     grads = torch.autograd.grad(loss, wrt)
     rq, rk, rv = (t.detach().requires_grad_(t.requires_grad) for t in (q, k, v))
-    r_out, r_lse = reference(call, rq, rk, rv)
+    r_out, r_lse = reference(call, rq, rk, rv, out)
     assert rel_err(out.detach(), r_out) <= tol
     rloss = (r_out * do.double()).sum()
     if dl is not None:

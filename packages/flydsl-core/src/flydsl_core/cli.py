@@ -367,13 +367,17 @@ def cmd_settings(args) -> int:
     for name, close in settings.unknown().items():
         hint = f"; did you mean {close}?" if close else ""
         t.add_row(
-            f"[red]{name}[/]", "-", "-", f"[red]not a FlyDSL setting: ignored{escape(hint)}[/]",
+            f"[red]{name}[/]",
+            "-",
+            "-",
+            f"[red]not a FlyDSL setting: ignored{escape(hint)}[/]",
             escape(repr(os.environ.get(name))),
-        )  # fmt: skip
+        )
     _console().print(t)
     for where, why in settings.load_errors().items():
-        print(f"flydsl settings: could not load the declarations at {where}: {why}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"flydsl settings: could not load the declarations at {where}: {why}", file=sys.stderr
+        )
     return 0
 
 

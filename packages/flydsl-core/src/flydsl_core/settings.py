@@ -151,18 +151,34 @@ def declare(package: str, *variables: Var) -> tuple[Var, ...]:
 
 declare(
     "flydsl-core",
-    Var("FLYDSL_TARGET", "str", "the target to compile for, by name or alias (see `flydsl targets`); "
-        "default: the current GPU, else cpu-reference"),
-    Var("FLYDSL_GPU_ARCH", "str", "the arch to assume for the current GPU instead of the one torch "
-        "reports (e.g. gfx950); only where a GPU is present"),
-    Var("FLYDSL_CACHE_DIR", "dir", "the compile cache folder (default $XDG_CACHE_HOME/flydsl or "
-        "~/.cache/flydsl)"),
+    Var(
+        "FLYDSL_TARGET",
+        "str",
+        "the target to compile for, by name or alias (see `flydsl targets`); "
+        "default: the current GPU, else cpu-reference",
+    ),
+    Var(
+        "FLYDSL_GPU_ARCH",
+        "str",
+        "the arch to assume for the current GPU instead of the one torch "
+        "reports (e.g. gfx950); only where a GPU is present",
+    ),
+    Var(
+        "FLYDSL_CACHE_DIR",
+        "dir",
+        "the compile cache folder (default $XDG_CACHE_HOME/flydsl or ~/.cache/flydsl)",
+    ),
     Var("FLYDSL_DISABLE_CACHE", "flag", "1: do not read or write the on-disk compile cache", False),
     Var("FLYDSL_DUMP_DIR", "dir", "write the FlyIR after tracing and after every pass here"),
     Var("FLYDSL_VERIFY", "flag", "0: skip the IR verifier between passes", True),
-    Var("FLYDSL_GENERIC_BINDER", "flag", "1: compute launch keys with the plain loop instead of "
-        "the generated per-kernel function (debugging)", False),
-)  # fmt: skip
+    Var(
+        "FLYDSL_GENERIC_BINDER",
+        "flag",
+        "1: compute launch keys with the plain loop instead of "
+        "the generated per-kernel function (debugging)",
+        False,
+    ),
+)
 
 
 # -- installed packages' declarations (entry points) ---------------------------------------------

@@ -1,6 +1,7 @@
 """The FlyDSL kernel library.
 
-Kernel families (GEMM, grouped and MX GEMM, RMSNorm, TopK), each
+Kernel families (RMSNorm, TopK and the MoE router, dense and grouped GEMM, MX GEMMs,
+attention with flash-attn's API), each
 written in the FlyDSL language with a PyTorch reference, a function API over
 torch tensors, and a config space with shipped defaults for gfx950. This
 package knows nothing of PyTorch dispatch; that is torch-flydsl's job.

@@ -3,7 +3,8 @@
 The CPU/GPU distinction is flydsl-core's one rule (``targets.is_cpu_target``), names and
 aliases resolve through its one registry, and a GPU tensor's target is the target of *its*
 device (``targets.resolve_target(device=)``, through the one arch probe), so the families
-never name targets or probe devices themselves. The rules the function APIs share:
+never probe devices themselves; the only target a family names is the one its shipped tables
+were tuned for (``configs.TARGET``). The rules the function APIs share:
 
 * ``tensor_target(t, target)``: the target a launch compiles for;
 * ``table_target(t, target)``: the name of the target whose shipped config table picks the

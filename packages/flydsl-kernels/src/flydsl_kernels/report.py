@@ -494,8 +494,16 @@ def render_table(rows: Sequence[dict], *, title: str | None = None):
         cols += ["ours", "ATen", "speedup"]
     for c in cols:
         right = c in (
-            "VGPR", "LDS", "scratch", "occupancy", "load", "loop/MFMA", "check err", "ours", "ATen",
-        )  # fmt: skip
+            "VGPR",
+            "LDS",
+            "scratch",
+            "occupancy",
+            "load",
+            "loop/MFMA",
+            "check err",
+            "ours",
+            "ATen",
+        )
         t.add_column(c, justify="right" if right or c == "speedup" else "left", overflow="fold")
     for r in rows:
         occ = r["occupancy"]

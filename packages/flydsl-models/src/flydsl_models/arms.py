@@ -117,13 +117,17 @@ class Session:
         self.device = next(model.parameters()).device.type
         self.original_attention = attention_implementation(model)
         self.patch = None
+        self.patched_attention: str | None = None  # the attn_implementation patch saw
         self.enabled = False
         self.prior: list[str] = []
 
     def _dev(self) -> str:
         return "cpu" if self.device == "cpu" else "cuda"
 
-    def on(self):
+    def on(self, attention: str | None = None):
+        """FlyDSL on, with the model's ``attn_implementation`` set to ``attention`` (None: the
+        model's own) before ``patch``, so that the patch reports the attention the arm runs.
+        Returns ``(patch, the attn_implementation in effect)``."""
         import torch_flydsl
         from torch_flydsl.transformers import patch, register
 
@@ -133,10 +137,15 @@ class Session:
             torch_flydsl.enable(device=dev)  # the default groups
             torch_flydsl.enable(ops=["sdpa"], device=dev)  # opt-in: attention
             self.enabled = True
-        register()
+        register()  # names "flydsl" for set_attn_implementation
+        attn = self.set_attention(attention or self.original_attention)
+        if self.patch is not None and self.patched_attention != attn:
+            self.patch.undo()  # patched under another attention: its report would be stale
+            self.patch = None
         if self.patch is None:
             self.patch = patch(self.model, mx_experts=self.mx)
-        return self.patch
+            self.patched_attention = attn
+        return self.patch, attn
 
     def set_attention(self, name: str | None) -> str | None:
         """Switch the model's ``attn_implementation``; returns the one in effect (None when
@@ -180,14 +189,13 @@ def prepare(name: str, model, session: Session) -> Arm:
         backend, why = compile_backend()
         if backend is None:
             return Arm("compile", available=False, reason=why)
-    p = session.on()
     if name == "eager":
-        attn = session.set_attention(ATTENTION_IMPLEMENTATION)
+        p, attn = session.on(ATTENTION_IMPLEMENTATION)
         return Arm("eager", forward=model, patch=p, attention=attn)
     import torch
 
     # the model's own attention call: SDPA, which the SDPA override routes inside the graph
-    attn = session.set_attention(session.original_attention)
+    p, attn = session.on()
     options = compile_options(session.device)
     return Arm(
         "compile",

@@ -8,10 +8,8 @@ Attribution (the same on a CPU and a GPU):
   torch-flydsl's eager overrides took (``torch_flydsl.stats()`` keys that name an
   ATen overload, read over the profiled window): their time times the share of their
   calls that hit FlyDSL (1 or 0 in practice: the calls of one op in one run are alike).
-  (3) Calls the profiler cannot name, reported by ``Marks``: transformers' ``"flydsl"``
-  attention implementation is a plain function, so ``measure.profile`` opens a range
-  per call and records whether it hit FlyDSL, and the autograd node its output
-  carries, whose backward then counts as FlyDSL too. (4) On a GPU, kernels whose
+  transformers' ``"flydsl"`` attention implementation runs as ``flydsl::hf_attention``
+  (and ``flydsl::hf_attention_backward``), so (1) names it. (3) On a GPU, kernels whose
   name is one of the kernel families' kernels (``flydsl_kernels.<family>.KERNELS``;
   the generated Triton function is named after the kernel), whichever op launched it.
 * **Which family** (``FAMILIES``). A FlyDSL op takes the family of the kernel family
@@ -41,9 +39,7 @@ import torch
 FAMILIES = ("gemm", "attention", "norm", "moe", "other")
 PHASE_PREFIX = "flydsl_models::phase::"
 MODULE_PREFIX = "flydsl_models::module::"
-CALL_PREFIX = "flydsl_models::call::"
 _OWN_PREFIX = "flydsl_models::"
-_BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
 #: registry tag -> report family, in the order a family's tags are read (mx: quantization
 #: and gemm -> gemm; topk: selection and moe -> moe)
@@ -155,16 +151,10 @@ def _aten_family(name: str) -> str | None:
 
 @dataclasses.dataclass
 class Marks:
-    """FlyDSL work the profile's names cannot show, collected while profiling.
+    """FlyDSL work the profile's names cannot show, collected while profiling: ``overrides``,
+    ``{"aten::op": share of calls that hit}`` from ``torch_flydsl.stats()`` over the window
+    (an ATen op an eager override took keeps its ATen name)."""
 
-    ``calls``: ``{range name: (family, hit)}`` of the ranges ``measure.profile`` opened
-    around calls (``CALL_PREFIX``); ``nodes``: ``{autograd node name: family}`` of the
-    outputs of calls that hit (their backward runs FlyDSL's kernels too); ``overrides``:
-    ``{"aten::op": share of calls that hit}`` from ``torch_flydsl.stats()`` over the window.
-    """
-
-    calls: dict = dataclasses.field(default_factory=dict)
-    nodes: dict = dataclasses.field(default_factory=dict)
     overrides: dict = dataclasses.field(default_factory=dict)
 
 
@@ -232,17 +222,9 @@ def _cpu_tree(result, marks: Marks):
             phase = name[len(PHASE_PREFIX) :]
         elif name.startswith(MODULE_PREFIX):
             module = name[len(MODULE_PREFIX) :]  # the innermost module range wins
-        elif name.startswith(CALL_PREFIX):
-            cfam, hit = marks.calls.get(name, ("other", False))
-            fam = fam or cfam
-            if fly is None and hit:
-                fly, ffam, share = name, cfam, 1.0
         elif fly is None:
-            node = name[len(_BACKWARD_PREFIX) :] if name.startswith(_BACKWARD_PREFIX) else None
             if name.startswith(prefixes):
                 fly, ffam, share = name, report_family(registry_family(name)), 1.0
-            elif node is not None and node in marks.nodes:
-                fly, ffam, share = node, marks.nodes[node], 1.0
             elif marks.overrides.get(name):
                 fly, ffam, share = name, _aten_family(name) or "other", marks.overrides[name]
         if not name.startswith(_OWN_PREFIX):
@@ -333,8 +315,7 @@ def attribute(
             bucket["total_us"] += us
             bucket["flydsl_us"] += fly_us
         if fly_us:
-            key = fly.removeprefix(CALL_PREFIX).split("#")[0]
-            fly_ops[key] = fly_ops.get(key, 0.0) + fly_us
+            fly_ops[fly] = fly_ops.get(fly, 0.0) + fly_us
         if us - fly_us > 0:
             key = (outer or name, f)
             unrouted[key] = unrouted.get(key, 0.0) + us - fly_us

@@ -206,54 +206,9 @@ def phase(name: str):
 
 
 @contextlib.contextmanager
-def attention_marks(model, marks):
-    """While profiling: a range around each call of transformers' ``"flydsl"`` attention
-    implementation, with whether it hit FlyDSL (``torch_flydsl.stats()["hf.attention"]``)
-    and its output's autograd node (``coverage.Marks``). The implementation is a plain
-    function, so the profiler has no name for its FlyDSL work otherwise."""
-    from transformers import AttentionInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    import torch_flydsl
-    from torch_flydsl.transformers import ATTENTION_IMPLEMENTATION
-
-    from .arms import attention_implementation
-    from .coverage import CALL_PREFIX
-
-    impl = attention_implementation(model)
-    if impl != ATTENTION_IMPLEMENTATION:
-        yield
-        return
-    fn = ALL_ATTENTION_FUNCTIONS[impl]
-    count = [0]
-
-    def hits() -> int:
-        return torch_flydsl.stats().get("hf.attention", {}).get("hits", 0)
-
-    def marked(module, *args, **kwargs):
-        name = f"{CALL_PREFIX}attention#{count[0]}"
-        count[0] += 1
-        before = hits()
-        with torch.autograd.profiler.record_function(name):
-            out = fn(module, *args, **kwargs)
-        hit = hits() > before
-        marks.calls[name] = ("attention", hit)
-        node = getattr(out[0], "grad_fn", None)
-        if hit and node is not None:
-            marks.nodes[node.name()] = "attention"
-        return out
-
-    AttentionInterface.register(impl, marked)
-    try:
-        yield
-    finally:
-        AttentionInterface.register(impl, fn)
-
-
-@contextlib.contextmanager
 def profiling(model, *, module_context: bool, device: torch.device):
-    """``(prof, marks)``: torch.profiler around the block, with the module ranges and
-    attention marks, and ``marks.overrides`` filled from the stats when it ends."""
+    """``(prof, marks)``: torch.profiler around the block, with the module ranges, and
+    ``marks.overrides`` filled from the stats when it ends."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -267,7 +222,7 @@ def profiling(model, *, module_context: bool, device: torch.device):
     marks = Marks()
     ctx = module_ranges(model) if module_context else contextlib.nullcontext()
     before = torch_flydsl.stats()
-    with attention_marks(model, marks), ctx, tprofile(activities=acts) as prof:
+    with ctx, tprofile(activities=acts) as prof:
         yield prof, marks
     marks.overrides = override_shares(before, torch_flydsl.stats())
 

@@ -13,7 +13,7 @@ holds. Every rule carries ``source``: where its numbers come from.
 Two tables:
 
 * the shipped one (``SHIPPED``): gfx950 seeded with the upstream dispatch
-  regions published for MI355X (/work/shared/reference/gfx950.md), plus an
+  regions published for MI355X (../shared/reference/gfx950.md), plus an
   open ``cpu`` entry for the CPU test backend;
 * the local one, written by ``torch_flydsl calibrate``: JSON at
   ``$FLYDSL_TORCH_GATES``, else ``<FlyDSL cache dir>/torch_gates.json``
@@ -60,7 +60,10 @@ DTYPE_NAMES = {
 MX_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
 DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 
-_UPSTREAM = "/work/shared/reference/gfx950.md"
+#: the reference sheet the shipped rules cite, relative to the repository root (as the docs
+#: cite it). A citation only: no code opens it (a clean clone or an installed package may not
+#: have it), so its location is no setting
+_UPSTREAM = "../shared/reference/gfx950.md"
 SRC_RMS = (
     f"upstream torch 2.15 FlyDSL RMSNorm forward dispatch region, MI355X ({_UPSTREAM}: "
     "'Published dispatch regions of the upstream eager overrides')"

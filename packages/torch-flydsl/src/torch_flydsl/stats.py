@@ -27,6 +27,7 @@ REASONS = (
     "span",  # beyond the 32-bit buffer-descriptor span
     "gate",  # outside the gate table: ATen is faster there
     "dynamic",  # torch.compile: a size FlyDSL compiles for (N, K, groups) has no value (unbacked)
+    "autotune",  # torch.compile with max-autotune: the timed choice was ATen
     "error",  # the kernel raised: logged at warning, ATen's result returned
 )
 

@@ -7,15 +7,17 @@ FlyDSL, with sinks, ALiBi, softcap, sliding windows and FlyDSL score / mask mods
 Parts: ``plan`` (problem -> kernels, grids, constexprs, options), ``kernels`` (``forward``,
 ``decode``, ``backward``, ``common``), ``configs`` (``Config``, per-target tables ``TABLES``,
 ``select``, the schedule rules), ``model`` (config spaces and the static model that chose the
-tables), ``api``, ``validate`` (the checks of the API's numbers and index tensors),
+tables), ``api``, ``validate`` (the checks of the API's operands, numbers and index tensors),
+``sparse`` (``BlockSparse``: torch's ``BlockMask`` lists, and their checks),
 ``reference``, ``mods``, ``mod_grads`` (the gradients of the tensors a score mod reads:
 torch-flydsl's flex_attention backward), and the report cases (``cases``).
 """
 
 from __future__ import annotations
 
-from . import configs, mod_grads, model, mods, plan, reference, validate
+from . import configs, mod_grads, model, mods, plan, reference, sparse, validate
 from .api import (
+    MAX_HEAD_DIM,
     SUPPORTED_DTYPES,
     BlockSparse,
     flash_attn_backward,
@@ -30,6 +32,7 @@ from .mods import MaskMod, ScoreMod
 __all__ = [
     "FAMILY",
     "KERNELS",
+    "MAX_HEAD_DIM",
     "SUPPORTED_DTYPES",
     "TOLERANCE",
     "BlockSparse",
@@ -45,5 +48,6 @@ __all__ = [
     "mods",
     "plan",
     "reference",
+    "sparse",
     "validate",
 ]

@@ -28,201 +28,25 @@ kernel: no atomics), so ``deterministic=True`` always holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
-
-from flydsl_core import cdiv
 
 from .._target import table_target, target_name, tensor_target
 from . import configs, plan
 from . import validate as V
-from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
+from .sparse import BlockSparse, backward_lists, check_block_sparse
+from .validate import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MAX_HEAD_DIM = 256
+__all__ = [
+    "MAX_HEAD_DIM",
+    "SUPPORTED_DTYPES",
+    "BlockSparse",
+    "flash_attn_backward",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+]
+
 _DNAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-# -- block sparsity ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BlockSparse:
-    """torch's ``BlockMask`` lists (``torch.nn.attention.flex_attention``), all int32:
-
-    * ``kv_num_blocks (B, H, q_blocks)`` / ``kv_indices (B, H, q_blocks, kv_blocks)``: the key
-      blocks each query block visits where the mask mod decides (partial blocks);
-    * ``full_kv_*``: blocks visited with no mask mod (every element visible);
-    * ``q_*`` / ``full_q_*``: the transposed lists (per key block), for the dK/dV backward;
-    * ``block_size``: ``(Q, KV)`` elements per block (BlockMask's ``BLOCK_SIZE``).
-
-    ``B`` and ``H`` may be 1 (broadcast). Blocks in neither list are skipped. ``H`` counts
-    query heads.
-    """
-
-    kv_num_blocks: Any
-    kv_indices: Any
-    full_kv_num_blocks: Any = None
-    full_kv_indices: Any = None
-    q_num_blocks: Any = None
-    q_indices: Any = None
-    full_q_num_blocks: Any = None
-    full_q_indices: Any = None
-    block_size: tuple = (128, 128)
-
-    @classmethod
-    def from_block_mask(cls, bm) -> BlockSparse:
-        """From a ``torch.nn.attention.flex_attention.BlockMask``."""
-        bs = bm.BLOCK_SIZE
-        return cls(
-            bm.kv_num_blocks,
-            bm.kv_indices,
-            bm.full_kv_num_blocks,
-            bm.full_kv_indices,
-            bm.q_num_blocks,
-            bm.q_indices,
-            bm.full_q_num_blocks,
-            bm.full_q_indices,
-            (int(bs[0]), int(bs[1])) if isinstance(bs, tuple) else (int(bs), int(bs)),
-        )
-
-    def lists(self, B, H, transposed=False):
-        """The four tensors a kernel takes, broadcast to ``(B, H, ...)`` (None where absent)."""
-        names = (
-            ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
-            if transposed
-            else ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
-        )
-        out = []
-        for n in names:
-            t = getattr(self, n)
-            out.append(None if t is None else t.expand(B, H, *t.shape[2:]))
-        return tuple(out)
-
-
-def _check_sparse(bs, B, H, sq, sk, device, mask_mod):
-    if bs is None:
-        return None
-    if not isinstance(bs, BlockSparse):
-        if hasattr(bs, "kv_num_blocks") and hasattr(bs, "BLOCK_SIZE"):
-            bs = BlockSparse.from_block_mask(bs)
-        else:
-            raise TypeError("block_sparse must be a BlockSparse or a torch BlockMask")
-    bq, bkv = bs.block_size
-    for n, blk in (("Q", bq), ("KV", bkv)):
-        if blk < 16 or blk % 16:
-            raise ValueError(f"block_sparse: {n} block size must be a multiple of 16, got {blk}")
-    nq, nk = cdiv(sq, bq), cdiv(sk, bkv)
-    for name in (
-        "kv_num_blocks",
-        "kv_indices",
-        "full_kv_num_blocks",
-        "full_kv_indices",
-        "q_num_blocks",
-        "q_indices",
-        "full_q_num_blocks",
-        "full_q_indices",
-    ):
-        t = getattr(bs, name)
-        if t is None:
-            continue
-        if t.dtype != torch.int32 or t.device != device:
-            raise TypeError(f"block_sparse.{name} must be int32 on the inputs' device")
-        if t.shape[0] not in (1, B) or t.shape[1] not in (1, H):
-            raise ValueError(
-                f"block_sparse.{name} must be (batch or 1, nheads or 1, ...), got {list(t.shape)}"
-            )
-        rows = nk if name.startswith(("q_", "full_q")) else nq
-        if t.shape[2] < rows:
-            raise ValueError(
-                f"block_sparse.{name} covers {t.shape[2]} blocks, the sequence needs {rows}"
-            )
-    if (bs.full_kv_num_blocks is None) != (bs.full_kv_indices is None):
-        raise ValueError("block_sparse: give full_kv_num_blocks and full_kv_indices together")
-    return bs
-
-
-# -- validation --------------------------------------------------------------------------------------
-
-
-def _check_dropout(dropout_p):
-    if dropout_p:
-        raise NotImplementedError(
-            f"FlyDSL attention does not implement dropout (dropout_p={dropout_p}); it supports "
-            "dropout_p=0.0 only (inference, and training without attention dropout)"
-        )
-
-
-def _check_qkv(q, k, v, what, rank):
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{what}: {n} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{what} supports bf16, fp16 and fp32 q, k, v; {n} is {t.dtype}")
-        if t.dim() != rank:
-            raise ValueError(f"{what}: {n} must be {rank}-D, got shape {list(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{what}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{what}: q, k, v must be on one device")
-    H, Hk = q.shape[-2], k.shape[-2]
-    if v.shape[-2] != Hk:
-        raise ValueError(f"{what}: k has {Hk} heads, v {v.shape[-2]}")
-    if Hk == 0 or H % Hk:
-        raise ValueError(
-            f"{what}: nheads ({H}) must be a multiple of nheads_k ({Hk}) (MHA, GQA or MQA)"
-        )
-    D, Dv = q.shape[-1], v.shape[-1]
-    if k.shape[-1] != D:
-        raise ValueError(f"{what}: q has head dim {D}, k {k.shape[-1]}")
-    if not (0 < D <= MAX_HEAD_DIM and 0 < Dv <= MAX_HEAD_DIM):
-        raise ValueError(
-            f"{what}: head dims up to {MAX_HEAD_DIM} are supported, got q/k {D} and v {Dv}"
-        )
-
-
-def _alibi(alibi_slopes, batch, H, Hk, device):
-    """flash-attn's ``(nheads,)`` or ``(batch, nheads)`` fp32 slopes as ``(batch, Hk, G)``."""
-    if alibi_slopes is None:
-        return None
-    a = alibi_slopes
-    if a.dtype != torch.float32 or a.device != device:
-        raise TypeError(
-            f"alibi_slopes must be fp32 on the inputs' device, got {a.dtype} on {a.device}"
-        )
-    if tuple(a.shape) == (H,):
-        a = a[None].expand(batch, H)
-    elif tuple(a.shape) != (batch, H):
-        raise ValueError(
-            f"alibi_slopes must be (nheads,) = ({H},) or (batch, nheads) = ({batch}, {H}), "
-            f"got {list(a.shape)}"
-        )
-    return a.unflatten(1, (Hk, H // Hk))
-
-
-def _sinks(sinks, H, Hk, device):
-    if sinks is None:
-        return None
-    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
-        raise TypeError("sinks must be a float tensor of shape (nheads,)")
-    if tuple(sinks.shape) != (H,) or sinks.device != device:
-        raise ValueError(
-            f"sinks must be (nheads,) = ({H},) on the inputs' device, got {list(sinks.shape)}"
-        )
-    return sinks.unflatten(0, (Hk, H // Hk))[None]
-
-
-def _mods(score_mod, mask_mod, mod_tensors, device):
-    sm, mm = as_score_mod(score_mod), as_mask_mod(mask_mod)
-    mt = tuple(mod_tensors or ())
-    if len(mt) > MAX_MOD_TENSORS:
-        raise ValueError(f"at most {MAX_MOD_TENSORS} mod_tensors, got {len(mt)}")
-    for t in mt:
-        if not isinstance(t, torch.Tensor) or t.device != device:
-            raise TypeError("mod_tensors must be tensors on the inputs' device")
-    return sm, mm, mt
 
 
 def _problem(
@@ -393,7 +217,7 @@ def _backward(
             cu_k=cu_k,
             mod_tensors=mt,
             sq_rows=q5.shape[1],
-            **_sparse_lists(sparse, p),
+            **backward_lists(sparse, p),
         )
     ):
         _run(launch, tgt)
@@ -401,22 +225,6 @@ def _backward(
             # a gradient w.r.t. the LSE: d lse / d s_j = P_j, so dS = P * (dP - (delta - dlse))
             ld[:, :, :, 1] -= dlse4.float()
     return dq, dk, dv, ld[:, :, :, 1]
-
-
-def _sparse_lists(sparse, p):
-    if sparse is None:
-        return {}
-    if sparse.q_num_blocks is None or sparse.q_indices is None:
-        raise NotImplementedError(
-            "the block-sparse backward walks the transposed lists: give q_num_blocks and "
-            "q_indices (a torch BlockMask has them)"
-        )
-    if (sparse.full_kv_num_blocks is None) != (sparse.full_q_num_blocks is None):
-        raise ValueError("block_sparse: full_kv_* and full_q_* go together")
-    return {
-        "sparse_kv": sparse.lists(p.batch, p.heads_q),
-        "sparse_q": sparse.lists(p.batch, p.heads_q, transposed=True),
-    }
 
 
 def _dsinks(sinks, lse, delta, lse_log2):
@@ -435,7 +243,7 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, sinks, alibi_slopes, mod_tensors, opts):
         p, tgt, views, kw = opts["problem"], opts["target"], opts["views"], opts["kw"]
         q5, k4, v4, o, o5, lse, lse4 = views(q, k, v)
-        sinks3 = _sinks(sinks, p.heads_q, p.heads_k, q.device)
+        sinks3 = V.sinks(sinks, p.heads_q, p.heads_k, q.device)
         alibi3 = opts["alibi"](alibi_slopes)
         _forward(p, tgt, q5, k4, v4, o5, lse4, sinks3=sinks3, alibi3=alibi3, mt=mod_tensors, **kw)
         ctx.save_for_backward(q, k, v, o, lse, sinks, alibi_slopes, *mod_tensors)
@@ -522,8 +330,8 @@ def flash_attn_func(
     preallocated output ``(B, Sq, H, Dv)`` of any strides (flex_attention's output layout).
     """
     what = "flash_attn_func"
-    _check_dropout(dropout_p)
-    _check_qkv(q, k, v, what, 4)
+    V.dropout(dropout_p)
+    V.qkv(q, k, v, what, 4)
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
     if k.shape[0] != B or v.shape[:2] != k.shape[:2]:
@@ -535,8 +343,8 @@ def flash_attn_func(
     cap = V.softcap(softcap, what)
     scale = V.softmax_scale(softmax_scale, what)
     splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
-    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
-    bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
+    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
+    bsp = check_block_sparse(block_sparse, B, H, Sq, Sk, q.device)
     p = _problem(
         q,
         k,
@@ -560,8 +368,9 @@ def flash_attn_func(
     if bsp is not None:
         fkw["sparse"], bkw["sparse"] = bsp, bsp
 
-    if out is not None and (tuple(out.shape) != (B, Sq, H, Dv) or out.dtype != q.dtype
-                            or out.device != q.device):  # fmt: skip
+    if out is not None and (
+        tuple(out.shape) != (B, Sq, H, Dv) or out.dtype != q.dtype or out.device != q.device
+    ):
         raise ValueError(
             f"flash_attn_func: out must be ({B}, {Sq}, {H}, {Dv}) {q.dtype} on the inputs' "
             f"device, got {list(out.shape)} {out.dtype}"
@@ -569,8 +378,11 @@ def flash_attn_func(
 
     def views(q, k, v, o=None, lse=None):
         if o is None:
-            o = out if out is not None else torch.empty((B, Sq, H, Dv), dtype=q.dtype,
-                                                         device=q.device)  # fmt: skip
+            o = (
+                out
+                if out is not None
+                else torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
+            )
             lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
         return (
             q.unflatten(2, (Hk, G)),
@@ -588,12 +400,12 @@ def flash_attn_func(
         "target": tensor_target(q, _meta(q, target)),
         "views": views,
         "out_view": lambda do: do.unflatten(2, (Hk, G)),
-        "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
+        "alibi": lambda a: V.alibi(a, B, H, Hk, q.device),
         "kw": {**fkw, "splits": splits, "table": tbl},
         "bkw": {**bkw, "table": tbl},
     }
-    _sinks(sinks, H, Hk, q.device)  # validate before any launch
-    _alibi(alibi_slopes, B, H, Hk, q.device)
+    V.sinks(sinks, H, Hk, q.device)  # validate before any launch
+    V.alibi(alibi_slopes, B, H, Hk, q.device)
     out, lse = _Attention.apply(q, k, v, sinks, alibi_slopes, mt, opts)
     return (out, lse, None) if return_attn_probs else out
 
@@ -638,9 +450,9 @@ def flash_attn_varlen_func(
     a paged cache the forward is differentiable in form only: its backward raises, as
     flash-attn's does."""
     what = "flash_attn_varlen_func"
-    _check_dropout(dropout_p)
+    V.dropout(dropout_p)
     paged = block_table is not None
-    _check_qkv(q, k if not paged else k[0], v if not paged else v[0], what, 3)
+    V.qkv(q, k if not paged else k[0], v if not paged else v[0], what, 3)
     for n, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         V.int32_tensor(c, n, what, (None,), q.device, "(batch + 1,)")
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.numel() < 1:
@@ -653,17 +465,17 @@ def flash_attn_varlen_func(
     B = cu_seqlens_q.numel() - 1
     total_q, H, _ = q.shape
     Hk = k.shape[-2]
-    page = _page_size(k, v, block_table, B, q.device, what) if paged else 0
+    page = V.paged_cache(k, v, block_table, B, q.device, what) if paged else 0
     if not paged and v.shape[0] != k.shape[0]:
         raise ValueError(f"{what}: k has {k.shape[0]} tokens, v {v.shape[0]}")
     window = V.window(window_size, max_q, max_k, what)
     cap = V.softcap(softcap, what)
     scale = V.softmax_scale(softmax_scale, what)
     splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
-    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
     fkw, bkw = V.config(config, what)
-    _sinks(sinks, H, Hk, q.device)
-    _alibi(alibi_slopes, B, H, Hk, q.device)
+    V.sinks(sinks, H, Hk, q.device)
+    V.alibi(alibi_slopes, B, H, Hk, q.device)
     V.varlen(
         cu_seqlens_q,
         cu_seqlens_k,
@@ -720,7 +532,7 @@ def flash_attn_varlen_func(
         "target": tensor_target(q, _meta(q, target)),
         "views": views,
         "out_view": lambda do: do.unflatten(1, (Hk, G))[None],
-        "alibi": lambda a: _alibi(a, B, H, Hk, q.device),
+        "alibi": lambda a: V.alibi(a, B, H, Hk, q.device),
         "kw": {
             **fkw,
             **cu,
@@ -732,45 +544,6 @@ def flash_attn_varlen_func(
     }
     out, lse = _Attention.apply(q, k, v, sinks, alibi_slopes, mt, opts)
     return (out, lse, None) if return_attn_probs else out
-
-
-def _page_size(k_cache, v_cache, block_table, batch, device, what) -> int:
-    """The page size of a paged cache ``(num_pages, page_size, nheads_k, d)``, after the
-    shapes of the cache and its ``block_table (batch, max_pages)`` int32."""
-    if k_cache.dim() != 4:
-        raise ValueError(
-            f"{what}: a paged k_cache is (num_pages, page_size, nheads_k, d), got "
-            f"{list(k_cache.shape)}"
-        )
-    if v_cache.dim() != 4 or v_cache.shape[:2] != k_cache.shape[:2]:
-        raise ValueError(
-            f"{what}: a paged v_cache has k_cache's pages and page size, (num_pages, "
-            f"page_size) = {tuple(k_cache.shape[:2])}; got {list(v_cache.shape)}"
-        )
-    V.int32_tensor(block_table, "block_table", what, (batch, None), device, "(batch, max_pages)")
-    P = k_cache.shape[1]
-    if P < 1 or P & (P - 1):
-        raise ValueError(
-            f"{what}: paged KV cache: page sizes that are powers of two are supported (16 to "
-            f"256 tested), got {P}"
-        )
-    return P
-
-
-def _cache_seqlens(cache_seqlens, B, sk_max, snew, device, what):
-    """``(seqlens (B,) int32 for the kernels, the same as an int or None where it is one)``."""
-    if cache_seqlens is None:
-        if snew:
-            raise RuntimeError(
-                f"{what}: appending k and v needs cache_seqlens (where each sequence's new "
-                "tokens go); got None"
-            )
-        n = sk_max
-    elif isinstance(cache_seqlens, torch.Tensor):
-        return V.int32_tensor(cache_seqlens, "cache_seqlens", what, (B,), device, "(batch,)"), None
-    else:
-        n = V.integer(cache_seqlens, "cache_seqlens", what)
-    return torch.full((B,), n, dtype=torch.int32, device=device), n
 
 
 def flash_attn_with_kvcache(
@@ -823,11 +596,11 @@ def flash_attn_with_kvcache(
         )
     if cache_leftpad is not None:
         raise NotImplementedError(f"{what}: cache_leftpad is not implemented")
-    _check_qkv(q, k_cache, v_cache, what, 4)
+    V.qkv(q, k_cache, v_cache, what, 4)
     B, Sq, H, _ = q.shape
     Hk = k_cache.shape[2]
     paged = block_table is not None
-    page = _page_size(k_cache, v_cache, block_table, B, q.device, what) if paged else 0
+    page = V.paged_cache(k_cache, v_cache, block_table, B, q.device, what) if paged else 0
     if paged and cache_batch_idx is not None:
         raise ValueError(f"{what}: cache_batch_idx applies to a dense cache only")
     if not paged and v_cache.shape[:2] != k_cache.shape[:2]:
@@ -840,7 +613,7 @@ def flash_attn_with_kvcache(
         raise ValueError(f"{what}: give both k and v, or neither")
     snew = 0
     if k is not None:
-        _check_qkv(q, k, v, f"{what} (k, v)", 4)
+        V.qkv(q, k, v, f"{what} (k, v)", 4)
         if k.shape[:3] != (B, k.shape[1], Hk) or v.shape[:2] != k.shape[:2]:
             raise ValueError(
                 f"{what}: new k/v must be (batch, seqlen_new, nheads_k, d) = ({B}, *, {Hk}, *), "
@@ -849,7 +622,7 @@ def flash_attn_with_kvcache(
         if k.shape[-1] != k_cache.shape[-1] or v.shape[-1] != v_cache.shape[-1]:
             raise ValueError(f"{what}: new k/v must have the cache's head dims")
         snew = k.shape[1]
-    seqlens, n_int = _cache_seqlens(cache_seqlens, B, sk_max, snew, q.device, what)
+    seqlens, n_int = V.cache_seqlens(cache_seqlens, B, sk_max, snew, q.device, what)
     bidx = None
     if cache_batch_idx is not None:
         bidx = V.int32_tensor(cache_batch_idx, "cache_batch_idx", what, (B,), q.device, "(batch,)")
@@ -863,9 +636,9 @@ def flash_attn_with_kvcache(
     scale = V.softmax_scale(softmax_scale, what)
     splits = V.integer(num_splits, "num_splits", what)
     fkw, _ = V.config(config, what, forward_only=True)
-    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
-    sinks3 = _sinks(sinks, H, Hk, q.device)
-    alibi3 = _alibi(alibi_slopes, B, H, Hk, q.device)
+    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
+    sinks3 = V.sinks(sinks, H, Hk, q.device)
+    alibi3 = V.alibi(alibi_slopes, B, H, Hk, q.device)
     V.kvcache(
         seqlens if n_int is None else n_int,
         snew,
@@ -968,7 +741,7 @@ def flash_attn_backward(
     no visible key have ``lse = +inf`` (the forward's convention). ``dlse``: a gradient
     w.r.t. the LSE ``(B, H, Sq)``, folded into the backward's delta term."""
     what = "flash_attn_backward"
-    _check_qkv(q, k, v, what, 4)
+    V.qkv(q, k, v, what, 4)
     B, Sq, H, _ = q.shape
     Sk, Hk = k.shape[1], k.shape[2]
     Dv = v.shape[-1]
@@ -981,12 +754,12 @@ def flash_attn_backward(
         raise ValueError(f"flash_attn_backward: lse must be fp32 ({B}, {H}, {Sq})")
     if dlse is not None and tuple(dlse.shape) != (B, H, Sq):
         raise ValueError(f"flash_attn_backward: dlse must be ({B}, {H}, {Sq})")
-    sm, mm, mt = _mods(score_mod, mask_mod, mod_tensors, q.device)
+    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
     if sm is not None and not sm.differentiable:
         raise NotImplementedError(
             "the score_mod has no gradient: give ScoreMod(fn, grad=...) or additive=True"
         )
-    bsp = _check_sparse(block_sparse, B, H, Sq, Sk, q.device, mm)
+    bsp = check_block_sparse(block_sparse, B, H, Sq, Sk, q.device)
     p = _problem(
         q,
         k,

@@ -37,8 +37,12 @@ import torch
 
 from flydsl_core import cdiv
 
+from .. import supported
 from . import configs
+from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
+SUPPORTED_DTYPES = supported.ATTENTION
+MAX_HEAD_DIM = supported.ATTENTION_MAX_HEAD_DIM
 #: read CPU index tensors on the host (tests turn it off to run the device path on the CPU)
 HOST_VALUES = True
 _INT32_MAX = 2**31 - 1
@@ -133,6 +137,126 @@ def config(cfg, what: str, *, forward_only: bool = False):
         f"{what}: config must be None, an attention.configs.Config or a dict of them with keys "
         f"{', '.join(keys)}; got {type(cfg).__name__} {cfg!r}"
     )
+
+
+# -- tensor operands -------------------------------------------------------------------------------
+
+
+def dropout(dropout_p):
+    if dropout_p:
+        raise NotImplementedError(
+            f"FlyDSL attention does not implement dropout (dropout_p={dropout_p}); it supports "
+            "dropout_p=0.0 only (inference, and training without attention dropout)"
+        )
+
+
+def qkv(q, k, v, what, rank):
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: {n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{what} supports bf16, fp16 and fp32 q, k, v; {n} is {t.dtype}")
+        if t.dim() != rank:
+            raise ValueError(f"{what}: {n} must be {rank}-D, got shape {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{what}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{what}: q, k, v must be on one device")
+    H, Hk = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != Hk:
+        raise ValueError(f"{what}: k has {Hk} heads, v {v.shape[-2]}")
+    if Hk == 0 or H % Hk:
+        raise ValueError(
+            f"{what}: nheads ({H}) must be a multiple of nheads_k ({Hk}) (MHA, GQA or MQA)"
+        )
+    D, Dv = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != D:
+        raise ValueError(f"{what}: q has head dim {D}, k {k.shape[-1]}")
+    if not (0 < D <= MAX_HEAD_DIM and 0 < Dv <= MAX_HEAD_DIM):
+        raise ValueError(
+            f"{what}: head dims up to {MAX_HEAD_DIM} are supported, got q/k {D} and v {Dv}"
+        )
+
+
+def alibi(alibi_slopes, batch, H, Hk, device):
+    """flash-attn's ``(nheads,)`` or ``(batch, nheads)`` fp32 slopes as ``(batch, Hk, G)``."""
+    if alibi_slopes is None:
+        return None
+    a = alibi_slopes
+    if a.dtype != torch.float32 or a.device != device:
+        raise TypeError(
+            f"alibi_slopes must be fp32 on the inputs' device, got {a.dtype} on {a.device}"
+        )
+    if tuple(a.shape) == (H,):
+        a = a[None].expand(batch, H)
+    elif tuple(a.shape) != (batch, H):
+        raise ValueError(
+            f"alibi_slopes must be (nheads,) = ({H},) or (batch, nheads) = ({batch}, {H}), "
+            f"got {list(a.shape)}"
+        )
+    return a.unflatten(1, (Hk, H // Hk))
+
+
+def sinks(sinks, H, Hk, device):
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise TypeError("sinks must be a float tensor of shape (nheads,)")
+    if tuple(sinks.shape) != (H,) or sinks.device != device:
+        raise ValueError(
+            f"sinks must be (nheads,) = ({H},) on the inputs' device, got {list(sinks.shape)}"
+        )
+    return sinks.unflatten(0, (Hk, H // Hk))[None]
+
+
+def mods(score_mod, mask_mod, mod_tensors, device):
+    sm, mm = as_score_mod(score_mod), as_mask_mod(mask_mod)
+    mt = tuple(mod_tensors or ())
+    if len(mt) > MAX_MOD_TENSORS:
+        raise ValueError(f"at most {MAX_MOD_TENSORS} mod_tensors, got {len(mt)}")
+    for t in mt:
+        if not isinstance(t, torch.Tensor) or t.device != device:
+            raise TypeError("mod_tensors must be tensors on the inputs' device")
+    return sm, mm, mt
+
+
+def paged_cache(k_cache, v_cache, block_table, batch, device, what) -> int:
+    """The page size of a paged cache ``(num_pages, page_size, nheads_k, d)``, after the
+    shapes of the cache and its ``block_table (batch, max_pages)`` int32."""
+    if k_cache.dim() != 4:
+        raise ValueError(
+            f"{what}: a paged k_cache is (num_pages, page_size, nheads_k, d), got "
+            f"{list(k_cache.shape)}"
+        )
+    if v_cache.dim() != 4 or v_cache.shape[:2] != k_cache.shape[:2]:
+        raise ValueError(
+            f"{what}: a paged v_cache has k_cache's pages and page size, (num_pages, "
+            f"page_size) = {tuple(k_cache.shape[:2])}; got {list(v_cache.shape)}"
+        )
+    int32_tensor(block_table, "block_table", what, (batch, None), device, "(batch, max_pages)")
+    P = k_cache.shape[1]
+    if P < 1 or P & (P - 1):
+        raise ValueError(
+            f"{what}: paged KV cache: page sizes that are powers of two are supported (16 to "
+            f"256 tested), got {P}"
+        )
+    return P
+
+
+def cache_seqlens(cache_seqlens, B, sk_max, snew, device, what):
+    """``(seqlens (B,) int32 for the kernels, the same as an int or None where it is one)``."""
+    if cache_seqlens is None:
+        if snew:
+            raise RuntimeError(
+                f"{what}: appending k and v needs cache_seqlens (where each sequence's new "
+                "tokens go); got None"
+            )
+        n = sk_max
+    elif isinstance(cache_seqlens, torch.Tensor):
+        return int32_tensor(cache_seqlens, "cache_seqlens", what, (B,), device, "(batch,)"), None
+    else:
+        n = integer(cache_seqlens, "cache_seqlens", what)
+    return torch.full((B,), n, dtype=torch.int32, device=device), n
 
 
 # -- index tensors: structure ------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import supported
 from .._offs import check_offs
 from .._target import table_target, tensor_target
 from ..launch import run_all
@@ -46,8 +47,8 @@ from .plan import (  # noqa: F401
     target_xcds,
 )
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-SUPPORTED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SUPPORTED_DTYPES = supported.GEMM
+SUPPORTED_OUT_DTYPES = supported.GEMM_OUT
 
 
 def _check_operands(a, b, what="gemm"):

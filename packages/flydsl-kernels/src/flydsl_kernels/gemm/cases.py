@@ -210,7 +210,7 @@ def _grouped_case(tokens, experts, n, k, model):
     )
 
 
-#: model shapes from /work/shared/reference/gfx950.md: (class, M, N, K, model)
+#: model shapes from ../shared/reference/gfx950.md: (class, M, N, K, model)
 DENSE_CASES = (
     ("decode", 16, 4096, 4096, "Llama-3.1-8B attn out, decode"),
     ("decode", 1, 14336, 4096, "Llama-3.1-8B gate/up, batch-1 decode"),

@@ -76,6 +76,7 @@ import math
 
 import torch
 
+from .. import supported
 from .._offs import check_offs
 from .._target import table_target, tensor_target
 from ..gemm.kernels import RAGGED_K, RAGGED_M, RAGGED_NONE
@@ -84,9 +85,9 @@ from .formats import BLOCK, SCALE_DTYPE, check_block, elem_bytes, elem_format, s
 from .plan import plan_dequantize, plan_gemm, plan_grouped, plan_quantize
 
 #: input dtypes of ``to_mx``
-SUPPORTED_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+SUPPORTED_INPUTS = supported.MX_INPUTS
 #: output dtypes of ``from_mx`` and the GEMMs
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = supported.MX_OUT
 
 
 # -- quantization -----------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
     )
 
 
-#: MX shapes (M, N, K) from /work/shared/reference/gfx950.md's models: Llama-3.1-8B projections
+#: MX shapes (M, N, K) from ../shared/reference/gfx950.md's models: Llama-3.1-8B projections
 GEMM_CASES = (
     (32, 4096, 4096, "e4m3", "e4m3"),
     (32, 14336, 4096, "e4m3", "e4m3"),

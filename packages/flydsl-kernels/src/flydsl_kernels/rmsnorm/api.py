@@ -25,13 +25,14 @@ import math
 
 import torch
 
+from .. import supported
 from .._target import table_target
 from .._target import tensor_target as _target
 from ..launch import run_all
 from .kernels import MODE_ATEN, MODE_GEMMA, MODE_LLAMA
 from .plan import plan_backward, plan_forward
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SUPPORTED_DTYPES = supported.RMSNORM
 
 _LAYOUT = (
     "FlyDSL RMSNorm supports rows with contiguous elements (inner stride 1) and a single "

@@ -166,7 +166,7 @@ def _backward_case(m, n, dtype):
     )
 
 
-#: the report's cases: model shapes from /work/shared/reference/gfx950.md, one or more per variant
+#: the report's cases: model shapes from ../shared/reference/gfx950.md, one or more per variant
 FORWARD_CASES = (
     (65536, 128, torch.bfloat16),  # per-head QK norm (Qwen3, head dim 128): fwd_rows
     (4096, 2880, torch.bfloat16),  # gpt-oss hidden (not a power of two): fwd_row

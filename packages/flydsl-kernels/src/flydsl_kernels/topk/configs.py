@@ -40,6 +40,7 @@ import torch
 
 from flydsl_core import cdiv
 
+from .. import supported
 from .._target import TUNED_TARGETS, lane_factor, num_cus, table_target
 from ..choice import Choice, MChoice
 
@@ -48,7 +49,7 @@ TARGET = "gfx950"
 #: the selection kinds (``select``'s first argument)
 KINDS = ("topk", "router")
 #: key bits per supported dtype: 16-bit floats rank on their own 16 bits (2 radix passes)
-KEY_BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
+KEY_BITS = {dt: torch.finfo(dt).bits for dt in supported.TOPK}
 
 SMALL_K_MAX = 16
 SMALL_K_ANY_N = 8  # k at or below which the chunked small-k kernel serves any N

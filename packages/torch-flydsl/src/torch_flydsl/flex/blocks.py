@@ -51,15 +51,23 @@ def _fail(msg):
 
 def normalize(kv_num, kv_idx, full_num, full_idx, block_size, B, H, Sq, Sk) -> Blocks | None:
     """``Blocks`` for these lists at ``(B, H, Sq, Sk)``; None for torch's "no block mask"."""
-    bq, bkv = (int(block_size), int(block_size)) if isinstance(block_size, int) else (
-        int(block_size[0]), int(block_size[1]))  # fmt: skip
+    bq, bkv = (
+        (int(block_size), int(block_size))
+        if isinstance(block_size, int)
+        else (int(block_size[0]), int(block_size[1]))
+    )
     if bq == NO_MASK_BLOCK and bkv == NO_MASK_BLOCK:
         return None
     tensors = (kv_num, kv_idx, full_num, full_idx)
     key = (
         tuple((id(t), t._version) if t is not None else None for t in tensors),
-        bq, bkv, B, H, Sq, Sk,
-    )  # fmt: skip
+        bq,
+        bkv,
+        B,
+        H,
+        Sq,
+        Sk,
+    )
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
@@ -74,16 +82,20 @@ def normalize(kv_num, kv_idx, full_num, full_idx, block_size, B, H, Sq, Sk) -> B
 def _dense(num, idx, name_num, name_idx, nq, nk, B, H):
     """``(count per (b, h, q block, kv block), listed)``: validated dense form of one list."""
     if num.dim() < 3 or idx.dim() != num.dim() + 1:
-        _fail(f"{name_num} must be (B, H, q blocks) and {name_idx} (B, H, q blocks, n), got "
-              f"{list(num.shape)} and {list(idx.shape)}")  # fmt: skip
+        _fail(
+            f"{name_num} must be (B, H, q blocks) and {name_idx} (B, H, q blocks, n), got "
+            f"{list(num.shape)} and {list(idx.shape)}"
+        )
     if num.dim() > 3:
         _fail(f"{name_num}: extra leading dimensions {list(num.shape)}")
     if num.dtype.is_floating_point or idx.dtype.is_floating_point:
         _fail(f"{name_num} / {name_idx} must be integer tensors")
     b_, h_, rows = num.shape
     if b_ not in (1, B) or h_ not in (1, H):
-        _fail(f"{name_num} is for batch {b_} and {h_} heads; the call has batch {B} and {H} "
-              "query heads (1 broadcasts)")  # fmt: skip
+        _fail(
+            f"{name_num} is for batch {b_} and {h_} heads; the call has batch {B} and {H} "
+            "query heads (1 broadcasts)"
+        )
     if idx.shape[:3] != num.shape:
         _fail(f"{name_idx} {list(idx.shape)} does not match {name_num} {list(num.shape)}")
     if rows < nq:
@@ -94,8 +106,10 @@ def _dense(num, idx, name_num, name_idx, nq, nk, B, H):
     if bool((num < 0).any()):
         _fail(f"{name_num} has a negative count")
     if bool((num > min(width, nk)).any()):
-        _fail(f"{name_num} has a count above {min(width, nk)} (the kv blocks of the key length "
-              f"and the width of {name_idx})")  # fmt: skip
+        _fail(
+            f"{name_num} has a count above {min(width, nk)} (the kv blocks of the key length "
+            f"and the width of {name_idx})"
+        )
     live = torch.arange(width, device=idx.device) < num[..., None]
     bad = live & ((idx < 0) | (idx >= nk))
     if bool(bad.any()):
@@ -136,11 +150,13 @@ def _normalize(kv_num, kv_idx, full_num, full_idx, bq, bkv, B, H, Sq, Sk):
     full_lists = _lists(state, 2)
     has_full = bool((state == 2).any())
     sparse = BlockSparse(
-        *lists[:2], *(full_lists[:2] if has_full else (None, None)),
-        *lists[2:], *(full_lists[2:] if has_full else (None, None)), (kq, kkv),
-    )  # fmt: skip
-    return Blocks(sparse, state.expand(B, H, *state.shape[2:]), (kq, kkv), orig_state,
-                  orig_block)  # fmt: skip
+        *lists[:2],
+        *(full_lists[:2] if has_full else (None, None)),
+        *lists[2:],
+        *(full_lists[2:] if has_full else (None, None)),
+        (kq, kkv),
+    )
+    return Blocks(sparse, state.expand(B, H, *state.shape[2:]), (kq, kkv), orig_state, orig_block)
 
 
 def _reblock(state, bq, bkv, kq, kkv, Sq, Sk):

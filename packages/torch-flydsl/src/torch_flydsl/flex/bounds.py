@@ -86,8 +86,7 @@ def intervals(prog: Program, extents: dict, tensors) -> list:
         elif op == "neg":
             r = (-a[1], -a[0])
         elif op == "abs":
-            r = (0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), max(abs(a[0]),
-                                                                            abs(a[1])))  # fmt: skip
+            r = (0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1])), max(abs(a[0]), abs(a[1])))
         elif op == "add":
             r = (a[0] + b[0], a[1] + b[1])
         elif op == "sub":
@@ -104,8 +103,10 @@ def intervals(prog: Program, extents: dict, tensors) -> list:
         elif op in ("floordiv", "truncdiv") and b[0] == b[1] and b[0] > 0:
             c = b[0]
             f = math.floor if op == "floordiv" else math.trunc
-            r = (f(a[0] / c) if not math.isinf(a[0]) else -INF,
-                 f(a[1] / c) if not math.isinf(a[1]) else INF)  # fmt: skip
+            r = (
+                f(a[0] / c) if not math.isinf(a[0]) else -INF,
+                f(a[1] / c) if not math.isinf(a[1]) else INF,
+            )
         elif op == "remainder" and b[0] == b[1] and b[0] > 0:
             c = b[0]
             r = (0.0, c - 1 if d == "int32" else c)
@@ -127,8 +128,11 @@ def check(prog: Program, extents: dict, tensors) -> None:
     be decided (see the module doc)."""
     if not prog.gathers():
         return
-    key = (prog, tuple(sorted(extents.items())),
-           tuple((id(t), t._version) if t is not None else None for t in tensors))  # fmt: skip
+    key = (
+        prog,
+        tuple(sorted(extents.items())),
+        tuple((id(t), t._version) if t is not None else None for t in tensors),
+    )
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return

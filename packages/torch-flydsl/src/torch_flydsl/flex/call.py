@@ -21,6 +21,8 @@ import logging
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN, device_reason
 from ..stats import get as _stat
 from . import mods, run
@@ -29,8 +31,8 @@ from .translate import Unsupported
 log = logging.getLogger("torch_flydsl")
 
 STAT = "flex_attention"
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MAX_HEAD_DIM = 256
+DTYPES = supported.ATTENTION
+MAX_HEAD_DIM = supported.ATTENTION_MAX_HEAD_DIM
 
 
 def _torch_flex():
@@ -82,12 +84,24 @@ def plan_call(query, key, value, score_mod, block_mask, scale, enable_gqa, retur
     Bk, Hk, Sk, _ = key.shape
     Dv = value.shape[3]
     if (
-        value.shape[:3] != key.shape[:3] or key.shape[3] != D or not 0 < D <= MAX_HEAD_DIM
-        or not 0 < Dv <= MAX_HEAD_DIM or Hk == 0 or H % Hk or (Hk != H and not enable_gqa)
+        value.shape[:3] != key.shape[:3]
+        or key.shape[3] != D
+        or not 0 < D <= MAX_HEAD_DIM
+        or not 0 < Dv <= MAX_HEAD_DIM
+        or Hk == 0
+        or H % Hk
+        or (Hk != H and not enable_gqa)
         or not (query.device == key.device == value.device)
-        or not (Bk == B or (Bk == 1 and B > 1 and block_mask is not None
-                            and block_mask.kv_num_blocks.size(0) == B))
-    ):  # fmt: skip
+        or not (
+            Bk == B
+            or (
+                Bk == 1
+                and B > 1
+                and block_mask is not None
+                and block_mask.kv_num_blocks.size(0) == B
+            )
+        )
+    ):
         return "params"
     if return_aux is not None and getattr(return_aux, "max_scores", False):
         return "params: max_scores"
@@ -98,8 +112,12 @@ def plan_call(query, key, value, score_mod, block_mask, scale, enable_gqa, retur
     if block_mask is not None:
         _torch_block_checks(block_mask, query, key)
         mask_mod = block_mask.mask_mod
-        lists = (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
-                 block_mask.full_kv_indices)  # fmt: skip
+        lists = (
+            block_mask.kv_num_blocks,
+            block_mask.kv_indices,
+            block_mask.full_kv_num_blocks,
+            block_mask.full_kv_indices,
+        )
         bsize = block_mask.BLOCK_SIZE
     try:
         m = mods.capture(score_mod, mask_mod)
@@ -142,9 +160,19 @@ class _Flex(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv, grads = run.backward(
-            p.launch, query, key, value, out, lse, dout, dlse, p.km, p.grad_slots, p.sites,
+            p.launch,
+            query,
+            key,
+            value,
+            out,
+            lse,
+            dout,
+            dlse,
+            p.km,
+            p.grad_slots,
+            p.sites,
             p.site_slots,
-        )  # fmt: skip
+        )
         return (None, dq, dk, dv, *(grads.get(s) for s in p.grad_slots))
 
 
@@ -164,8 +192,7 @@ def flex_attention(
     """torch's ``flex_attention`` (same signature and results) on FlyDSL kernels where they
     apply, torch's otherwise (see the module doc). ``kernel_options`` tune torch's Triton
     kernels; ours ignore them (they pick their own configs)."""
-    args = (query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
-            kernel_options)  # fmt: skip
+    args = (query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, kernel_options)
     if torch.compiler.is_compiling():
         return _torch_flex()(*args, return_aux=return_aux)
     if return_lse and return_aux is not None:
@@ -181,8 +208,9 @@ def flex_attention(
     except Exception as e:
         log.warning(
             "torch_flydsl.flex_attention: the FlyDSL kernel raised %s: %s; using torch's",
-            type(e).__name__, e,
-        )  # fmt: skip
+            type(e).__name__,
+            e,
+        )
         st.fallback("error")
         return _torch_flex()(*args, return_aux=return_aux)
     st.hits += 1

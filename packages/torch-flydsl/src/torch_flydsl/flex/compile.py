@@ -129,20 +129,27 @@ def flex_attention_backward_op(
     site_slots = tuple(L.score.instrs[i][2][0][1] for i in sites)
     lse_n = lse.float() * LN2
     dlse = grad_lse.float() / LN2 if grad_lse is not None else None
-    dq, dk, dv, grads = run.backward(L, q, k, v, out, lse_n, grad_out, dlse, km, slots, sites,
-                                     site_slots)  # fmt: skip
-    return (dq.contiguous(), dk.contiguous(), dv.contiguous(),
-            [grads[s].contiguous() for s in slots])  # fmt: skip
+    dq, dk, dv, grads = run.backward(
+        L, q, k, v, out, lse_n, grad_out, dlse, km, slots, sites, site_slots
+    )
+    return (
+        dq.contiguous(),
+        dk.contiguous(),
+        dv.contiguous(),
+        [grads[s].contiguous() for s in slots],
+    )
 
 
 @flex_attention_backward_op.register_fake
-def _(q, k, v, out, lse, grad_out, grad_lse, a, b, c, d, buffers, scale, score, mask, bs, slots,
-      grad):  # fmt: skip
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format),
-            [torch.empty_like(buffers[s], memory_format=torch.contiguous_format)
-             for s in slots])  # fmt: skip
+def _(
+    q, k, v, out, lse, grad_out, grad_lse, a, b, c, d, buffers, scale, score, mask, bs, slots, grad
+):
+    return (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty_like(k, memory_format=torch.contiguous_format),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+        [torch.empty_like(buffers[s], memory_format=torch.contiguous_format) for s in slots],
+    )
 
 
 # -- the rewrite ----------------------------------------------------------------------------------
@@ -182,9 +189,12 @@ def _common(graph, ctx, q, k, v, score_g, bm, sbufs, mbufs):
     B, H, _, D = qv.shape
     Bk, Hk, _, _ = kv.shape
     if (
-        (Bk != B and Bk != 1) or not 0 < D <= MAX_HEAD_DIM or not 0 < vv.shape[-1] <= MAX_HEAD_DIM
-        or Hk == 0 or H % Hk
-    ):  # fmt: skip
+        (Bk != B and Bk != 1)
+        or not 0 < D <= MAX_HEAD_DIM
+        or not 0 < vv.shape[-1] <= MAX_HEAD_DIM
+        or Hk == 0
+        or H % Hk
+    ):
         return "params"
     bm = tuple(bm)
     bq, bkv, mask_g = bm[-3], bm[-2], bm[-1]
@@ -224,8 +234,8 @@ def _plan_fwd(graph, node, ctx):
 
 
 def _plan_bwd(graph, node, ctx):
-    (q, k, v, out, lse, grad_out, grad_lse, fw_g, _joint_g, bm, scale, _opts, sbufs,
-     mbufs) = [*node.args, (), ()][:14]  # fmt: skip
+    args = [*node.args, (), ()][:14]  # the buffer lists are optional
+    q, k, v, out, lse, grad_out, grad_lse, fw_g, _joint_g, bm, scale, _opts, sbufs, mbufs = args
     if not all(isinstance(_val(t), torch.Tensor) for t in (out, lse, grad_out)):
         return "params"
     ns = len(sbufs or ())
@@ -256,8 +266,22 @@ def _plan_bwd(graph, node, ctx):
     inputs = [q, k, v, out, lse, grad_out, grad_lse, *lists, [*(sbufs or ()), *(mbufs or ())]]
     texts = (m.score.text() if m.score else "", m.mask.text() if m.mask else "")
 
-    def build(q, k, v, o, lse, do, dlse, *rest, texts=texts, scale=float(scale), block=block,
-              slots=tuple(slots), ns=ns, grad=grad):  # fmt: skip
+    def build(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        dlse,
+        *rest,
+        texts=texts,
+        scale=float(scale),
+        block=block,
+        slots=tuple(slots),
+        ns=ns,
+        grad=grad,
+    ):
         *lists, bufs = rest
         dq, dk, dv, grads = torch.ops.flydsl.flex_attention_backward(
             q,

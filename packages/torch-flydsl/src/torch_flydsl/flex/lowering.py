@@ -21,18 +21,59 @@ from torch import fx
 aten = torch.ops.aten
 
 #: FlyDSL's elementwise functions a same-named ATen / prims op runs as
-NATIVE_UNARY = frozenset({"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sqrt", "rsqrt",
-                          "erf", "sin", "cos", "floor", "ceil", "abs", "neg"})  # fmt: skip
+NATIVE_UNARY = frozenset(
+    {
+        "exp",
+        "exp2",
+        "log",
+        "log2",
+        "tanh",
+        "sigmoid",
+        "sqrt",
+        "rsqrt",
+        "erf",
+        "sin",
+        "cos",
+        "floor",
+        "ceil",
+        "abs",
+        "neg",
+    }
+)
 #: operator-like ATen / prims names -> binary instruction
 OPERATORS = {
-    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "true_divide": "div",
-    "pow": "pow", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne",
-    "bitwise_and": "and", "bitwise_or": "or", "bitwise_xor": "xor", "logical_and": "and",
-    "logical_or": "or", "logical_xor": "xor", "maximum": "maximum", "minimum": "minimum",
-    "floor_divide": "floordiv", "remainder": "remainder", "fmod": "fmod",
-    "less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq",
-    "not_equal": "ne", "max": "maximum", "min": "minimum",
-}  # fmt: skip
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "true_divide": "div",
+    "pow": "pow",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "eq": "eq",
+    "ne": "ne",
+    "bitwise_and": "and",
+    "bitwise_or": "or",
+    "bitwise_xor": "xor",
+    "logical_and": "and",
+    "logical_or": "or",
+    "logical_xor": "xor",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "floor_divide": "floordiv",
+    "remainder": "remainder",
+    "fmod": "fmod",
+    "less": "lt",
+    "less_equal": "le",
+    "greater": "gt",
+    "greater_equal": "ge",
+    "equal": "eq",
+    "not_equal": "ne",
+    "max": "maximum",
+    "min": "minimum",
+}
 LOGICAL = {"logical_and", "logical_or", "logical_xor"}
 
 

@@ -174,10 +174,17 @@ def _capture(score_mod, mask_mod) -> Mods:
 def _scalar_type(dtype) -> str:
     """c10's name of a dtype, as torch's errors print it."""
     return {
-        torch.int32: "Int", torch.int64: "Long", torch.float32: "Float", torch.float64: "Double",
-        torch.float16: "Half", torch.bfloat16: "BFloat16", torch.int8: "Char",
-        torch.uint8: "Byte", torch.int16: "Short", torch.bool: "Bool",
-    }.get(dtype, str(dtype))  # fmt: skip
+        torch.int32: "Int",
+        torch.int64: "Long",
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+        torch.int16: "Short",
+        torch.bool: "Bool",
+    }.get(dtype, str(dtype))
 
 
 # -- graphs from torch.compile ------------------------------------------------------------------------
@@ -270,8 +277,9 @@ def _derive(score: Program, sites) -> Program:
     slots = tr.Slots()
     for shape, d in metas:
         slots.add(shape, getattr(torch, d))
-    dtypes = {n: "fp32" if n in ("score", "grad_out") or n.startswith("site") else "int32"
-              for n in names}  # fmt: skip
+    dtypes = {
+        n: "fp32" if n in ("score", "grad_out") or n.startswith("site") else "int32" for n in names
+    }
     part = tr.translate(gm, names, slots, list(range(len(metas))), upcast=True, dtypes=dtypes)
     # the derivative follows the score program; its site inputs read the sites' gathers
     base = len(score.instrs)
@@ -408,8 +416,9 @@ class KernelMods:
 _KMODS: dict = {}
 
 
-def kernel_mods(score: Program | None, grad: Program | None, mask: Program | None, lay,
-                sites=(), site_deps_=()) -> KernelMods:  # fmt: skip
+def kernel_mods(
+    score: Program | None, grad: Program | None, mask: Program | None, lay, sites=(), site_deps_=()
+) -> KernelMods:
     """The FlyDSL mod objects for these programs and layout (one object per key: one compile)."""
     key = (score, grad, mask, lay, tuple(sites), tuple(site_deps_))
     hit = _KMODS.get(key)

@@ -33,13 +33,55 @@ import math
 from dataclasses import dataclass
 
 #: value dtypes of a program and their torch names
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int32": "int32",
-          "bool": "bool"}  # fmt: skip
+DTYPES = {
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "int32": "int32",
+    "bool": "bool",
+}
 
-UNARY = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "sqrt", "rsqrt", "erf", "sin", "cos",
-         "floor", "ceil", "abs", "neg", "not", "copy")  # fmt: skip
-BINARY = ("add", "sub", "mul", "div", "pow", "lt", "le", "gt", "ge", "eq", "ne", "and", "or",
-          "xor", "maximum", "minimum", "floordiv", "remainder", "truncdiv", "fmod")  # fmt: skip
+UNARY = (
+    "exp",
+    "exp2",
+    "log",
+    "log2",
+    "tanh",
+    "sigmoid",
+    "sqrt",
+    "rsqrt",
+    "erf",
+    "sin",
+    "cos",
+    "floor",
+    "ceil",
+    "abs",
+    "neg",
+    "not",
+    "copy",
+)
+BINARY = (
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "eq",
+    "ne",
+    "and",
+    "or",
+    "xor",
+    "maximum",
+    "minimum",
+    "floordiv",
+    "remainder",
+    "truncdiv",
+    "fmod",
+)
 OPS = (*UNARY, *BINARY, "where", "gather")
 #: inputs a program may name
 ARGS = ("score", "b", "h", "q_idx", "kv_idx", "grad_out")
@@ -232,8 +274,13 @@ def run_fly(prog: Program, args: dict, tensors, layout) -> list:
     ``offset``)."""
     import flydsl_core as fly
 
-    dt = {"fp32": fly.fp32, "bf16": fly.bf16, "fp16": fly.fp16, "int32": fly.int32,
-          "bool": fly.bool_}  # fmt: skip
+    dt = {
+        "fp32": fly.fp32,
+        "bf16": fly.bf16,
+        "fp16": fly.fp16,
+        "int32": fly.int32,
+        "bool": fly.bool_,
+    }
     vals: list = []
 
     def get(o, dtype=None):
@@ -358,8 +405,9 @@ def evaluate(prog: Program, env: dict, tensors, *, replace=None, upto=None) -> l
             x = env[o[1]]
         else:
             v = const_value(o[1], o[2])
-            x = torch.tensor(v, dtype=dtype or {"f": torch.float32, "b": torch.bool,
-                                                 "i": torch.int32}[o[1]])  # fmt: skip
+            x = torch.tensor(
+                v, dtype=dtype or {"f": torch.float32, "b": torch.bool, "i": torch.int32}[o[1]]
+            )
         return x.to(dtype) if dtype is not None and x.dtype != dtype else x
 
     for n, (op, dname, ops, cname) in enumerate(prog.instrs):

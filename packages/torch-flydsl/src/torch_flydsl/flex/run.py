@@ -112,21 +112,42 @@ def forward(L: Launchable, query, key, value, km: mods.KernelMods):
     if key.shape[0] != B:
         key, value = key.expand(B, *key.shape[1:]), value.expand(B, *value.shape[1:])
     shape = (B, H, Sq, Dv)
-    out = torch.empty_strided(shape, output_strides(shape, query.stride()), dtype=query.dtype,
-                              device=query.device)  # fmt: skip
+    out = torch.empty_strided(
+        shape, output_strides(shape, query.stride()), dtype=query.dtype, device=query.device
+    )
     q, k, v = _flash(query, key, value)
     mt = mods.pack(L.tensors, L.layout, query.device)
     _, lse, _ = flash_attn_func(
-        q, k, v, softmax_scale=L.scale, score_mod=km.score_mod, mask_mod=km.mask_mod,
-        mod_tensors=mt, block_sparse=L.blocks.sparse if L.blocks is not None else None,
-        return_attn_probs=True, target=kernel_target(query), out=out.transpose(1, 2),
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        softmax_scale=L.scale,
+        score_mod=km.score_mod,
+        mask_mod=km.mask_mod,
+        mod_tensors=mt,
+        block_sparse=L.blocks.sparse if L.blocks is not None else None,
+        return_attn_probs=True,
+        target=kernel_target(query),
+        out=out.transpose(1, 2),
+    )
     lse = torch.where(lse == math.inf, -math.inf, lse)
     return out, lse
 
 
-def backward(L: Launchable, query, key, value, out, lse, dout, dlse, km: mods.KernelMods,
-             grad_slots=(), sites=(), site_slots=()):  # fmt: skip
+def backward(
+    L: Launchable,
+    query,
+    key,
+    value,
+    out,
+    lse,
+    dout,
+    dlse,
+    km: mods.KernelMods,
+    grad_slots=(),
+    sites=(),
+    site_slots=(),
+):
     """``(dq, dk, dv, {slot: grad})`` from the forward's ``out`` and natural ``lse``."""
     from flydsl_kernels.attention import flash_attn_backward
     from flydsl_kernels.attention.mod_grads import segment_sum, site_grids
@@ -145,9 +166,20 @@ def backward(L: Launchable, query, key, value, out, lse, dout, dlse, km: mods.Ke
     sparse = L.blocks.sparse if L.blocks is not None else None
     tgt = kernel_target(query)
     dq, dk, dv = flash_attn_backward(
-        do, q, k, v, o, lse_k, softmax_scale=L.scale, score_mod=km.score_mod,
-        mask_mod=km.mask_mod, mod_tensors=mt, block_sparse=sparse, target=tgt, dlse=dlse,
-    )  # fmt: skip
+        do,
+        q,
+        k,
+        v,
+        o,
+        lse_k,
+        softmax_scale=L.scale,
+        score_mod=km.score_mod,
+        mask_mod=km.mask_mod,
+        mod_tensors=mt,
+        block_sparse=sparse,
+        target=tgt,
+        dlse=dlse,
+    )
     dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if Bk != B:
         dk, dv = dk.sum(0, keepdim=True), dv.sum(0, keepdim=True)
@@ -157,9 +189,21 @@ def backward(L: Launchable, query, key, value, out, lse, dout, dlse, km: mods.Ke
         if L.blocks is not None:
             state = (L.blocks.state.to(torch.int32), L.blocks.block)
         grids = site_grids(
-            do, q, k, v, o, lse_k, km.sites, softmax_scale=L.scale, score_mod=km.score_mod,
-            mask_mod=km.mask_mod, mod_tensors=mt, block_state=state, dlse=dlse, target=tgt,
-        )  # fmt: skip
+            do,
+            q,
+            k,
+            v,
+            o,
+            lse_k,
+            km.sites,
+            softmax_scale=L.scale,
+            score_mod=km.score_mod,
+            mask_mod=km.mask_mod,
+            mod_tensors=mt,
+            block_state=state,
+            dlse=dlse,
+            target=tgt,
+        )
         extents = {"b": B, "h": H, "q_idx": Sq, "kv_idx": key.shape[2]}
         for site, slot, grid, gs in zip(sites, site_slots, grids, km.sites):
             t = L.tensors[slot]

@@ -411,11 +411,21 @@ class Translator:
                 c = self.value(a[i])
             v = self.emit("copy", d, [self.unroll(c)])
             return Vec(shape, [v] * math.prod(shape)) if shape else v
-        if f in (aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout,
-                 prims.convert_element_type.default, aten.type_as.default):  # fmt: skip
+        if f in (
+            aten._to_copy.default,
+            aten.to.dtype,
+            aten.to.dtype_layout,
+            prims.convert_element_type.default,
+            aten.type_as.default,
+        ):
             return self.elementwise(lambda x: self.emit("copy", d, [x]), [self.value(a[0])], shape)
-        if f in (aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther,
-                 aten.where.Scalar, prims.where.default):  # fmt: skip
+        if f in (
+            aten.where.self,
+            aten.where.ScalarSelf,
+            aten.where.ScalarOther,
+            aten.where.Scalar,
+            prims.where.default,
+        ):
             return self.elementwise(
                 lambda c, x, y: self.emit("where", d, [c, x, y]),
                 [self.value(x) for x in a[:3]],
@@ -427,12 +437,21 @@ class Translator:
                 [self.value(x) for x in a[:3]],
                 shape,
             )
-        if f in (aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default,
-                 aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor):  # fmt: skip
+        if f in (
+            aten.clamp.default,
+            aten.clamp.Tensor,
+            aten.clamp_min.default,
+            aten.clamp_max.default,
+            aten.clamp_min.Tensor,
+            aten.clamp_max.Tensor,
+        ):
             name = op_name(f)
             lo = a[1] if name in ("clamp", "clamp_min") and len(a) > 1 else kw.get("min")
-            hi = a[1] if name == "clamp_max" else (a[2] if name == "clamp" and len(a) > 2
-                                                   else kw.get("max"))  # fmt: skip
+            hi = (
+                a[1]
+                if name == "clamp_max"
+                else (a[2] if name == "clamp" and len(a) > 2 else kw.get("max"))
+            )
             v = self.value(a[0])
             if lo is not None:
                 v = self.binary(n, "maximum", v, lo, d, shape, values=True)
@@ -473,14 +492,15 @@ class Translator:
                     lambda u, w: self.emit(op, d, [u, w]), [self.value(x), yv], shape
                 )
             if name in LOGICAL:
-                xb = self.elementwise(lambda u: self.emit("ne", "bool", [u, const(0)],
-                                                          self.dtype_of(u)),
-                                      [self.value(x)], _shape_of(x))  # fmt: skip
-                yb = self.elementwise(lambda u: self.emit("ne", "bool", [u, const(0)],
-                                                          self.dtype_of(u)),
-                                      [self.value(y)], _shape_of(y))  # fmt: skip
-                return self.elementwise(lambda u, w: self.emit(op, d, [u, w], "bool"), [xb, yb],
-                                        shape)  # fmt: skip
+
+                def truthy(u):
+                    return self.emit("ne", "bool", [u, const(0)], self.dtype_of(u))
+
+                xb = self.elementwise(truthy, [self.value(x)], _shape_of(x))
+                yb = self.elementwise(truthy, [self.value(y)], _shape_of(y))
+                return self.elementwise(
+                    lambda u, w: self.emit(op, d, [u, w], "bool"), [xb, yb], shape
+                )
             return self.binary(n, op, x, y, d, shape)
         return self.decompose(n, what)
 
@@ -491,16 +511,18 @@ class Translator:
         if d == "bool" or op in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor"):
             cd = dname(torch.result_type(self.example(x), self.example(y)))
         xv = x if values else self.value(x)
-        return self.elementwise(lambda u, w: self.emit(op, d, [u, w], cd), [xv, self.value(y)],
-                                shape)  # fmt: skip
+        return self.elementwise(
+            lambda u, w: self.emit(op, d, [u, w], cd), [xv, self.value(y)], shape
+        )
 
     def decompose(self, n, fn):
         if self.depth > 16:
             raise Unsupported(f"op {n.target}: its decomposition does not terminate")
         args = list(n.args)
         tensor_args = [x for x in args if isinstance(x, fx.Node)]
-        if any(isinstance(x, (list, tuple)) and any(isinstance(y, fx.Node) for y in x)
-               for x in args):  # fmt: skip
+        if any(
+            isinstance(x, (list, tuple)) and any(isinstance(y, fx.Node) for y in x) for x in args
+        ):
             raise Unsupported(f"op {n.target} with a list of tensors")
         metas = [node_meta(x) for x in tensor_args]
         for k, v in n.kwargs.items():
@@ -509,10 +531,12 @@ class Translator:
         key = (
             n.target,
             fn,
-            tuple(("T", m) if isinstance(x, fx.Node) else ("v", repr(x)) for x, m in zip(
-                args, _fill_metas(args, metas))),
+            tuple(
+                ("T", m) if isinstance(x, fx.Node) else ("v", repr(x))
+                for x, m in zip(args, _fill_metas(args, metas))
+            ),
             tuple(sorted((k, repr(v)) for k, v in n.kwargs.items())),
-        )  # fmt: skip
+        )
         try:
             gm = lowering_.trace_decomposition(fn, key, args, dict(n.kwargs), metas)
         except Unsupported:
@@ -564,9 +588,10 @@ class Translator:
         d = self.dtype_of(parts[0] if not isinstance(parts[0], Vec) else parts[0].items[0])
         cd = self.dtype_of(i)
         wrapped = self.emit(
-            "where", cd, [self.emit("lt", "bool", [i, const(0)], cd),
-                          self.emit("add", cd, [i, const(n)]), i],
-        )  # fmt: skip
+            "where",
+            cd,
+            [self.emit("lt", "bool", [i, const(0)], cd), self.emit("add", cd, [i, const(n)]), i],
+        )
 
         def choose(*xs):
             acc = xs[-1]
@@ -617,8 +642,13 @@ class Translator:
         order under the node's new shape (``expand`` repeats them)."""
         f = n.target
         if isinstance(v, View):
-            if f in (aten.alias.default, aten.detach.default, aten.clone.default,
-                     aten.contiguous.default, aten.lift_fresh_copy.default):  # fmt: skip
+            if f in (
+                aten.alias.default,
+                aten.detach.default,
+                aten.clone.default,
+                aten.contiguous.default,
+                aten.lift_fresh_copy.default,
+            ):
                 return v
             shape, _ = node_meta(n)
             if tuple(shape) == tuple(v.shape[d] for d in v.free):
@@ -648,8 +678,15 @@ class Translator:
         shape, dtype = node_meta(n)
         d = dname(dtype)
         if not isinstance(v, Vec):
-            if f in (aten.mean.dim, aten.mean.default, aten.sum.dim_IntList, aten.sum.default,
-                     aten.amax.default, aten.amin.default, aten.prod.default):  # fmt: skip
+            if f in (
+                aten.mean.dim,
+                aten.mean.default,
+                aten.sum.dim_IntList,
+                aten.sum.default,
+                aten.amax.default,
+                aten.amin.default,
+                aten.prod.default,
+            ):
                 return self.emit("copy", d, [v])
             raise Unsupported(f"{f} of a value with no dimensions")
         dims = a[1] if len(a) > 1 else kw.get("dim", None)
@@ -659,10 +696,15 @@ class Translator:
             dims = [dims]
         dims = sorted({x % len(v.shape) for x in dims})
         op = {
-            aten.sum.dim_IntList: "add", aten.sum.default: "add", aten.mean.dim: "add",
-            aten.mean.default: "add", aten.amax.default: "maximum", aten.amin.default: "minimum",
-            aten.prod.default: "mul", aten.prod.dim_int: "mul",
-        }[f]  # fmt: skip
+            aten.sum.dim_IntList: "add",
+            aten.sum.default: "add",
+            aten.mean.dim: "add",
+            aten.mean.default: "add",
+            aten.amax.default: "maximum",
+            aten.amin.default: "minimum",
+            aten.prod.default: "mul",
+            aten.prod.dim_int: "mul",
+        }[f]
         keep = [i for i in range(len(v.shape)) if i not in dims]
         groups: dict = {}
         for flat, item in enumerate(v.items):
@@ -725,22 +767,49 @@ def _fill_metas(args, metas):
 
 
 _VIEWS = {
-    aten.alias.default, aten.detach.default, aten.clone.default, aten.view.default,
-    aten.reshape.default, aten._unsafe_view.default, aten.expand.default, aten.squeeze.default,
-    aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.contiguous.default,
-    aten.expand_as.default, aten.view_as.default, aten.permute.default, aten.t.default,
-    aten.transpose.int, aten.flatten.using_ints,
-}  # fmt: skip
+    aten.alias.default,
+    aten.detach.default,
+    aten.clone.default,
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.expand.default,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.unsqueeze.default,
+    aten.contiguous.default,
+    aten.expand_as.default,
+    aten.view_as.default,
+    aten.permute.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.flatten.using_ints,
+}
 _REDUCTIONS = {
-    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
-    aten.amin.default, aten.prod.default, aten.prod.dim_int,
-}  # fmt: skip
+    aten.sum.dim_IntList,
+    aten.sum.default,
+    aten.mean.dim,
+    aten.mean.default,
+    aten.amax.default,
+    aten.amin.default,
+    aten.prod.default,
+    aten.prod.dim_int,
+}
 _FILL = {
-    aten.scalar_tensor.default: 0, aten.full.default: 1, aten.full_like.default: 1,
-    aten.zeros_like.default: None, aten.ones_like.default: None, aten.new_full.default: 2,
-    aten.zeros.default: None, aten.ones.default: None, aten.new_zeros.default: None,
-    aten.new_ones.default: None, aten.new_empty.default: None, aten.empty_like.default: None,
-}  # fmt: skip
+    aten.scalar_tensor.default: 0,
+    aten.full.default: 1,
+    aten.full_like.default: 1,
+    aten.zeros_like.default: None,
+    aten.ones_like.default: None,
+    aten.new_full.default: 2,
+    aten.zeros.default: None,
+    aten.ones.default: None,
+    aten.new_zeros.default: None,
+    aten.new_ones.default: None,
+    aten.new_empty.default: None,
+    aten.empty_like.default: None,
+}
 
 
 def translate(gms, names, slots: Slots, buffers=(), upcast=False, dtypes=None) -> Program:

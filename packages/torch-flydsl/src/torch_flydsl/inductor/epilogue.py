@@ -40,6 +40,8 @@ VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 ADD = aten.add.Tensor
 MUL = aten.mul.Tensor
 CONVERT = prims.convert_element_type.default
+#: the dtypes an activation pattern is traced in (a pattern per dtype: a bf16 graph carries casts
+#: an fp32 one lacks); a pattern-matching choice, not a kernel's dtype list
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 

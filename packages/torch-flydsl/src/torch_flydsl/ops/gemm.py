@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..spec import Calibration, OpSpec, Overload
 from . import _sym
 from ._calls import Dense
 from ._kernels import kernel
 
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = supported.GEMM
 
 
 def _operands(ctx, a, b, batched: bool) -> str | None:

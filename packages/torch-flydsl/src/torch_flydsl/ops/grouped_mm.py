@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..spec import Calibration, OpSpec, Overload
 from . import _sym
 from ._calls import Call
 from ._kernels import kernel
 
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = supported.GEMM
 
 
 def aten_strides_ok(t) -> bool:

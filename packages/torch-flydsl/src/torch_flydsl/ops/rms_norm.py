@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN
 from ..spec import Calibration, OpSpec, Overload
 from ._kernels import kernel
 
 _SPAN = (1 << 32) - 1
 _I32 = (1 << 31) - 1
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DTYPES = supported.RMSNORM
 _DTYPES = frozenset(DTYPES)
 _FP32 = torch.float32
 

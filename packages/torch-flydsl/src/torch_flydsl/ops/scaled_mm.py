@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..spec import Calibration, OpSpec, Overload
 from . import _sym
 from ._calls import Call
@@ -39,7 +41,7 @@ FORMATS = {
     torch.float8_e5m2: "e5m2",
     torch.float4_e2m1fn_x2: "e2m1",
 }
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = supported.MX_OUT
 BLOCK = 32
 #: ``torch.nn.functional.ScalingType.BlockWise1x32`` and ``SwizzleType`` values
 BLOCKWISE_1X32 = 3

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN
 from ..spec import OpSpec, Overload
 from ._kernels import kernel
 
+#: a torch-side choice, narrower than the kernel's ``supported.ATTENTION`` (which adds fp32 for
+#: flex_attention): SDPA's flash backend takes bf16 / fp16 only, and this override follows it
 DTYPES = (torch.bfloat16, torch.float16)
 _DTYPES = frozenset(DTYPES)
-_MAX_D = 256
+_MAX_D = supported.ATTENTION_MAX_HEAD_DIM
 
 
 def _qkv_reason(b, q, k, v, dropout_p, is_causal) -> str | None:

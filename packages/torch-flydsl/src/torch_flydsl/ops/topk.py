@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN
 from ..spec import Calibration, OpSpec, Overload
 from ._kernels import kernel
 
 _SPAN = (1 << 32) - 1  # bytes one AMD buffer descriptor addresses
 _I32 = (1 << 31) - 1  # int32 element offsets
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DTYPES = supported.TOPK
 _DTYPES = frozenset(DTYPES)
 _INT64 = torch.int64
 

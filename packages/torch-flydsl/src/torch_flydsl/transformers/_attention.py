@@ -30,13 +30,18 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN, device_reason
 from ..library import hf as _hf  # registers flydsl::hf_attention
 from ..stats import get as _stat
 
 NAME = "flydsl"
 STAT = _hf.ATTENTION
+#: a torch-side choice, narrower than the kernel's ``supported.ATTENTION`` (which adds fp32 for
+#: flex_attention): transformers' flash-attention implementations take bf16 / fp16 only
 _DTYPES = (torch.bfloat16, torch.float16)
+_MAX_D = supported.ATTENTION_MAX_HEAD_DIM
 
 
 def register(name: str = NAME) -> None:
@@ -85,7 +90,7 @@ def _reason(module, query, key, value, mask, dropout) -> str | None:
         return "dtype"
     if dropout and module.training:
         return "params"  # attention dropout: the kernels have none
-    if query.shape[-1] > 256 or value.shape[-1] > 256 or query.shape[1] % key.shape[1]:
+    if query.shape[-1] > _MAX_D or value.shape[-1] > _MAX_D or query.shape[1] % key.shape[1]:
         return "params"
     if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1):
         return "params"  # a float / per-head mask: not what sdpa_mask builds

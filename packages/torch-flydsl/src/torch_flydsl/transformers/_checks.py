@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import PLAIN, device_reason
 from ..library.hf import (
     ADD_RMS_NORM,
@@ -40,8 +42,9 @@ __all__ = [
     "why_not_router",
 ]
 
-_FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
-_GEMM_DTYPES = frozenset({torch.bfloat16, torch.float16})
+_NORM_DTYPES = frozenset(supported.RMSNORM)
+_ROUTER_DTYPES = frozenset(supported.TOPK)
+_GEMM_DTYPES = frozenset(supported.GEMM)
 
 
 def grad_reason(*ts) -> str | None:
@@ -55,7 +58,7 @@ def _norm_reason(x, weight) -> str | None:
     why = device_reason(x) or grad_reason(x, weight)
     if why:
         return why
-    if x.dtype not in _FLOATS or (weight is not None and weight.dtype not in _FLOATS):
+    if x.dtype not in _NORM_DTYPES or (weight is not None and weight.dtype not in _NORM_DTYPES):
         return "dtype"
     if weight is not None and (
         type(weight) not in PLAIN
@@ -88,7 +91,7 @@ def why_not_router(logits, top_k: int) -> str | None:
     why = device_reason(logits) or grad_reason(logits)
     if why:
         return why
-    if logits.dtype not in _FLOATS:
+    if logits.dtype not in _ROUTER_DTYPES:
         return "dtype"
     if logits.dim() != 2 or not 1 <= top_k <= logits.shape[1] or logits.shape[1] > 4096:
         return "params"

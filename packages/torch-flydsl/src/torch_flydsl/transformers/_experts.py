@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from flydsl_kernels import supported
+
 from ..eligibility import device_reason, target
 from ..library import hf as _hf  # noqa: F401 - registers the flydsl::hf_* ops
 from . import _checks
@@ -164,7 +166,7 @@ def mx_reason(module) -> str | None:
     for w in (up, down):
         if type(w) not in (torch.Tensor, torch.nn.Parameter):
             return "subclass"
-        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16) or w.dim() != 3:
+        if w.dtype not in supported.MX_INPUTS or w.dim() != 3:
             return "dtype"
     k_up = up.shape[1] if module.is_transposed else up.shape[2]
     k_down = down.shape[1] if module.is_transposed else down.shape[2]

@@ -328,8 +328,9 @@ class TritonBackend(Backend):
                 raise _compile_error(gen, path, target, e) from e
             # a rescale asm block's register guard stopped the assembler (its messages are
             # dropped): compile again with plain multiplies
-            log.info("%s: rescale's skipping asm did not fit the registers; plain multiplies",
-                     gen.name)  # fmt: skip
+            log.info(
+                "%s: rescale's skipping asm did not fit the registers; plain multiplies", gen.name
+            )
             gen = self.generate(fn, opts["num_warps"], skip_asm=False)
             path = write_source(gen)
             jitfn = getattr(import_source(path), gen.name)
