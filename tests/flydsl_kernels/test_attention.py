@@ -480,18 +480,21 @@ def test_kvcache_plans_with_another_targets_table_on_the_cpu(monkeypatch):
 @pytest.mark.parametrize("target", [REF, INTERP])
 @pytest.mark.parametrize(
     "page, d, g_, klanes",
-    [(16, 64, 3, 8), (32, 80, 8, 4), (128, 64, 2, 8), (4, 32, 5, 8), (0, 48, 3, 4)],
-)
+    [(16, 64, 3, 8), (32, 80, 8, 4), (128, 64, 2, 8), (4, 32, 5, 8), (0, 48, 3, 4),
+     (64, 80, 4, 8)],
+)  # fmt: skip
 def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes):
     # Config.klanes: K loaded as (key block, dim block, lane group, key, dim) and permuted
     # back (common._load_k_lanes); with pages of 16 keys or more a 64-key tile spans pages
     # (16 and 32: 4 and 2 pages, each key block from its own page), 128-key pages slice
     # tiles, 4-key pages shrink the tile to 16 keys gathered row by row (plain load), and
-    # head dims 80 / 48 mix fitting chunks with ones the plain load takes (16 past a 64)
+    # head dims 80 / 48 mix fitting chunks with ones the plain load takes (16 past a 64 with
+    # k width 8); two query positions per head (speculative decoding) in the 16x64 one
     g = gen(60 + page + d)
     B, Hk, S = 3, 2, 256
     H = Hk * g_
-    q = rand(B, 1, H, d, g=g)
+    sq = 2 if page == 64 else 1
+    q = rand(B, sq, H, d, g=g)
     kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
     lens = torch.tensor([1, 177, 250], dtype=torch.int32)  # no length a multiple of 16
     if page:
@@ -507,7 +510,7 @@ def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes
         )  # fmt: skip
         close(out, ro, OUT_TOL[BF16], f"splits={splits}")
         close_lse(lse, rl)
-    p = plan.Problem(B, 1, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
+    p = plan.Problem(B, sq, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target, config=cfg)
     bn = 16 if 0 < page < 16 else 64
