@@ -18,28 +18,13 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from . import program
+
 aten = torch.ops.aten
 
-#: FlyDSL's elementwise functions a same-named ATen / prims op runs as
-NATIVE_UNARY = frozenset(
-    {
-        "exp",
-        "exp2",
-        "log",
-        "log2",
-        "tanh",
-        "sigmoid",
-        "sqrt",
-        "rsqrt",
-        "erf",
-        "sin",
-        "cos",
-        "floor",
-        "ceil",
-        "abs",
-        "neg",
-    }
-)
+#: FlyDSL's elementwise functions a same-named ATen / prims op runs as (the program's unary
+#: ops but its own ``not`` and ``copy``, which no ATen op of that name maps to)
+NATIVE_UNARY = frozenset(program.UNARY) - {"not", "copy"}
 #: operator-like ATen / prims names -> binary instruction
 OPERATORS = {
     "add": "add",
