@@ -477,6 +477,63 @@ def test_kvcache_plans_with_another_targets_table_on_the_cpu(monkeypatch):
         flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, target=REF, table="gfx9999")
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "page, d, g_, klanes",
+    [(16, 64, 3, 8), (32, 80, 8, 4), (128, 64, 2, 8), (4, 32, 5, 8), (0, 48, 3, 4),
+     (64, 80, 4, 8)],
+)  # fmt: skip
+def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes):
+    # Config.klanes: K loaded as (key block, dim block, lane group, key, dim) and permuted
+    # back (common._load_k_lanes); with pages of 16 keys or more a 64-key tile spans pages
+    # (16 and 32: 4 and 2 pages, each key block from its own page), 128-key pages slice
+    # tiles, 4-key pages shrink the tile to 16 keys gathered row by row (plain load), and
+    # head dims 80 / 48 mix fitting chunks with ones the plain load takes (16 past a 64 with
+    # k width 8); two query positions per head (speculative decoding) in the 16x64 one
+    g = gen(60 + page + d)
+    B, Hk, S = 3, 2, 256
+    H = Hk * g_
+    sq = 2 if page == 64 else 1
+    q = rand(B, sq, H, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([1, 177, 250], dtype=torch.int32)  # no length a multiple of 16
+    if page:
+        kc, vc, table = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, table = kfull, vfull, None
+    cfg = configs.Config(16, 64, 1, 1, 16, klanes=klanes)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for splits in (1, 3):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, sq, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    bn = 16 if 0 < page < 16 else 64
+    got_klanes, got_bn = fp.C.KLANES, fp.C.BN
+    assert got_klanes == klanes and got_bn == bn
+
+
+def test_decode_k_lane_order_is_the_tables_and_skips_fp32():
+    # gfx950 / gfx942 decode tables load K in their MFMA's lane order (k width 8 / 4); fp32
+    # operands (other MFMAs) and gfx1250 / sm90 keep the plain load
+    p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,
+                     decode=True)  # fmt: skip
+    assert plan.plan_forward(p, "gfx950").C.KLANES == 8
+    assert plan.plan_forward(p, "gfx950").C.BN == 64  # 4 pages of 16 per tile
+    assert plan.plan_forward(p, "gfx942").C.KLANES == 4
+    for t in ("gfx1250", "sm90"):
+        fp = plan.plan_forward(p, t)
+        assert fp.C.KLANES == 0 and fp.C.BN == 16  # a tile within a page
+    from dataclasses import replace
+
+    assert plan.plan_forward(replace(p, dtype="fp32"), "gfx950").C.KLANES == 0
+
+
 def test_kvcache_batch_idx_and_int_seqlens():
     g = gen(29)
     q = rand(2, 3, 2, 32, g=g)
@@ -685,6 +742,12 @@ def test_plan_picks_schedules_by_shape():
         ).persistent
         == 0
     )
+    # one m-block per (batch, head): causal tiles cost the same, so no persistent grid (decode
+    # B64 H32/8: 512 tiles, which the causal rule alone would walk persistently)
+    dec = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,
+                       decode=True)  # fmt: skip
+    fp = plan.plan_forward(dec, "gfx950")
+    assert fp.persistent == 0 and not fp.C.PERSIST and fp.grid == (1, 64 * 8, 1)
     huge = plan.Problem(16, 8192, 8192, 32, 8, 128, 128, causal=True)
     fp = plan.plan_forward(huge, "gfx950")
     assert fp.persistent == 0 and fp.splits == 1 and fp.grid == (32, 16 * 32, 1)

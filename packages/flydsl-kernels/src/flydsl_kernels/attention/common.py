@@ -131,14 +131,61 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
             view = t[pages, fly.ds(n0 % PAGE, BN), hk, fly.ds(c0, cs)]
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         return view.load(m, bounds_check=False)
-    # pages smaller than the tile: gather BN // PAGE pages, each PAGE contiguous rows
+    # pages smaller than the tile: each row from its page (a 2-D gather, whose layout is the
+    # dense tile's: a 3-D (pages, rows, dims) load reshaped to 2-D cost gfx950 64 v_perm and
+    # 32 LDS round trips per V tile of 2 pages)
     npg = BN // PAGE
-    view = t[pages, fly.ds(0, PAGE), hk, fly.ds(c0, cs)]
-    m = _and(
-        None if kmask is None else kmask.reshape(npg, PAGE)[:, :, None],
-        None if dm is None else dm[None, None, :],
+    prow = fly.broadcast_to(pages[:, None], (npg, PAGE)).reshape(BN)
+    r = fly.arange(0, BN) % PAGE
+    view = t.gather(prow[:, None], r[:, None], hk, (c0 + fly.arange(0, cs))[None, :])
+    m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
+    return view.load(m, bounds_check=False)
+
+
+def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
+    """``_load_kv``'s ``(BN, cs)`` K tile, loaded in the lane order of a one-warp ``nk x nk``
+    MFMA's B operand with ``kw`` (its k width) head dims per lane, so that ``q @ k.T`` takes K
+    as loaded. With ``ng = 64 / nk`` lane groups, loaded as ``(BN / nk, cs / (ng kw), ng, nk,
+    kw)`` (key block, head-dim block, lane group, key, head dim) and permuted back: the load's
+    coalesced layout (``kw`` contiguous head dims per lane, lanes along the ``nk`` keys, then
+    the groups) is then the operand's, where the plain ``(BN, cs)`` load put 8 lanes along the
+    head dim and Triton moved every element across lanes (gfx950 decode d64: 32
+    ``ds_bpermute`` and 64 ``v_cndmask`` per KV tile) or through LDS (d128: 8 writes, 8 reads,
+    their waits). A key block never spans pages (``k_lanes_fit``)."""
+    ng = 64 // nk
+    kb = ng * kw
+    nb = BN // nk
+    d = (
+        c0
+        + fly.arange(0, cs // kb)[None, :, None, None, None] * kb
+        + fly.arange(0, ng)[None, None, :, None, None] * kw
+        + fly.arange(0, kw)[None, None, None, None, :]
     )
-    return view.load(m, bounds_check=False).reshape(BN, cs)
+    key = fly.arange(0, nk)[None, None, None, :, None]
+    if PAGE == 0 or PAGE >= BN:
+        key = key + fly.arange(0, nb)[:, None, None, None, None] * nk
+        if PAGE == 0:
+            view = t.gather(bk, n0 + key, hk, d)
+        else:
+            view = t.gather(pages, n0 % PAGE + key, hk, d)
+    else:  # each key block lies in one of the tile's pages
+        per = PAGE // nk
+        blk = fly.broadcast_to(pages[:, None], (BN // PAGE, per)).reshape(nb)
+        key = key + ((fly.arange(0, nb) % per) * nk)[:, None, None, None, None]
+        view = t.gather(blk[:, None, None, None, None], key, hk, d)
+    m = None
+    if kmask is not None:
+        m = kmask.reshape(nb, nk)[:, None, None, :, None]
+    x = view.load(m, bounds_check=False)
+    return x.permute(0, 3, 1, 2, 4).reshape(BN, cs)
+
+
+def k_lanes_fit(C, cs: int) -> bool:
+    """Whether ``_load_k_lanes`` applies to a K chunk of ``cs`` head dims (``C.KLANES`` set;
+    ``C.KROWS`` the MFMA's rows): whole lane-group blocks of head dims and key blocks, and
+    pages (if any) of whole key blocks."""
+    kw, nk = C.KLANES, C.KROWS
+    return kw > 0 and cs % (64 // nk * kw) == 0 and C.BN % nk == 0 and C.PAGE % nk == 0
 
 
 def _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt):

@@ -19,7 +19,8 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 * **window tiles** (``band_config``): a window narrower than the tile shrinks the tile until
   the window is wider than it (the KV loop then has unmasked interior trips);
 * **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
-  uneven tile costs (causal: a tile's keys grow with its m-block) and ``CUs <= T <
+  uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;
+  decode's single m-block is even) and ``CUs <= T <
   PERSIST_WAVES * CUs`` (a few waves, so the last wave's imbalance is a large share of the
   time), the grid is ``CUs`` programs walking tiles ``pid, pid + P, ...`` with the m-blocks in
   zig-zag order (step ``s`` of every program takes the heaviest remaining blocks when ``s`` is
@@ -61,6 +62,11 @@ class Config:
     #: "iterative-ilp", ...; Triton's ``llvm_fn_attrs``, passed on AMD targets only); "" its
     #: default
     sched: str = ""
+    #: decode, one warp: load K in the lane order of the 16x16 MFMA's B operand with this many
+    #: head dims per lane (its k width: 8 for gfx950's 16x16x32, 4 for gfx942's 16x16x16), so
+    #: ``q @ k.T`` takes K as loaded (``common._load_k_lanes``); 0 the plain load. A tile may
+    #: then span pages of 16 keys or more (``plan.plan_forward``)
+    klanes: int = 0
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -87,6 +93,8 @@ class Config:
             d["lazy"] = False
         if self.sched:
             d["sched"] = self.sched
+        if self.klanes:
+            d["klanes"] = self.klanes
         return d
 
 
@@ -110,9 +118,9 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 # saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
 
 
-def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched=""):
+def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
-    return Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, notes=notes)
+    return Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, notes=notes)
 
 
 #: LLVM machine schedulers (``Config.sched``) the gfx950 entries take where they gave fewer
@@ -123,7 +131,10 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
 #: main loop (per KV tile; per query step for dK/dV) and per useful 32x32x16 MFMA-equivalent.
 #: Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD, 128-bit K/V loads
-#: (decode also at page sizes 16 to 256: tiles never span pages). Tiles with fewer
+#: (decode also at page sizes 16 to 256, its tiles spanning pages: ``klanes``). Decode loads K
+#: in its MFMA's lane order (``klanes = 8``): d128 16x32 184 -> 157 loop instructions per trip,
+#: and 16x64, which spilled 4 SGPRs with the plain load, 265 (16.56 per MFMA); d64 16x64 284
+#: -> 181, 16x128 318 (19.88); 16x128 d128 and 16x256 d64 spill SGPRs. Tiles with fewer
 #: instructions per MFMA that need one wave per SIMD (dK/dV d128 32x128 with 4 warps: 8.16;
 #: fwd d128 256x64 with 4 warps: 7.39) or spill (fwd d128 256x128: 8.19 with 5 SGPR spills
 #: under LLVM's minimal-register scheduler, 243 spills under the default one) were passed over.
@@ -140,8 +151,8 @@ _GFX950 = {
     ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
     ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
     ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, 142, 284, 35.5, sched=ILP),
-    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, 158, 184, 23.0, sched=ILP),
+    ("decode", "d64"): _c(16, 128, 1, 1, 16, True, 226, 318, 19.88, sched=ILP, klanes=8),
+    ("decode", "d128"): _c(16, 64, 1, 1, 16, True, 238, 265, 16.56, sched=MAX_ILP, klanes=8),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
@@ -204,8 +215,17 @@ _default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for c
 #: per SIMD); 128x32 compiles to 220 VGPRs with two (about 10% more loop instructions per MFMA)
 _GFX942 = {
     **_GFX950,
+    # K in the lane order of gfx942's 16x16x16 MFMA (4 head dims per lane); gfx950's wider
+    # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4),
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
+    # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window
+    # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
+    # waves; 19.06 against 15.03 loop instructions per 32x32x8 MFMA), 3 waves at the model
+    # problem too (37.88 against 35.25)
+    ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
@@ -221,6 +241,9 @@ _GFX1250 = {
     **_GFX950,
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
+    ("decode", "d128"): _c(
+        16, 32, 1, 1, 16, False
+    ),  # wave32 WMMA: gfx950's K lane order is not its
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here

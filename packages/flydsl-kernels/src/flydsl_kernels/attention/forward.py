@@ -17,6 +17,7 @@ from .common import (
     _kv_pages,
     _kv_range,
     _kv_segments,
+    _load_k_lanes,
     _load_kv,
     _load_q,
     _mask_scores,
@@ -30,6 +31,7 @@ from .common import (
     _store_lse,
     _store_rows,
     chunks,
+    k_lanes_fit,
     softcap_shift,
 )
 
@@ -72,6 +74,10 @@ class Fwd:
     # a tile may cross both window bounds (plan.narrow_band: False where the plan proves that
     # no tile of the problem does, so that loop is not traced)
     NARROW: bool = True
+    #: decode, one warp: K loaded in the lane order of the QK MFMA's B operand with this many
+    #: head dims per lane (``common._load_k_lanes``; 0: the plain load). ``Config.klanes``
+    KLANES: int = 0
+    KROWS: int = 16  # that MFMA's rows and columns (16 or 32)
 
     @property
     def BMS(self) -> int:
@@ -206,7 +212,11 @@ def _fwd_tile(
         pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
         s = None
         for (c0, cs), qt in zip(chunks(C.D), qts):
-            kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
+            if k_lanes_fit(C, cs):
+                kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
+                                   C.KLANES, C.KROWS)  # fmt: skip
+            else:
+                kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)

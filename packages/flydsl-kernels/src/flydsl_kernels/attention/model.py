@@ -199,11 +199,12 @@ TILES = {
 }
 
 
-def space(kind: str, dcls: str, scheds=("",)) -> list[Config]:
+def space(kind: str, dcls: str, scheds=("",), klanes=(0,)) -> list[Config]:
     """The candidates of ``kind`` at a head-dim class: tiles x pipeline stages x MFMA shape
     (x the lazy rescale, forward only) x LLVM schedulers (``Config.sched``, AMD; ``scheds``:
     "" is LLVM's default; the gfx950 table's picks compared "", "coexec", "iterative-ilp" and
-    "max-ilp")."""
+    "max-ilp") x, for one-warp decode tiles, K's lane order (``Config.klanes``: 0 and the
+    target's MFMA k width, gfx950 8, gfx942 4)."""
     tiles = TILES["fwd_d256" if kind == "fwd" and dcls == "d256" else kind]
     out = []
     for bm, bn, w in tiles:
@@ -214,9 +215,12 @@ def space(kind: str, dcls: str, scheds=("",)) -> list[Config]:
                 rows = (bn if kind == "bwd_dkdv" else bm) // w  # a warp's rows of the output
                 if nk == 32 and rows < 32:
                     continue
+                kls = klanes if kind == "decode" and w == 1 else (0,)
                 for lazy in (True, False) if kind in ("fwd", "decode") else (True,):
                     for sched in scheds:
-                        out.append(Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched))
+                        for kl in kls:
+                            out.append(Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched,
+                                              klanes=kl))  # fmt: skip
     return out
 
 
@@ -285,6 +289,12 @@ def main(argv=None):  # pragma: no cover - a developer tool
         "coexec,iterative-ilp,max-ilp",
     )
     ap.add_argument(
+        "--klanes",
+        default="",
+        help="comma-separated K lane orders (Config.klanes) to try besides 0 for one-warp "
+        "decode tiles, e.g. 8 (gfx950) or 4 (gfx942)",
+    )
+    ap.add_argument(
         "--check-tables", action="store_true", help="compile every shipped entry, every target"
     )
     a = ap.parse_args(argv)
@@ -292,7 +302,8 @@ def main(argv=None):  # pragma: no cover - a developer tool
         bad = check_tables()
         print("\n".join(bad) or "every shipped entry compiles without scratch or spills")
         raise SystemExit(1 if bad else 0)
-    cands = space(a.kind, a.dclass, ("", *filter(None, a.scheds.split(","))))
+    kls = (0, *(int(x) for x in filter(None, a.klanes.split(","))))
+    cands = space(a.kind, a.dclass, ("", *filter(None, a.scheds.split(","))), kls)
     if a.limit:
         cands = cands[: a.limit]
     for cfg, fig, why in rank(a.kind, a.dclass, a.target, cands):

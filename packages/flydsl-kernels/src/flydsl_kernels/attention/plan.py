@@ -192,10 +192,14 @@ def plan_forward(
         cfg = configs.mod_config(cfg)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
-    if p.page_size and p.page_size < cfg.BN:
+    klanes = cfg.klanes if p.dtype != "fp32" else 0
+    if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % cfg.nonkdim == 0):
         # a tile spanning several pages gathers them row by row, which held scalar registers
         # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
-        # tile shrinks to one page (16 keys at least), whose id is one scalar per tile
+        # tile shrinks to one page (16 keys at least), whose id is one scalar per tile. With K
+        # loaded in MFMA lane order (``Config.klanes``) a page of 16 keys or more is a whole
+        # key block of the load: no spill on the targets whose tables set it (gfx950 decode
+        # d128, pages of 16: 64-key tiles, 4 pages, no padding of P @ V's 16-key reduction)
         cfg = replace(cfg, BN=max(p.page_size, 16))
     if kind == "fwd" and config is None:
         cfg = configs.band_config("fwd", cfg, band(p))
@@ -229,7 +233,7 @@ def plan_forward(
         SPARSE_FULL=p.sparse_full,
         FOLD_SCALE=scale_of(p) > 0,
     )
-    C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"))
+    C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
@@ -244,7 +248,8 @@ def plan_forward(
     pers = 0
     if s == 1:
         if persistent is None:
-            pers = configs.persistent_programs(programs, cus, uneven=p.causal)
+            # causal tiles cost unevenly only across m-blocks: one m-block (decode) is even
+            pers = configs.persistent_programs(programs, cus, uneven=p.causal and mblocks > 1)
         else:
             pers = int(persistent)
     if s > 1:
