@@ -486,6 +486,31 @@ def test_matrix_weight_is_in_32x32_equivalents(mnem, weight):
     assert matrix_weight(mnem) == weight
 
 
+@pytest.mark.parametrize(
+    "mnem, arch, weight",
+    [
+        ("v_mfma_f32_32x32x16_bf16", "gfx950", 1.0),
+        ("v_mfma_f32_16x16x32_bf16", "gfx950", 0.5),
+        ("v_mfma_f32_16x16x16_bf16", "gfx950", 0.25),  # legacy form: a quarter of the work
+        ("v_mfma_f32_32x32x8_f16", "gfx950", 0.5),
+        ("v_mfma_scale_f32_32x32x64_f8f6f4", "gfx950", 1.0),
+        ("v_mfma_scale_f32_16x16x128_f8f6f4", "gfx950", 0.5),
+        ("v_mfma_f32_32x32x16_fp8_fp8", "gfx950", 0.25),
+        ("v_mfma_f32_32x32x8bf16_1k", "gfx942", 1.0),
+        ("v_mfma_f32_16x16x16bf16_1k", "gfx942", 0.5),
+        ("v_mfma_f32_16x16x32_fp8_fp8", "gfx942", 0.5),
+        ("v_mfma_i32_32x32x16_i8", "gfx942", 1.0),
+        ("v_wmma_f32_16x16x32_bf16", "gfx1250", 0.5),  # WMMA: by output area
+    ],
+)
+def test_matrix_weight_by_the_archs_fastest_mfma(mnem, arch, weight):
+    """With the arch, an MFMA counts its multiply-adds against the arch's fastest 32x32 form of
+    its input type: gfx950's legacy forms are not counted as if they did gfx950's work."""
+    from flydsl_core.backends.triton.amdgcn import matrix_weight
+
+    assert matrix_weight(mnem, arch) == weight
+
+
 @pytest.mark.parametrize("target", ["gfx950", "sm90"])
 def test_a_matmul_k_loop_holds_its_matrix_ops(target):
     r = _report(f"{target}/loop")

@@ -275,17 +275,47 @@ _MATRIX_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)")
 _NO_FALLTHROUGH = ("s_branch", "s_setpc_b64", "s_endpgm")
 
 
-def matrix_weight(mnem: str) -> float:
-    """A matrix instruction in 32x32-equivalents: a 32x32 output tile counts 1, a 16x16 one half
-    (each ISA's 16x16 form does half the multiply-adds of its 32x32 form of the same input type:
-    ``v_mfma_f32_16x16x32_bf16`` against ``v_mfma_f32_32x32x16_bf16`` on gfx950), any other
-    shape by its output area against 32x32; 0 for what is not a matrix instruction."""
+#: the K of each CDNA ISA's fastest 32x32 MFMA per input type (gfx950 doubled the 16-bit and
+#: 8-bit K: ``v_mfma_f32_32x32x16_bf16``, ``v_mfma_scale_f32_32x32x64_f8f6f4``); the older
+#: forms it keeps (``32x32x8``, ``16x16x16``) do a half or a quarter of that work
+_MFMA_K32 = {
+    "gfx950": {"16b": 16, "8b": 64, "i8": 32, "f32": 2},
+    "cdna3": {"16b": 8, "8b": 16, "i8": 16, "xf32": 4, "f32": 2},
+}
+_INPUT_TYPE = (
+    ("xf32", "xf32"),
+    ("f8f6f4", "8b"),
+    ("fp8", "8b"),
+    ("bf8", "8b"),
+    ("i8", "i8"),
+    ("bf16", "16b"),
+    ("f16", "16b"),
+    ("f32", "f32"),
+)
+
+
+def matrix_weight(mnem: str, arch: str | None = None) -> float:
+    """A matrix instruction in 32x32-equivalents of ``arch``'s fastest MFMA of its input type.
+
+    With a CDNA ``arch`` (gfx9*): by multiply-adds, ``m * n * k / (32 * 32 * K32)``, so on gfx950
+    ``v_mfma_f32_16x16x32_bf16`` counts 1/2, the legacy ``v_mfma_f32_16x16x16_bf16`` 1/4 and
+    ``v_mfma_f32_32x32x8_bf16`` 1/2 (on gfx942, where 32x32x8 is the fastest bf16 form, 1 and
+    1/2 for ``16x16x16``). Otherwise (no arch, WMMA, an unknown input type) by output area: a
+    32x32 tile 1, 16x16 1/2 (each ISA's 16x16 form does half the work of its 32x32 form of the
+    same input type), any other shape its area against 32x32. 0 for what is not a matrix
+    instruction."""
     if not mnem.startswith(AMD_MATRIX_PREFIXES):
         return 0.0
     m = _MATRIX_SHAPE.search(mnem)
     if not m:
         return 1.0
-    mm, nn = int(m.group(1)), int(m.group(2))
+    mm, nn, kk = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if arch and arch.startswith("gfx9") and mnem.startswith("v_mfma"):
+        ks = _MFMA_K32["gfx950" if arch == "gfx950" else "cdna3"]
+        tail = mnem[m.end() :]
+        kind = next((k for tok, k in _INPUT_TYPE if tok in tail), None)
+        if kind in ks:
+            return mm * nn * kk / (1024 * ks[kind])
     if (mm, nn) == (32, 32):
         return 1.0
     if (mm, nn) == (16, 16):
@@ -390,10 +420,12 @@ def _dominators(names: list[str], succ: dict[str, list[str]]) -> dict[str, set[s
     return dom
 
 
-def loops(asm_or_body: str | list[str], kernel_name: str | None = None) -> list[Loop]:
+def loops(
+    asm_or_body: str | list[str], kernel_name: str | None = None, arch: str | None = None
+) -> list[Loop]:
     """The natural loops of a kernel (a whole listing, or a body's lines), ordered by where they
     end in the code (an inner loop before the loop around it); loops sharing a header are one
-    loop."""
+    loop. ``arch`` weighs the matrix instructions (``matrix_weight``)."""
     if isinstance(asm_or_body, str):
         body = _amd_body(asm_or_body.splitlines(), kernel_name)
     else:
@@ -438,7 +470,7 @@ def loops(asm_or_body: str | list[str], kernel_name: str | None = None) -> list[
                 header=head,
                 instructions=instrs,
                 always=len(always),
-                matrix=sum(matrix_weight(m) for m, _ in always),
+                matrix=sum(matrix_weight(m, arch) for m, _ in always),
                 inner=inner,
                 blocks=frozenset(body_set),
             )
@@ -446,18 +478,22 @@ def loops(asm_or_body: str | list[str], kernel_name: str | None = None) -> list[
     return out
 
 
-def matrix_loops(asm_or_body: str | list[str], kernel_name: str | None = None) -> list[Loop]:
+def matrix_loops(
+    asm_or_body: str | list[str], kernel_name: str | None = None, arch: str | None = None
+) -> list[Loop]:
     """The innermost loops holding a matrix instruction (no loop inside them holds one): a GEMM's
     K loop, an attention kernel's KV loops (masked and unmasked), in code order."""
-    every = loops(asm_or_body, kernel_name)
+    every = loops(asm_or_body, kernel_name, arch)
     mma = [lp for lp in every if any(m.startswith(AMD_MATRIX_PREFIXES) for m in lp.mnemonics())]
     return [lp for lp in mma if not any(o.blocks < lp.blocks for o in mma)]
 
 
-def main_matrix_loop(asm_or_body: str | list[str], kernel_name: str | None = None) -> Loop | None:
+def main_matrix_loop(
+    asm_or_body: str | list[str], kernel_name: str | None = None, arch: str | None = None
+) -> Loop | None:
     """The matrix loop with the fewest instructions per trip (``always``): a GEMM's K loop, an
     attention kernel's unmasked interior loop; None when no loop holds a matrix instruction."""
-    ms = matrix_loops(asm_or_body, kernel_name)
+    ms = matrix_loops(asm_or_body, kernel_name, arch)
     return min(ms, key=lambda lp: lp.always, default=None)
 
 
@@ -633,9 +669,9 @@ def parse_amdgcn(
         item if isinstance(item, str) else classify(*item) for item in instructions(body)
     )
     # the loops from the control-flow graph (``loops``), not from label-to-branch spans
-    found = loops(body)
+    found = loops(body, arch=t.name)
     mix["loop_instructions"] = [len(lp.instructions) for lp in found]
-    mloops = matrix_loops(body)
+    mloops = matrix_loops(body, arch=t.name)
     main = min(mloops, key=lambda lp: lp.always, default=None)
     mix["matrix_loop_instructions"] = main.always if main else None
     mix["matrix_loop_mfma"] = main.matrix if main else None
