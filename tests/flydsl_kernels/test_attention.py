@@ -524,13 +524,15 @@ def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes
 @pytest.mark.parametrize(
     "bn, page, d, g_, lazy, dtype, sinks",
     [(64, 16, 80, 3, True, BF16, False), (32, 0, 48, 5, False, FP16, True),
-     (128, 128, 64, 8, True, BF16, True), (64, 64, 128, 1, False, BF16, False)],
+     (128, 128, 64, 8, True, BF16, True), (64, 64, 128, 1, False, BF16, False),
+     (64, 8, 32, 2, True, BF16, False)],
 )  # fmt: skip
 def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dtype, sinks):
     # Config.lane_sums: the row sums stay per-lane partials (BM x 16) across the KV loop and
     # are summed once after it; the output and the LSE must match the float64 reference to the
     # usual tolerances (an LSE error of 1e-4 at most), split or not, with lengths of 1 and
-    # lengths that end inside a tile, sinks, and the eager and lazy rescale
+    # lengths that end inside a tile, sinks, the eager and lazy rescale, and 8-key pages
+    # (the tile shrinks to one 16-key block: a single column block per lane)
     g = gen(90 + bn + d)
     B, Hk, S = 3, 2, 384
     H = Hk * g_
