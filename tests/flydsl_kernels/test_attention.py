@@ -15,6 +15,8 @@ where a test needs windows and masks to cut through several tiles at small sizes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -518,6 +520,53 @@ def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes
     assert got_klanes == klanes and got_bn == bn
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bn, page, d, g_, lazy, dtype, sinks",
+    [(64, 16, 80, 3, True, BF16, False), (32, 0, 48, 5, False, FP16, True),
+     (128, 128, 64, 8, True, BF16, True), (64, 64, 128, 1, False, BF16, False),
+     (64, 8, 32, 2, True, BF16, False)],
+)  # fmt: skip
+def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dtype, sinks):
+    # Config.lane_sums: the row sums stay per-lane partials (BM x 16) across the KV loop and
+    # are summed once after it; the output and the LSE must match the float64 reference to the
+    # usual tolerances (an LSE error of 1e-4 at most), split or not, with lengths of 1 and
+    # lengths that end inside a tile, sinks, the eager and lazy rescale, and 8-key pages
+    # (the tile shrinks to one 16-key block: a single column block per lane)
+    g = gen(90 + bn + d)
+    B, Hk, S = 3, 2, 384
+    H = Hk * g_
+    q = rand(B, 1, H, d, g=g, dtype=dtype, scale=2.0)
+    kfull, vfull = rand(B, S, Hk, d, g=g, dtype=dtype), rand(B, S, Hk, d, g=g, dtype=dtype)
+    lens = torch.tensor([1, 201, 383], dtype=torch.int32)
+    sk = torch.randn(H, generator=g) if sinks else None
+    if page:
+        kc, vc, table = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, table = kfull, vfull, None
+    cfg = configs.Config(16, bn, 1, 1, 16, lazy=lazy, klanes=8, lane_sums=True)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, sinks=sk)
+    for splits in (1, 3):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, sinks=sk, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[dtype], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, 1, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True, dtype="bf16" if dtype == BF16 else "fp16")  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
+
+
+def test_decode_lane_sums_are_the_amd_tables():
+    # gfx950 / gfx942's one-warp decode tiles keep lane sums; gfx1250 / sm90 do not
+    p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,
+                     decode=True)  # fmt: skip
+    for t, want in (("gfx950", True), ("gfx942", True), ("gfx1250", False), ("sm90", False)):
+        assert plan.plan_forward(p, t).C.LANE_SUMS is want, t
+    assert plan.plan_forward(replace(p, head_dim=64, head_dim_v=64), "gfx950").C.LANE_SUMS
+
+
 def test_decode_k_lane_order_is_the_tables_and_skips_fp32():
     # gfx950 / gfx942 decode tables load K in their MFMA's lane order (k width 8 / 4); fp32
     # operands (other MFMAs) and gfx1250 / sm90 keep the plain load
@@ -529,8 +578,6 @@ def test_decode_k_lane_order_is_the_tables_and_skips_fp32():
     for t in ("gfx1250", "sm90"):
         fp = plan.plan_forward(p, t)
         assert fp.C.KLANES == 0 and fp.C.BN == 16  # a tile within a page
-    from dataclasses import replace
-
     assert plan.plan_forward(replace(p, dtype="fp32"), "gfx950").C.KLANES == 0
 
 

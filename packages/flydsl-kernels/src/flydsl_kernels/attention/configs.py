@@ -67,6 +67,9 @@ class Config:
     #: ``q @ k.T`` takes K as loaded (``common._load_k_lanes``); 0 the plain load. A tile may
     #: then span pages of 16 keys or more (``plan.plan_forward``)
     klanes: int = 0
+    #: decode: the softmax's row sums kept as per-lane partial sums across the KV loop and
+    #: reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
+    lane_sums: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -95,6 +98,8 @@ class Config:
             d["sched"] = self.sched
         if self.klanes:
             d["klanes"] = self.klanes
+        if self.lane_sums:
+            d["lane_sums"] = True
         return d
 
 
@@ -118,9 +123,11 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 # saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
 
 
-def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0):
+def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0, ls=False):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
-    return Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, notes=notes)
+    return Config(
+        bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, lane_sums=ls, notes=notes
+    )
 
 
 #: LLVM machine schedulers (``Config.sched``) the gfx950 entries take where they gave fewer
@@ -134,7 +141,10 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: (decode also at page sizes 16 to 256, its tiles spanning pages: ``klanes``). Decode loads K
 #: in its MFMA's lane order (``klanes = 8``): d128 16x32 184 -> 157 loop instructions per trip,
 #: and 16x64, which spilled 4 SGPRs with the plain load, 265 (16.56 per MFMA); d64 16x64 284
-#: -> 181, 16x128 318 (19.88); 16x128 d128 and 16x256 d64 spill SGPRs. Tiles with fewer
+#: -> 181, 16x128 318 (19.88); 16x128 d128 and 16x256 d64 spill SGPRs. Row sums as per-lane
+#: partials (``lane_sums``): d128 265 -> 255, d64 318 -> 310 (gfx942: 303 -> 294, 388 -> 385
+#: at the report's decode cases); the row sums as ``P @ ones`` MFMAs took fewer still (d64
+#: 305 at the report's case) but summed the bf16-rounded P, 4e-4 off in the LSE. Tiles with fewer
 #: instructions per MFMA that need one wave per SIMD (dK/dV d128 32x128 with 4 warps: 8.16;
 #: fwd d128 256x64 with 4 warps: 7.39) or spill (fwd d128 256x128: 8.19 with 5 SGPR spills
 #: under LLVM's minimal-register scheduler, 243 spills under the default one) were passed over.
@@ -151,8 +161,10 @@ _GFX950 = {
     ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
     ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
     ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
-    ("decode", "d64"): _c(16, 128, 1, 1, 16, True, 226, 318, 19.88, sched=ILP, klanes=8),
-    ("decode", "d128"): _c(16, 64, 1, 1, 16, True, 238, 265, 16.56, sched=MAX_ILP, klanes=8),
+    ("decode", "d64"): _c(16, 128, 1, 1, 16, True, 230, 310, 19.38, sched=ILP, klanes=8, ls=True),
+    ("decode", "d128"): _c(
+        16, 64, 1, 1, 16, True, 240, 255, 15.94, sched=MAX_ILP, klanes=8, ls=True
+    ),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
@@ -217,8 +229,8 @@ _GFX942 = {
     **_GFX950,
     # K in the lane order of gfx942's 16x16x16 MFMA (4 head dims per lane); gfx950's wider
     # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4),
-    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4),
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4, ls=True),
+    ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4, ls=True),
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window

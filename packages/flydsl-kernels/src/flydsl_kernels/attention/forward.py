@@ -78,10 +78,18 @@ class Fwd:
     #: head dims per lane (``common._load_k_lanes``; 0: the plain load). ``Config.klanes``
     KLANES: int = 0
     KROWS: int = 16  # that MFMA's rows and columns (16 or 32)
+    #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
+    #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
+    LANE_SUMS: bool = False
 
     @property
     def BMS(self) -> int:
         return self.BM // self.GP
+
+
+#: partial sums per row under ``Fwd.LANE_SUMS``: the 16x16 MFMA's columns, so that a tile's
+#: keys fold onto them within each lane (its ``BN / 16`` column blocks)
+LANE_SUM_N = 16
 
 
 @dataclass
@@ -89,7 +97,7 @@ class _Softmax:
     """The online-softmax state of one tile (handles updated in place: loop-carried)."""
 
     m: Any  # (BM,) running max, base 2
-    l: Any  # (BM,) running sum
+    l: Any  # (BM,) running sum, or (BM, LANE_SUM_N) partial sums (``Fwd.LANE_SUMS``)
     acc: list  # fp32 (BM, cs) per V chunk
 
 
@@ -105,19 +113,28 @@ def _update(st: _Softmax, z, zc, vts, C):
         # first tiles, rows' maxima rarely grow by 2^TAU
         m_new = fly.where(m_tile - st.m > RESCALE_TAU, fly.maximum(st.m, m_tile), st.m)
         alpha = fly.exp2(st.m - m_new)
-        st.l *= alpha
+        st.l *= alpha[:, None] if C.LANE_SUMS else alpha
         for a in st.acc:
             a.set(fly.rescale(a, alpha[:, None]))
         st.m.set(m_new)
     else:
         m_new = fly.maximum(st.m, m_tile)
         alpha = fly.exp2(st.m - m_new)
-        st.l *= alpha
+        st.l *= alpha[:, None] if C.LANE_SUMS else alpha
         for a in st.acc:
             a *= alpha[:, None]
         st.m.set(m_new)
     p = fly.exp2((z if zc is None else z * zc) - st.m[:, None])
-    st.l += fly.sum(p, 1)
+    if C.LANE_SUMS:
+        # the tile's column blocks added within each lane; the cross-lane sum (2 lane swaps, their
+        # moves and adds per row) waits until after the loop (gfx950, the report's decode
+        # cases: d128 266 -> 262 instructions per KV tile, d64 328 -> 322). The row sums on
+        # the matrix core instead (P @ ones: 258 and 305) summed the bf16-rounded P, 4e-4 off
+        # in the LSE
+        n = st.l.shape[1]
+        st.l += fly.sum(p.reshape(p.shape[0], p.shape[1] // n, n), 1)
+    else:
+        st.l += fly.sum(p, 1)
     for a, vt in zip(st.acc, vts):
         a += fly.dot(p.to(vt.dtype), vt)
 
@@ -195,7 +212,7 @@ def _fwd_tile(
         slope = fly.full((C.BM,), 0.0, fly.fp32) + slope
     st = _Softmax(
         fly.full((C.BM,), FP32_LOWEST, fly.fp32),
-        fly.zeros((C.BM,), fly.fp32),
+        fly.zeros((C.BM, LANE_SUM_N) if C.LANE_SUMS else (C.BM,), fly.fp32),
         [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)],
     )
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
@@ -244,6 +261,8 @@ def _fwd_tile(
                 block(n0, kind)
 
     m, l_sum = st.m, st.l
+    if C.LANE_SUMS:
+        l_sum = fly.sum(l_sum, 1)
     shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
     if C.SINKS and C.SPLITS == 1:
         sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
