@@ -328,8 +328,15 @@ def mod_config(cfg: Config) -> Config:
     gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
     for themselves next to a gather) and LLVM's default scheduler (the one checked). Untimed."""
     bm = min(cfg.BM, 16 * cfg.num_warps)
-    return replace(cfg, BM=bm, BN=max(16, min(cfg.BN, MOD_BN)), nonkdim=MOD_NONKDIM,
-                   lazy=False, sched="", notes={})  # fmt: skip
+    return replace(
+        cfg,
+        BM=bm,
+        BN=max(16, min(cfg.BN, MOD_BN)),
+        nonkdim=MOD_NONKDIM,
+        lazy=False,
+        sched="",
+        notes={},
+    )
 
 
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger

@@ -219,8 +219,7 @@ def space(kind: str, dcls: str, scheds=("",), klanes=(0,)) -> list[Config]:
                 for lazy in (True, False) if kind in ("fwd", "decode") else (True,):
                     for sched in scheds:
                         for kl in kls:
-                            out.append(Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched,
-                                              klanes=kl))  # fmt: skip
+                            out.append(Config(bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=kl))
     return out
 
 
