@@ -804,9 +804,9 @@ def test_plan_picks_schedules_by_shape():
 def test_persistent_and_split_prefill_match(target):
     b = 2 if target == REF else 1
     q, k, v = qkv(b, 40, 52, 4, 2, 32, seed=35)
-    p = attn_api._problem(
-        q, k, v, batch=b, sq=40, sk=52, causal=True, window=(-1, -1), softcap=0.0, alibi=None,
-        sinks=None,
+    p, _ = attn_api._problem(
+        "test", q, k, v, batch=b, sq=40, sk=52, causal=True, window_size=(-1, -1), softcap=0.0,
+        softmax_scale=None, score_mod=None, mask_mod=None, mod_tensors=(),
     )  # fmt: skip
     ro, rl = reference.attention(q, k, v, causal=True)
     cfg = C16 if target == REF else configs.Config(32, 32, 4)

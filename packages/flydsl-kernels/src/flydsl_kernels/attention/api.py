@@ -50,6 +50,7 @@ _DNAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _problem(
+    what,
     q,
     k,
     v,
@@ -58,22 +59,29 @@ def _problem(
     sq,
     sk,
     causal,
-    window,
+    window_size,
     softcap,
-    alibi,
-    sinks,
+    softmax_scale,
+    score_mod,
+    mask_mod,
+    mod_tensors,
+    alibi=None,
+    sinks=None,
     varlen=False,
     seqused=False,
     page=0,
     batch_idx=False,
     lse_log2=False,
     decode=False,
-    score_mod=None,
-    mask_mod=None,
-    scale=None,
     sparse=None,
 ):
-    return plan.Problem(
+    """Check the options every public function shares (window, softcap, scale, mods) and
+    make the plan's ``Problem``; returns it and the mods' captured tensors."""
+    window = V.window(window_size, sq, sk, what)
+    softcap = V.softcap(softcap, what)
+    scale = V.softmax_scale(softmax_scale, what)
+    score_mod, mask_mod, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
+    p = plan.Problem(
         batch=batch,
         seqlen_q=sq,
         seqlen_k=sk,
@@ -100,6 +108,7 @@ def _problem(
         sparse=tuple(sparse.block_size) if sparse is not None else (0, 0),
         sparse_full=sparse is not None and sparse.full_kv_num_blocks is not None,
     )
+    return p, mt
 
 
 # -- forward and backward drivers (tensors in the kernels' 5-D / 4-D views) --------------------------
@@ -339,13 +348,10 @@ def flash_attn_func(
             f"flash_attn_func: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} "
             "disagree on batch or seqlen_k"
         )
-    window = V.window(window_size, Sq, Sk, what)
-    cap = V.softcap(softcap, what)
-    scale = V.softmax_scale(softmax_scale, what)
     splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
-    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
     bsp = check_block_sparse(block_sparse, B, H, Sq, Sk, q.device)
-    p = _problem(
+    p, mt = _problem(
+        what,
         q,
         k,
         v,
@@ -353,14 +359,15 @@ def flash_attn_func(
         sq=Sq,
         sk=Sk,
         causal=causal,
-        window=window,
-        softcap=cap,
+        window_size=window_size,
+        softcap=softcap,
+        softmax_scale=softmax_scale,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        mod_tensors=mod_tensors,
         alibi=alibi_slopes,
         sinks=sinks,
         lse_log2=lse_log2,
-        score_mod=sm,
-        mask_mod=mm,
-        scale=scale,
         sparse=bsp,
     )
     G, Dv = H // Hk, v.shape[-1]
@@ -468,11 +475,7 @@ def flash_attn_varlen_func(
     page = V.paged_cache(k, v, block_table, B, q.device, what) if paged else 0
     if not paged and v.shape[0] != k.shape[0]:
         raise ValueError(f"{what}: k has {k.shape[0]} tokens, v {v.shape[0]}")
-    window = V.window(window_size, max_q, max_k, what)
-    cap = V.softcap(softcap, what)
-    scale = V.softmax_scale(softmax_scale, what)
     splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
-    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
     fkw, bkw = V.config(config, what)
     V.sinks(sinks, H, Hk, q.device)
     V.alibi(alibi_slopes, B, H, Hk, q.device)
@@ -488,7 +491,8 @@ def flash_attn_varlen_func(
         page=page,
         pool=k.shape[0],
     )
-    p = _problem(
+    p, mt = _problem(
+        what,
         q,
         k,
         v,
@@ -496,16 +500,17 @@ def flash_attn_varlen_func(
         sq=max_q,
         sk=max_k,
         causal=causal,
-        window=window,
-        softcap=cap,
+        window_size=window_size,
+        softcap=softcap,
+        softmax_scale=softmax_scale,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        mod_tensors=mod_tensors,
         alibi=alibi_slopes,
         sinks=sinks,
         varlen=True,
         page=page,
         lse_log2=lse_log2,
-        score_mod=sm,
-        mask_mod=mm,
-        scale=scale,
     )
     G, Dv = H // Hk, v.shape[-1]
 
@@ -631,12 +636,8 @@ def flash_attn_with_kvcache(
             f"{what}: k_cache has {k_cache.shape[0]} sequences for a batch of {B}; give "
             "cache_batch_idx to map the batch onto the cache's rows"
         )
-    window = V.window(window_size, Sq, sk_max, what)
-    cap = V.softcap(softcap, what)
-    scale = V.softmax_scale(softmax_scale, what)
     splits = V.integer(num_splits, "num_splits", what)
     fkw, _ = V.config(config, what, forward_only=True)
-    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
     sinks3 = V.sinks(sinks, H, Hk, q.device)
     alibi3 = V.alibi(alibi_slopes, B, H, Hk, q.device)
     V.kvcache(
@@ -654,7 +655,8 @@ def flash_attn_with_kvcache(
     G, Dv = H // Hk, v_cache.shape[-1]
     tgt, tbl = tensor_target(q, _meta(q, target)), _table(q, target, table)
     decode = configs.packs_heads(Sq, G)
-    p = _problem(
+    p, mt = _problem(
+        what,
         q,
         k_cache,
         v_cache,
@@ -662,8 +664,12 @@ def flash_attn_with_kvcache(
         sq=Sq,
         sk=sk_max,
         causal=causal,
-        window=window,
-        softcap=cap,
+        window_size=window_size,
+        softcap=softcap,
+        softmax_scale=softmax_scale,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        mod_tensors=mod_tensors,
         alibi=alibi_slopes,
         sinks=sinks,
         seqused=True,
@@ -671,9 +677,6 @@ def flash_attn_with_kvcache(
         batch_idx=bidx is not None,
         lse_log2=lse_log2,
         decode=decode,
-        score_mod=sm,
-        mask_mod=mm,
-        scale=scale,
     )
     if snew and B and not q.is_meta:
         append = plan.append_launch(
@@ -754,13 +757,9 @@ def flash_attn_backward(
         raise ValueError(f"flash_attn_backward: lse must be fp32 ({B}, {H}, {Sq})")
     if dlse is not None and tuple(dlse.shape) != (B, H, Sq):
         raise ValueError(f"flash_attn_backward: dlse must be ({B}, {H}, {Sq})")
-    sm, mm, mt = V.mods(score_mod, mask_mod, mod_tensors, q.device)
-    if sm is not None and not sm.differentiable:
-        raise NotImplementedError(
-            "the score_mod has no gradient: give ScoreMod(fn, grad=...) or additive=True"
-        )
     bsp = check_block_sparse(block_sparse, B, H, Sq, Sk, q.device)
-    p = _problem(
+    p, mt = _problem(
+        what,
         q,
         k,
         v,
@@ -768,15 +767,18 @@ def flash_attn_backward(
         sq=Sq,
         sk=Sk,
         causal=causal,
-        window=V.window(window_size, Sq, Sk, what),
-        softcap=V.softcap(softcap, what),
-        alibi=None,
-        sinks=None,
-        scale=V.softmax_scale(softmax_scale, what),
-        score_mod=sm,
-        mask_mod=mm,
+        window_size=window_size,
+        softcap=softcap,
+        softmax_scale=softmax_scale,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        mod_tensors=mod_tensors,
         sparse=bsp,
     )
+    if p.score_mod is not None and not p.score_mod.differentiable:
+        raise NotImplementedError(
+            "the score_mod has no gradient: give ScoreMod(fn, grad=...) or additive=True"
+        )
     G = H // Hk
     dq5, dk, dv, _ = _backward(
         p,
