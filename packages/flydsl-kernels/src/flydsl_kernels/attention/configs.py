@@ -282,10 +282,6 @@ def table(target=None) -> dict:
     return _table_for(TABLES, target)
 
 
-#: deprecated: ``table``
-table_for = table
-
-
 def select(kind: str, head_dim: int, target=None, head_dim_v: int | None = None) -> Config:
     """The shipped config of ``kind`` (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) for a head
     dim (and v head dim) in ``target``'s table."""
