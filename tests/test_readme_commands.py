@@ -110,6 +110,10 @@ COMMANDS: dict[str, tuple] = {
     "tools/bench_compile.py": ("run", ["tools/bench_compile.py", "--targets", "gfx950", "--examples", "vector_add"]),
     "tools/bench_launch.py": ("test", DRY_RUN),
     "tools/bench_attention.py": ("test", DRY_RUN),
+    "uv run python tools/loop_mix.py gpt-oss": (
+        "test",
+        "tests/test_loop_mix.py::test_loop_mix_matches_the_report",
+    ),
     "uv run python tools/bench_ops.py": ("test", DRY_RUN),
     "tools/bench_dispatch.py": ("test", DRY_RUN),
     "tools/bench_gemm.py": ("test", DRY_RUN),

@@ -269,6 +269,21 @@ def test_windows_wider_than_the_tile(window, sq, sk):
         check_fwd_bwd(q, k, v, INTERP, window_size=window)
 
 
+def test_gpt_oss_window_backward_with_the_table_tiles():
+    # the table's tiles under a 128-key window (plan.band_config: dK/dV 32 x 64 with 2 warps,
+    # 32 keys per warp): 301 rows run every loop of the mirrored query walk, the last key
+    # block partial; the sinks' gradient too
+    p = plan.Problem(1, 301, 301, 4, 1, 64, 64, causal=True, window=(127, 0), sinks=True)
+    bp = plan.plan_backward(p, REF)
+    assert (bp.dkdv.BM, bp.dkdv.BN, bp.dkdv.num_warps) == (32, 64, 2)
+    q, k, v = qkv(1, 301, 301, 4, 1, 64, seed=23, grad=True)
+    sinks = torch.randn(4, generator=gen(24)).requires_grad_()
+    check_fwd_bwd(
+        q, k, v, REF, window_size=(127, 0), causal=True, sinks=sinks, extra_grad=(sinks,),
+        config=None,
+    )  # fmt: skip
+
+
 # -- the interpreter (generated Triton) -----------------------------------------------------------------
 
 
@@ -717,11 +732,22 @@ def test_band_config_makes_the_window_wider_than_the_tile():
     assert (small.BM, small.BN, small.num_warps) == (64, 64, 2)  # 32 rows per warp kept
     dk = configs.band_config("bwd_dkdv", configs.Config(64, 128, 8, 1, 16), 128)
     assert (dk.BM, dk.BN, dk.num_warps) == (64, 64, 4)
+    # then 32 keys per warp: query rows per step traded for them, down to 16 rows
+    dk = configs.band_config("bwd_dkdv", configs.Config(64, 128, 8, 1, 16), 128, 32)
+    assert (dk.BM, dk.BN, dk.num_warps) == (32, 64, 2)
+    dk = configs.band_config("bwd_dkdv", configs.Config(16, 128, 8, 1, 16), 128, 32)
+    assert (dk.BM, dk.BN, dk.num_warps) == (16, 64, 4)
+    c = configs.Config(64, 128, 8, 1, 16)
+    assert configs.band_config("bwd_dkdv", c, 4096, 32) is c  # a wide window: the table's
+    assert configs.band_warp_keys("gfx950", "d64") == 32
+    assert configs.band_warp_keys("gfx950", "d128") == 0
+    assert configs.band_warp_keys("gfx1250", "d64") == 0
     p = plan.Problem(4, 4096, 4096, 64, 8, 64, 64, causal=True, window=(127, 0), sinks=True)
     fp = plan.plan_forward(p, "gfx950")
     assert fp.C.BM + fp.C.BN <= 129 and not fp.C.NARROW  # no tile crosses both bounds
     bp = plan.plan_backward(p, "gfx950")
     assert not bp.C_dq.NARROW and not bp.C_dkdv.NARROW
+    assert (bp.dkdv.BM, bp.dkdv.BN, bp.dkdv.num_warps) == (32, 64, 2)
 
 
 def _crosses_both(sq, sk, rows, keys, left, right, mirrored):

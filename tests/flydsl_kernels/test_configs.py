@@ -110,20 +110,27 @@ def test_split_k_follows_m_in_the_eager_choice():
     assert mc.choose(1).split_k > 1 and mc.choose(5000).split_k == 1
 
 
-def test_deprecated_names_still_answer():
+def test_select_takes_the_kind_first():
+    """One name per decision: the names from before the configs / model split are gone, and a
+    call without the kind says what the kinds are."""
+    from flydsl_kernels import topk as topk_pkg
     from flydsl_kernels.gemm import configs as gemm
     from flydsl_kernels.mx import configs as mx
     from flydsl_kernels.rmsnorm import configs as rms
-    from flydsl_kernels.topk import Plan
     from flydsl_kernels.topk import configs as topk
 
-    assert gemm.select(4096, 4096, 4096) == gemm.select("dense", 4096, 4096, 4096)
-    assert gemm.select(7, 48, 64, 1, "sm90") == gemm.select("dense", 7, 48, 64, 1, "sm90")
-    assert gemm.select_swiglu(64, 4096, 4096) == gemm.select("swiglu", 64, 4096, 4096)
-    assert gemm.SHIPPED is gemm.TABLES["gfx950"]
-    assert mx.select_gemm(1, 64, 64, "e4m3", "e4m3") == mx.select("gemm", 1, 64, 64, "e4m3", "e4m3")
-    assert rms.select_forward(100, torch.float32, 7) == rms.select("fwd", 100, torch.float32, 7)
-    assert topk.select(4, 9000, 100, torch.float32) == topk.select(
-        "topk", 4, 9000, 100, torch.float32
-    )
-    assert Plan is topk.Config
+    with pytest.raises(ValueError, match="kind 4096 is not one of dense"):
+        gemm.select(4096, 4096, 4096, 4096)
+    with pytest.raises(ValueError, match="kind 4 is not one of topk"):
+        topk.select(4, 9000, 100, torch.float32)
+    for mod, names in (
+        (
+            gemm,
+            ("SHIPPED", "SHIPPED_BY_TARGET", "shipped_table", "select_swiglu", "select_grouped"),
+        ),
+        (mx, ("GEMM_SHIPPED_BY_TARGET", "gemm_table", "select_gemm", "select_quant")),
+        (rms, ("select_forward", "select_backward", "select_dw_reduce", "tables")),
+        (topk, ("Plan", "shipped", "router_config")),
+        (topk_pkg, ("Plan",)),
+    ):
+        assert not [n for n in names if hasattr(mod, n)], mod.__name__

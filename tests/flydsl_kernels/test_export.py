@@ -193,7 +193,7 @@ def _gemm():
     a = torch.randn(1, M, K).to(torch.bfloat16)
     w = torch.randn(N, K).to(torch.bfloat16)  # F.linear's weight: b is its transpose (NT)
     out = torch.empty(1, M, N, dtype=torch.bfloat16)
-    cfg = configs.select(16, 4096, 4096, 1, "gfx950")  # the 16x4096x4096 case's tile
+    cfg = configs.select("dense", 16, 4096, 4096, 1, "gfx950")  # the 16x4096x4096 case's tile
     gp = plan_gemm(M, N, K, config=cfg, split_k=1, target="cpu-interpret")
     (lc,) = gp.launches(a=a, b=w.t().unsqueeze(0), out=out)
     launch = (lc.kernel, tuple(lc.grid), lc.kernel.bind(lc.args, lc.constexprs))

@@ -17,7 +17,8 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
   split keeps at least ``MIN_KEYS_PER_SPLIT`` keys (the combine and each split's Q load and
   epilogue amortize over them), whatever the tile or page size;
 * **window tiles** (``band_config``): a window narrower than the tile shrinks the tile until
-  the window is wider than it (the KV loop then has unmasked interior trips);
+  the window is wider than it (the KV loop then has unmasked interior trips); dK/dV then
+  trades query rows per step for keys per warp where ``BAND_WARP_KEYS`` says;
 * **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
   uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;
   decode's single m-block is even) and ``CUs <= T <
@@ -283,10 +284,6 @@ def table(target=None) -> dict:
     return _table_for(TABLES, target)
 
 
-#: deprecated: ``table``
-table_for = table
-
-
 def select(kind: str, head_dim: int, target=None, head_dim_v: int | None = None) -> Config:
     """The shipped config of ``kind`` (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) for a head
     dim (and v head dim) in ``target``'s table."""
@@ -298,12 +295,32 @@ def num_cus(target) -> int:
     return _num_cus(target)
 
 
-def band_config(kind: str, cfg: Config, band: int | None) -> Config:
+#: dK/dV's window tile (``band_config``): the keys each warp keeps, per target (0: as shrunk).
+#: A warp's 16x16 MFMAs read Q and dO from LDS once per trip whatever its keys, so 32 keys per
+#: warp halve those reads per MFMA. gfx950, gpt-oss's window (127, 0), d64: 64 x 64 with 4
+#: warps -> 32 x 64 with 2 warps: 235 -> 198 loop instructions per trip (14.69 -> 12.38 per
+#: MFMA; masked trips 348 -> 271, 21.75 -> 16.94), 56.0 -> 45.7 instructions per key per wave
+#: over a key block's trips; 2 waves per SIMD either way. gfx942: 32 x 64 x 4 -> 16 x 64 x 2,
+#: 126.9 -> 101.9 per key per wave, 3 -> 2 waves. gfx1250 (wave32): 114.5 -> 118.4 and 4 -> 2
+#: waves, so not there. 32 x 128 with 4 warps scored 10.75 / 15.19 per MFMA on gfx950 but with
+#: no unmasked trip and 256 query rows per 128-key window: 59.6 per key per wave (passed over).
+#: d128 (gfx950 32 x 64 x 4 -> 16 x 64 x 2) fell to one wave per SIMD: per head-dim class
+BAND_WARP_KEYS = {"gfx950": {"d64": 32}, "gfx942": {"d64": 32}, "gfx1250": {}, "sm90": {}}
+
+
+def band_warp_keys(target, dcls: str) -> int:
+    """``BAND_WARP_KEYS`` of ``target`` (an untuned one reads gfx950's) and a head-dim class."""
+    return _table_for(BAND_WARP_KEYS, target).get(dcls, 0)
+
+
+def band_config(kind: str, cfg: Config, band: int | None, warp_keys: int = 0) -> Config:
     """``cfg`` shrunk so that a window of ``band`` keys per query (both bounds) is wider than a
     tile (``tile rows + tile keys <= band + 1``): then a tile's KV loop has unmasked interior
     trips and masks only at the window's edges (``common._segments``). The forward and dQ
     halve their query rows, dK/dV its keys per program, with the warps (each warp keeps its
-    rows), down to one warp; None (no two-sided window) or a wide window: ``cfg`` itself."""
+    rows), down to one warp; None (no two-sided window) or a wide window: ``cfg`` itself.
+    ``warp_keys`` (dK/dV): then halve the query rows per step with the warps until each warp
+    holds that many keys (``BAND_WARP_KEYS``), down to 16 rows and one warp."""
     if band is None:
         return cfg
     c = cfg
@@ -313,6 +330,9 @@ def band_config(kind: str, cfg: Config, band: int | None) -> Config:
     elif kind == "bwd_dkdv":
         while band + 1 < c.BN + c.BM and c.num_warps > 1 and c.BN > 16:
             c = replace(c, BN=c.BN // 2, num_warps=c.num_warps // 2, notes={})
+        if c is not cfg:  # only a tile the window shrank
+            while c.BN // c.num_warps < warp_keys and c.num_warps > 1 and c.BM > 16:
+                c = replace(c, BM=c.BM // 2, num_warps=c.num_warps // 2, notes={})
     return c
 
 

@@ -447,7 +447,13 @@ def plan_backward(
     table = _table(target, table)
     d, dv = p.head_dim, p.head_dim_v
     c1 = dkdv_config or fp32_tiles(
-        configs.band_config("bwd_dkdv", configs.select("bwd_dkdv", d, table, dv), band(p)), p
+        configs.band_config(
+            "bwd_dkdv",
+            configs.select("bwd_dkdv", d, table, dv),
+            band(p),
+            configs.band_warp_keys(table, configs.dclass(d, dv)),
+        ),
+        p,
     )
     c2 = dq_config or fp32_tiles(
         configs.band_config("bwd_dq", configs.select("bwd_dq", d, table, dv), band(p)), p

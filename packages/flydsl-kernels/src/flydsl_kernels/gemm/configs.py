@@ -252,16 +252,12 @@ def _swiglu(cfg: Config, target) -> Config:
     return cfg if new == cfg else new
 
 
-def select(kind, M: int, N: int, K: int | None = None, batch: int = 1, target=None) -> Config:
+def select(kind: str, M: int, N: int, K: int, batch: int = 1, target=None) -> Config:
     """The shipped tile of ``target``'s table (see the module doc): ``kind`` ``"dense"`` or
     ``"swiglu"`` for ``batch`` ``(M, K) @ (K, N)`` products, ``"grouped"`` with ``M`` the rows
-    a group has on average (``batch`` unused). ``select(M, N, K, batch=1, target=None)`` (no
-    kind) is the deprecated form of ``"dense"``."""
-    if not isinstance(kind, str):  # the deprecated form: every size sits one place later
-        old_target = target if isinstance(batch, int) else batch
-        return select("dense", kind, M, N, 1 if K is None else K, old_target)
-    if K is None:
-        raise TypeError("GEMM select: K is missing")
+    a group has on average (``batch`` unused)."""
+    if kind not in KINDS:
+        raise ValueError(f"GEMM select: kind {kind!r} is not one of {', '.join(KINDS)}")
     t = table(target)
     cls = shape_class(M)
     if kind == "grouped":
@@ -272,9 +268,7 @@ def select(kind, M: int, N: int, K: int | None = None, batch: int = 1, target=No
             cls = "medium"
     if kind == "dense":
         return t[cls]
-    if kind == "swiglu":
-        return _swiglu(t[cls], target)
-    raise ValueError(f"GEMM select: kind {kind!r} is not one of {', '.join(KINDS)}")
+    return _swiglu(t[cls], target)
 
 
 def m_choice(kind: str, N: int, K: int, batch: int = 1, target=None) -> MChoice:
@@ -333,24 +327,3 @@ def xcds(target) -> int:
     if target is None or is_cpu_target(target):
         return 1
     return get_target(target).num_xcds or 1
-
-
-# -- deprecated names (before the configs / model split) -------------------------------------------
-
-#: deprecated: ``TABLES["gfx950"]`` and ``TABLES``
-SHIPPED, SHIPPED_BY_TARGET = _GFX950, TABLES
-
-
-def shipped_table(target=None) -> dict[str, Config]:
-    """Deprecated: ``table``."""
-    return table(target)
-
-
-def select_swiglu(M: int, N: int, K: int, batch: int = 1, target=None) -> Config:
-    """Deprecated: ``select("swiglu", M, N, K, batch, target)``."""
-    return select("swiglu", M, N, K, batch, target)
-
-
-def select_grouped(m_per_group: int, N: int, K: int, target=None) -> Config:
-    """Deprecated: ``select("grouped", m_per_group, N, K, target=target)``."""
-    return select("grouped", m_per_group, N, K, target=target)

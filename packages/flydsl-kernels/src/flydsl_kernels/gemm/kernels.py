@@ -332,7 +332,7 @@ def swiglu_kernel(
     Both GEMMs share the A operand: each K step loads the A tile once and feeds two dots, so
     A is read once instead of twice and the gate / up products never leave registers (no
     ``(M, 2N)`` intermediate in memory). Two fp32 accumulators: the configs halve BN where
-    one accumulator would already fill the register file (``configs.select_swiglu``).
+    one accumulator would already fill the register file (``configs.select("swiglu", ...)``).
     """
     num_m = (M + (BM - 1)) // BM
     num_n = (N + (BN - 1)) // BN

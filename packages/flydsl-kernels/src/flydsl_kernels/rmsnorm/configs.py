@@ -385,24 +385,3 @@ def cols_programs(M: int, N: int, BLOCK: int, target=None) -> tuple[int, int, in
     p = max(1, min(math.ceil(M / 8), math.ceil(4 * num_cus(target) / nb)))
     chunk = math.ceil(M / p)
     return nb, math.ceil(M / chunk), chunk
-
-
-# -- deprecated names (before the configs / model split); use ``select`` and ``table`` -------------
-
-
-def select_forward(N: int, dtype, M: int | None = None, target=None) -> Config:
-    """Deprecated: ``select("fwd", N, dtype, M, target)``."""
-    return select("fwd", N, dtype, M, target)
-
-
-def select_backward(N: int, dtype, target=None) -> tuple[Config, ...]:
-    """Deprecated: ``select("bwd", N, dtype, target=target)``."""
-    return select("bwd", N, dtype, target=target)
-
-
-def select_dw_reduce(dtype, target=None) -> Config:
-    """Deprecated: ``select("dw_reduce", 0, dtype, target=target)``."""
-    return select("dw_reduce", 0, dtype, target=target)
-
-
-tables = table  # deprecated: ``table``

@@ -21,14 +21,13 @@ from __future__ import annotations
 from . import configs, kernels, model, plan, reference
 from .api import moe_router, topk, topk_rows
 from .cases import FAMILY
-from .configs import Config, Plan, select
+from .configs import Config, select
 from .kernels import KERNELS
 
 __all__ = [
     "FAMILY",
     "KERNELS",
     "Config",
-    "Plan",
     "configs",
     "kernels",
     "model",

@@ -55,14 +55,11 @@ def _bool_arg(v, name: str) -> bool:
     return v
 
 
-def topk_rows(
-    x2, k, largest=True, sorted=True, *, config: Config | None = None, target=None, plan=None
-):
+def topk_rows(x2, k, largest=True, sorted=True, *, config: Config | None = None, target=None):
     """Top-k of each row of the 2-D ``x2`` (rows of stride ``x2.stride(0)``, unit inner stride).
 
     Returns (values, int64 indices) of shape (M, k); ``config`` (default
-    ``configs.m_choice``'s for M) names the kernel and its config (``plan``: its deprecated
-    name)."""
+    ``configs.m_choice``'s for M) names the kernel and its config."""
     m, n = x2.shape
     tgt = tensor_target(x2, target)
     tp = plan_topk(
@@ -73,7 +70,7 @@ def topk_rows(
         largest=largest,
         sorted=sorted,
         deterministic=torch.are_deterministic_algorithms_enabled(),
-        config=config if config is not None else plan,
+        config=config,
         target=tgt,
         table=table_target(x2, target),
     )

@@ -104,10 +104,6 @@ class Config:
         return d
 
 
-#: deprecated: the name of ``Config`` before the configs / model split
-Plan = Config
-
-
 # -- the buckets and the tables --------------------------------------------------------------------
 
 #: the buckets each kernel's config is chosen for (a problem uses the smallest one >= its tile)
@@ -242,11 +238,7 @@ def select(kind, *sizes, target=None, **options) -> Config:
       cus=None)``: M rows of N elements, 1 <= k <= N; ``method`` forces a kernel, ``cus``
       defaults to the target's CUs / SMs;
     * ``select("router", E)``: the fused MoE router over ``E`` experts.
-
-    ``select(M, N, k, dtype, ...)`` (no kind) is the deprecated form of ``"topk"``.
     """
-    if not isinstance(kind, str):
-        return _topk(kind, *sizes, target=target, **options)
     if kind == "topk":
         return _topk(*sizes, target=target, **options)
     if kind == "router":
@@ -343,17 +335,3 @@ def m_choice(kind: str, n: int, k: int, dtype, *, cus=None, target=None, **optio
         return tuple(m for m in range(1, cus + 1) if seen[m - 1] != seen[m])
 
     return MChoice(choose, bounds)
-
-
-# -- deprecated names (before the configs / model split) -------------------------------------------
-
-
-def shipped(kernel: str, bucket: tuple, target=None) -> dict:
-    """Deprecated: ``entry``."""
-    return entry(kernel, bucket, target)
-
-
-def router_config(block: int, target=None) -> Config:
-    """Deprecated: ``select("router", experts, target=target)`` (``block``: the experts' power
-    of two)."""
-    return select("router", block, target=target)

@@ -255,13 +255,11 @@ def plan_topk(
     config: Config | None = None,
     target=None,
     table=None,
-    plan: Config | None = None,
 ) -> TopkPlan:
     """The top-k of ``M`` rows of ``N`` elements of ``dtype``, ``1 <= k <= N``: ``config``
     (default ``configs.m_choice`` on ``table``'s table, with ``method``) names the kernel and
-    its config; ``target`` is the launch's (the CPU backends take no warps). ``plan``: the
-    deprecated name of ``config``."""
-    p = config if config is not None else plan
+    its config; ``target`` is the launch's (the CPU backends take no warps)."""
+    p = config
     if p is None:
         kw = dict(sorted=sorted, deterministic=deterministic, method=method, target=table)
         p = m_choice("topk", N, k, dtype, **kw).choose(M).config
