@@ -5,7 +5,10 @@ Tests marked `gpu` are skipped, with the reason, where no GPU is present.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -57,3 +60,18 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     # Tests never read or write the user's compile cache.
     if "FLYDSL_CACHE_DIR" not in os.environ:
         monkeypatch.setenv("FLYDSL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "flydsl-cache"))
+
+
+@pytest.fixture
+def tool():
+    """``tool(name)``: the module ``tools/<name>.py`` (the tools are scripts, not a package)."""
+    tools = Path(__file__).resolve().parent.parent / "tools"
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, tools / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

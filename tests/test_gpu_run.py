@@ -10,29 +10,16 @@ met / not met from the measured figure, never asserted about the hardware.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.mark.compile
-def test_dry_run_writes_every_file(tmp_path, monkeypatch):
+def test_dry_run_writes_every_file(tool, tmp_path, monkeypatch):
     monkeypatch.delenv("OUT", raising=False)
-    gpu_run = _tool("gpu_run")
+    gpu_run = tool("gpu_run")
     out = tmp_path / "run"
     rc = gpu_run.main(["--out", str(out), "--device", "cpu", "--in-process", "--pack"])
     kept = sorted(p.name for p in out.iterdir())
@@ -66,7 +53,7 @@ def _row(key, family, kernel, shape, **kw):
 
 
 @pytest.mark.cpu
-def test_summary_goals_and_plots_from_gpu_figures(tmp_path):
+def test_summary_goals_and_plots_from_gpu_figures(tool, tmp_path):
     """Invented GPU figures (not measurements): each goal comes out met or not met."""
     rows = [
         _row("rmsnorm/rmsnorm_fwd_row/4096x8192 bf16", "rmsnorm", "rmsnorm_fwd_row",
@@ -88,7 +75,7 @@ def test_summary_goals_and_plots_from_gpu_figures(tmp_path):
               "us": {"flydsl cache hit": 6.0, "triton @jit": 9.0, "aten add (out=)": 4.0}}  # fmt: skip
     (tmp_path / "launch.json").write_text(json.dumps(launch))
     (tmp_path / "env.json").write_text(json.dumps({"gpu": "test GPU", "commit": "abc"}))
-    summary = _tool("gpu_summary")
+    summary = tool("gpu_summary")
     g = summary.goals(json.loads((tmp_path / "report.json").read_text()), launch, True)
     assert [x["met"] for x in g] == [True, False, False, True]
     assert "0.87x over 2 shapes" in g[2]["value"]  # geomean of 0.8 and 0.95, M=128 left out

@@ -3,28 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.compile
-def test_loop_mix_matches_the_report(tmp_path, capsys):
+def test_loop_mix_matches_the_report(tool, tmp_path, capsys):
     from flydsl_kernels.report import select_cases
 
-    loop_mix = _tool("loop_mix")
+    loop_mix = tool("loop_mix")
     term = "window(127, 0) sinks gpt-oss"
     rc = loop_mix.main(
         [f"attn_fwd_kernel/B4 S4096x4096 H64/8 D64 causal {term}", "--asm", str(tmp_path)]
@@ -43,7 +29,7 @@ def test_loop_mix_matches_the_report(tmp_path, capsys):
     assert all(len(r[5].split(", ")) <= 4 for r in rows)
 
 
-def test_loop_mix_rejects_an_unknown_case(capsys):
-    loop_mix = _tool("loop_mix")
+def test_loop_mix_rejects_an_unknown_case(tool, capsys):
+    loop_mix = tool("loop_mix")
     assert loop_mix.main(["no-such-case-anywhere"]) == 2
     assert "no case matches" in capsys.readouterr().err
