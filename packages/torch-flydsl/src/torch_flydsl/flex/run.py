@@ -164,22 +164,16 @@ def backward(
         dlse = torch.where(lse == -math.inf, 0.0, dlse.float()).contiguous()
     mt = mods.pack(L.tensors, L.layout, query.device)
     sparse = L.blocks.sparse if L.blocks is not None else None
-    tgt = kernel_target(query)
-    dq, dk, dv = flash_attn_backward(
-        do,
-        q,
-        k,
-        v,
-        o,
-        lse_k,
-        softmax_scale=L.scale,
-        score_mod=km.score_mod,
-        mask_mod=km.mask_mod,
-        mod_tensors=mt,
-        block_sparse=sparse,
-        target=tgt,
-        dlse=dlse,
-    )
+    # the attention gradients and the captured tensors' gradient sites see one problem
+    problem = {
+        "softmax_scale": L.scale,
+        "score_mod": km.score_mod,
+        "mask_mod": km.mask_mod,
+        "mod_tensors": mt,
+        "target": kernel_target(query),
+        "dlse": dlse,
+    }
+    dq, dk, dv = flash_attn_backward(do, q, k, v, o, lse_k, block_sparse=sparse, **problem)
     dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if Bk != B:
         dk, dv = dk.sum(0, keepdim=True), dv.sum(0, keepdim=True)
@@ -188,27 +182,12 @@ def backward(
         state = None
         if L.blocks is not None:
             state = (L.blocks.state.to(torch.int32), L.blocks.block)
-        grids = site_grids(
-            do,
-            q,
-            k,
-            v,
-            o,
-            lse_k,
-            km.sites,
-            softmax_scale=L.scale,
-            score_mod=km.score_mod,
-            mask_mod=km.mask_mod,
-            mod_tensors=mt,
-            block_state=state,
-            dlse=dlse,
-            target=tgt,
-        )
+        grids = site_grids(do, q, k, v, o, lse_k, km.sites, block_state=state, **problem)
         extents = {"b": B, "h": H, "q_idx": Sq, "kv_idx": key.shape[2]}
         for site, slot, grid, gs in zip(sites, site_slots, grids, km.sites):
             t = L.tensors[slot]
             flat = _flat_index(L.score, site, gs.deps, extents, L.tensors, grid.shape)
-            g = segment_sum(grid, flat, t.numel(), target=tgt).reshape(t.shape)
+            g = segment_sum(grid, flat, t.numel(), target=problem["target"]).reshape(t.shape)
             grads[slot] = g if slot not in grads else grads[slot] + g
         for slot in list(grads):
             grads[slot] = grads[slot].to(L.tensors[slot].dtype)
