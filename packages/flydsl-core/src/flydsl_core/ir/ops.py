@@ -605,7 +605,9 @@ def _load_at(t, attrs):
     off = _offsets(t.offsets)
     if base.dtype != off.dtype:
         raise TypeCheckError(f"load_at's base {base} and offsets {off} need one integer dtype")
-    return _load(SimpleNamespace(tensor=t.tensor, offsets=t.offsets, mask=t.mask, other=t.other), attrs)
+    return _load(
+        SimpleNamespace(tensor=t.tensor, offsets=t.offsets, mask=t.mask, other=t.other), attrs
+    )
 
 
 @op("store", ("tensor", "offsets", "value", "mask?"), effects=("write",))

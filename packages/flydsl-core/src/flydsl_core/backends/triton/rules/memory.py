@@ -59,9 +59,10 @@ def _based_pointer(cx: Lowering, tensor: Value, base: Value, offs: Value, shape)
     ptr = cx.pnames[tensor.id]
     p = _param(cx, tensor)
     d = tensor.type.dtype
-    if not (
-        cx.target.has_buffer_ops and p is not None and p.facts.get("index_bits", 64) == 32
-    ) or shape == ():
+    if (
+        not (cx.target.has_buffer_ops and p is not None and p.facts.get("index_bits", 64) == 32)
+        or shape == ()
+    ):
         return _pointer_expr(cx, f"{ptr} + ({cx.ref(base)} + {cx.ref(offs)})", shape)
     es = d.bits // 8
     align = min(16 if p.facts.get("aligned") else es, es * cx.facts.divisor(base))
