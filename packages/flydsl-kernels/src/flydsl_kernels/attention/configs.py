@@ -1,7 +1,7 @@
 """Attention configs: the ``Config``, per-target tables (``TABLES``), ``select``, schedule rules.
 
 No GPU was available to time on: every shipped entry was chosen by the static model in
-``model.py`` from cross-compiled code (``python -m flydsl_kernels.attention.model [--target T]``
+``model.py`` from cross-compiled code (``flydsl-kernels model attention [--target T]``
 reprints the ranking), untimed. ``select(kind, head_dim, target)`` reads the table entry of a
 kind (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) and head-dim class; no config depends on
 the rows of a problem (its grid does: the split and persistent rules below).
@@ -135,7 +135,7 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes
 #: loop instructions per MFMA than LLVM's default, with no spill and 2 waves per SIMD
 COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 
-#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.model``; Triton
+#: gfx950, picked by the static model (``flydsl-kernels model attention``; Triton
 #: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
 #: main loop (per KV tile; per query step for dK/dV) and per useful 32x32x16 MFMA-equivalent.
 #: Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD, 128-bit K/V loads
