@@ -82,7 +82,7 @@ def check_fwd_bwd(q, k, v, target, *, config=SMALL, seed=0, extra_grad=(), ref_k
         q, k, v, return_attn_probs=True, target=target, config=config, **kw
     )
     ins64 = [t.detach().double().requires_grad_() for t in (q, k, v, *extra_grad)]
-    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse")
+    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse", "table")
     kw64 = {n: x for n, x in kw.items() if n not in skip}
     for name, t in zip(("sinks",), ins64[3:]):
         kw64[name] = t
@@ -282,6 +282,22 @@ def test_gpt_oss_window_backward_with_the_table_tiles():
         q, k, v, REF, window_size=(127, 0), causal=True, sinks=sinks, extra_grad=(sinks,),
         config=None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "d, kw, want",
+    [
+        # gfx942's d64 dQ (128 x 32, 2 stages), shrunk for a 24-key window to 32 x 32, 1 warp
+        (64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
+        (256, {"causal": True}, (128, 32, 4, 1)),  # one wave either way: the 32x32 MFMA tile
+    ],
+)
+def test_gfx942_dq_tiles_against_the_reference(d, kw, want):
+    p = plan.Problem(1, 45, 45, 2, 1, d, d, causal=True, window=kw.get("window_size", (-1, -1)))
+    dq = plan.plan_backward(p, REF, table="gfx942").dq
+    assert (dq.BM, dq.BN, dq.num_warps, dq.num_stages) == want
+    q, k, v = qkv(1, 45, 45, 2, 1, d, seed=31, grad=True)
+    check_fwd_bwd(q, k, v, REF, table="gfx942", config=None, **kw)
 
 
 # -- the interpreter (generated Triton) -----------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_gpt_oss_sliding_window_backward_without_spills():
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx1250"])
 @pytest.mark.parametrize("kind, dcls", [("fwd", "d128"), ("decode", "d128"), ("bwd_dkdv", "d128")])
 def test_other_targets_compile_without_spills(target, kind, dcls):
-    # a sample per target (every entry of every table: python -m flydsl_kernels.attention.model
+    # a sample per target (every entry of every table: flydsl-kernels model attention
     # --check-tables, about 40 compiles)
     # the forward also without the causal mask (its loop differs: gfx942's 128x64 spilled there)
     for causal in (True, False) if kind == "fwd" else (True,):

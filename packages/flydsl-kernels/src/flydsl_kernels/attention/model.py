@@ -1,7 +1,7 @@
 """The attention static model: config spaces, the model's launches, the ranking behind the tables.
 
 No GPU was available to time on: every entry of ``configs.TABLES`` was chosen by this model from
-cross-compiled code (``python -m flydsl_kernels.attention.model [--target T]`` reprints the
+cross-compiled code (``flydsl-kernels model attention [--target T]`` reprints the
 ranking). A candidate (``space``) is compiled for the target at the class's representative
 problem (``model_problem``) and rejected if it spills, needs scratch, overflows LDS or fails to
 compile; survivors are ranked (``score``) by
@@ -276,7 +276,10 @@ def check_tables(targets=tuple(TABLES)) -> list[str]:
 def main(argv=None):  # pragma: no cover - a developer tool
     import argparse
 
-    ap = argparse.ArgumentParser(description="rank attention configs with the static model")
+    ap = argparse.ArgumentParser(
+        prog="flydsl-kernels model attention",
+        description="rank attention configs with the static model",
+    )
     ap.add_argument("--target", default="gfx950")
     ap.add_argument("--kind", default="fwd", choices=["fwd", "decode", "bwd_dkdv", "bwd_dq"])
     ap.add_argument("--dclass", default="d128", choices=list(MODEL_SHAPES))
