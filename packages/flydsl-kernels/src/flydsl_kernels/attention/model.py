@@ -259,10 +259,11 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
     return ok + [r for r in rows if r[2] is not None]
 
 
-def check_tables(targets=tuple(TABLES)) -> list[str]:
+def check_tables(targets=tuple(TABLES), keys=None) -> list[str]:
     """Compile every shipped entry of every target's table at its model problem; the problems
     found (compile failures, scratch, spills, LDS over the target's limit, and on AMD targets
-    fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``)."""
+    fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only
+    those ``(kind, dclass)`` entries."""
     from flydsl_core.autotune.prune import Candidate, judge
     from flydsl_core.exc import FlyDSLError
     from flydsl_core.targets import get_target
@@ -271,6 +272,8 @@ def check_tables(targets=tuple(TABLES)) -> list[str]:
     for t in targets:
         tgt = get_target(t)
         for (kind, dcls), cfg in TABLES[t].items():
+            if keys is not None and (kind, dcls) not in keys:
+                continue
             try:
                 ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
             except FlyDSLError as e:
