@@ -310,19 +310,20 @@ def test_gpt_oss_window_backward_with_the_table_tiles():
 
 
 @pytest.mark.parametrize(
-    "d, kw, want",
+    "table, d, kw, want",
     [
         # gfx942's d64 dQ (128 x 32, 2 stages), shrunk for a 24-key window to 32 x 32, 1 warp
-        (64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
-        (256, {"causal": True}, (128, 32, 4, 1)),  # one wave either way: the 32x32 MFMA tile
+        ("gfx942", 64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
+        ("gfx942", 256, {"causal": True}, (128, 32, 4, 1)),  # the 32x32 MFMA tile
+        ("gfx1250", 128, {"causal": True}, (128, 64, 8, 2)),
     ],
 )
-def test_gfx942_dq_tiles_against_the_reference(d, kw, want):
+def test_dq_tiles_of_other_tables_against_the_reference(table, d, kw, want):
     p = plan.Problem(1, 45, 45, 2, 1, d, d, causal=True, window=kw.get("window_size", (-1, -1)))
-    dq = plan.plan_backward(p, REF, table="gfx942").dq
+    dq = plan.plan_backward(p, REF, table=table).dq
     assert (dq.BM, dq.BN, dq.num_warps, dq.num_stages) == want
     q, k, v = qkv(1, 45, 45, 2, 1, d, seed=31, grad=True)
-    check_fwd_bwd(q, k, v, REF, table="gfx942", config=None, **kw)
+    check_fwd_bwd(q, k, v, REF, table=table, config=None, **kw)
 
 
 # -- the interpreter (generated Triton) -----------------------------------------------------------------

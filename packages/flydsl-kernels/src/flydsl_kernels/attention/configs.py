@@ -277,7 +277,10 @@ _GFX1250 = {
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here
     ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
-    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
+    # the static model's pick (2 waves per SIMD; 456 VGPRs, 22.21 loop instructions per
+    # 32x32x16-equivalent): 128 x 32 with 4 warps took 553 VGPRs, one wave (15.79), and
+    # gfx950's 256 x 32 with 8 warps spilled 6 VGPRs
+    ("bwd_dq", "d128"): _c(128, 64, 8, 2, 16, True, 456, 533, 22.21),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
