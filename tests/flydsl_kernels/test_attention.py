@@ -615,6 +615,80 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
     assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
 
 
+def _strided_cache(kc, pad, step):
+    """``kc``'s values in a cache whose rows are ``pad`` heads' worth of elements longer and
+    whose head dim is strided by ``step`` (a view of a larger random tensor)."""
+    P, page, Hk, D = kc.shape
+    big = torch.randn(P, page, Hk + pad, D * step, dtype=kc.dtype)
+    view = big[:, :, :Hk, ::step]
+    view.copy_(kc)
+    return view
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("page, d, pad, step", [(64, 64, 1, 2), (0, 80, 3, 1), (128, 48, 0, 3)])
+def test_decode_based_loads_with_awkward_strides(target, page, d, pad, step):
+    # Fwd.BASED: a tile within one page (or a dense cache) loads K and V with load_at, the
+    # page / key / head as the scalar base and per-element offsets from clamped row and
+    # head-dim strides; rows longer than Hk * D and head dims strided by 2 or 3 must still
+    # read the right elements (lengths ending inside tiles, splits)
+    g = gen(120 + page + d)
+    B, Hk, g_, S = 2, 2, 3, 256
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([255, 70], dtype=torch.int32)
+    if page:
+        kc, vc, table = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, table = kfull, vfull, None
+    kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, pad, step)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for splits in (1, 2):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    assert fp.C.BASED and fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
+
+
+def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
+    # strides above common.BASED_STRIDE_MAX (here lowered to 64 elements) cannot be clamped:
+    # the launch drops Fwd.BASED and the view loads read the cache, with the same results;
+    # prefill and tiles spanning pages never take it
+    g = gen(131)
+    B, Hk, g_, d, S, page = 2, 2, 4, 64, 192, 64
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([192, 65], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, REF, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    assert fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED  # row stride 128
+    monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)
+    assert not fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
+    one = kc[:, :, :1].contiguous()  # row stride 64
+    assert fp.launches(k=one, v=one, **kw)[0].constexprs["C"].BASED
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+        return_softmax_lse=True, target=REF, config=cfg,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    assert not plan.plan_forward(replace(p, page_size=16), REF, config=cfg).C.BASED
+    assert not plan.plan_forward(replace(p, decode=False), REF, config=cfg).C.BASED
+
+
 def test_decode_lane_sums_are_the_amd_tables():
     # gfx950 / gfx942's one-warp decode tiles keep lane sums; gfx1250 / sm90 do not
     p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,

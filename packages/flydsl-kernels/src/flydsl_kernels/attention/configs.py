@@ -165,9 +165,12 @@ _GFX950 = {
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
-    # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306)
+    # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306). Tiles within one page load K and
+    # V from a scalar base (forward.Fwd.BASED): d128 page64 260 -> 224 (model problem 258 ->
+    # 223, 252 VGPRs), d64 page256 318 -> 279; with it the lazy rescale took 227 / 283, LLVM's
+    # default scheduler, max-ilp and coexec 234-248 / 282-295 (d64 spilling under each)
     ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
-    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 234, 258, 16.12, sched=ILP, klanes=8, ls=True),
+    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 252, 223, 13.94, sched=ILP, klanes=8, ls=True),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),

@@ -30,6 +30,7 @@ from .common import (
     _split_range,
     _store_lse,
     _store_rows,
+    based_ok,
     chunks,
     k_lanes_fit,
     softcap_shift,
@@ -81,6 +82,12 @@ class Fwd:
     #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
     #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
     LANE_SUMS: bool = False
+    #: decode: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
+    #: scalar origin (its page, first key, head) apart from the per-element offsets, which
+    #: then stay fixed across the KV loop (AMD buffer loads: no address add per load). Needs
+    #: a tile within one page (or a dense cache) and row / head-dim strides of at most
+    #: ``common.BASED_STRIDE_MAX`` (``plan.FwdPlan.launches`` checks the tensors)
+    BASED: bool = False
 
     @property
     def BMS(self) -> int:
@@ -219,6 +226,7 @@ def _fwd_tile(
     if C.SPLITS > 1:
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
     btrow = b
+    based = based_ok(C)
 
     def block(n0, kind):
         """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
@@ -231,16 +239,16 @@ def _fwd_tile(
         for (c0, cs), qt in zip(chunks(C.D), qts):
             if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
-                                   C.KLANES, C.KROWS)  # fmt: skip
+                                   C.KLANES, C.KROWS, based)  # fmt: skip
             else:
-                kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
+                kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask, based)
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
         if kind is not None:
             z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0)
         vts = [
-            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask)
+            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based)
             for c0, cs in chunks(C.DV)
         ]
         _update(st, z, zc, vts, C)
