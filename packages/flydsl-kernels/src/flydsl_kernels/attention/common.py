@@ -102,15 +102,19 @@ def _per_head(t, b, hk, g0, C, G):
     return fly.broadcast_to(x[None, :], (C.BMS, C.GP)).reshape(C.BM)
 
 
-def _kv_pages(bt, btrow, n0, BN, PAGE, kmask):
+def _kv_pages(bt, btrow, n0, BN, PAGE, kmask, klast=None):
     """The page ids of keys ``n0 + [0, BN)`` (a scalar when a page holds the tile, else one per
-    ``PAGE`` rows), loaded once per KV tile for both K and V; None for a dense cache."""
+    ``PAGE`` rows), loaded once per KV tile for both K and V; None for a dense cache. With
+    ``klast`` (the sequence's last key, on a masked tile) the pages past it are its page
+    (``Fwd.VBLK``: rows past the last key read that key's row, ``_load_v_blocks``)."""
     if PAGE == 0:
         return None
     if PAGE >= BN:
         return bt[btrow, n0 // PAGE].load(bounds_check=False)
     npg = BN // PAGE
     pidx = n0 // PAGE + fly.arange(0, npg)
+    if klast is not None and kmask is not None:
+        return bt[btrow, fly.minimum(pidx, klast // PAGE)].load(bounds_check=False)
     pm = None if kmask is None else fly.max(kmask.reshape(npg, PAGE).to(fly.int32), 1) > 0
     return bt[btrow, pidx].load(pm, bounds_check=False)
 
@@ -140,6 +144,58 @@ def _load_based(t, origin, rows, cols, row_stride_dim, mask):
         base = base + i * t.stride[d]
     offs = rows * _clamped(t.stride[row_stride_dim]) + cols * _clamped(t.stride[t.ndim - 1])
     return t.load_at(base, offs, mask)
+
+
+#: the largest page offset (``(pages - 1) * stride(0)``, elements) of a V cache that
+#: ``Fwd.VBLK`` loads: its per-element page offsets are clamped to it (the identity for the
+#: caches the plan lets through), so that with the in-page offsets (strides at most
+#: ``BASED_STRIDE_MAX``) Triton can prove them below 2 GiB in bytes and keep buffer loads
+PAGE_OFFSET_MAX = 1 << 29
+
+
+def vblk_ok(C) -> bool:
+    """Whether a forward tile loads V in ``C.VBLK``-wide head-dim blocks
+    (``_load_v_blocks``): pages smaller than the tile, one power-of-two V chunk."""
+    return (
+        C.VBLK > 0
+        and 0 < C.PAGE < C.BN
+        and C.BN % C.PAGE == 0
+        and C.DV % C.VBLK == 0
+        and chunks(C.DV) == ((0, C.DV),)
+    )
+
+
+def _load_v_blocks(t, n0, hk, C, pages, klast):
+    """V keys ``n0 + [0, BN)`` of a paged cache (pages of ``PAGE < BN`` keys, ``pages`` from
+    ``_kv_pages``) as ``(DV / VBLK, BN, VBLK)`` head-dim blocks, for a batched P @ V.
+
+    Why blocks: the plain ``(BN, DV)`` load puts 16 lanes along a row's head dims, so each of
+    a lane's loads is another row (another page, another multiple of the runtime row stride):
+    one address add per load. A ``VBLK = 32`` block puts 4 lanes along the head dims and 16
+    along a page's rows: a lane's loads are its row in each page (one add per page) and the
+    head-dim blocks, whose offsets (added last, so that LLVM sees the constants) become the
+    buffer loads' immediate offsets. The load's layout goes to LDS for the transposed reads
+    of the dot operand as the plain tile's does (a reshape or permute after the load made
+    Triton shuffle it in registers instead: 128 ``v_perm`` per tile). Offsets are relative to
+    the head's scalar base (``load_at``), from clamped strides and page offsets
+    (``_clamped``, ``PAGE_OFFSET_MAX``: the plan checks the tensor) so that they stay 32-bit
+    buffer offsets.
+
+    No mask: with ``klast`` (a masked tile) rows past the sequence's last key read that key's
+    row (and ``pages`` are clamped to its page), finite data that P's zeros drop, as every
+    key below the sequence's end is read whatever the attention mask."""
+    BN, PAGE, W = C.BN, C.PAGE, C.VBLK
+    npg = BN // PAGE
+    prow = fly.broadcast_to(pages[:, None], (npg, PAGE)).reshape(BN)
+    if klast is None:
+        r = fly.arange(0, BN) % PAGE
+    else:
+        r = fly.minimum(n0 + fly.arange(0, BN), klast) % PAGE
+    s3 = _clamped(t.stride[3])
+    inner = r[None, :, None] * _clamped(t.stride[1]) + fly.arange(0, W)[None, None, :] * s3
+    pp = fly.minimum(fly.maximum(prow * t.stride[0], 0), PAGE_OFFSET_MAX)[None, :, None]
+    blk = fly.arange(0, C.DV // W)[:, None, None] * (W * s3)
+    return t.load_at(hk * t.stride[2], (pp + inner) + blk)
 
 
 def based_ok(C) -> bool:

@@ -24,7 +24,7 @@ from flydsl_core import cdiv
 from .._target import table_target
 from ..launch import Launch
 from . import configs
-from .common import BASED_STRIDE_MAX
+from .common import BASED_STRIDE_MAX, PAGE_OFFSET_MAX, vblk_ok
 from .kernels import (
     Bwd,
     Fwd,
@@ -87,6 +87,14 @@ def _based_strides(t) -> bool:
     """Whether a K or V tensor (a torch tensor or a ``TensorSpec``) has the row and head-dim
     strides a ``Fwd.BASED`` load clamps to (``common.BASED_STRIDE_MAX``): unknown strides
     are not."""
+    st = _strides(t)
+    if st is None or len(st) != 4:
+        return False
+    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[3]))
+
+
+def _strides(t):
+    """A torch tensor's or a ``TensorSpec``'s strides (None entries where unknown), or None."""
     st = t.stride() if callable(getattr(t, "stride", None)) else getattr(t, "stride", None)
     if st is None and hasattr(t, "shape"):  # a contiguous TensorSpec
         st, acc = [], 1
@@ -94,9 +102,16 @@ def _based_strides(t) -> bool:
             st.append(acc)
             acc = acc * n if (n is not None and acc is not None) else None
         st = st[::-1]
-    if st is None or len(st) != 4:
+    return st
+
+
+def _page_offsets_ok(v) -> bool:
+    """Whether a paged V cache's last page starts at most ``common.PAGE_OFFSET_MAX`` elements
+    in (the bound a ``Fwd.VBLK`` load clamps its page offsets to): unknown sizes are not."""
+    shape, st = getattr(v, "shape", None), _strides(v)
+    if shape is None or st is None or len(st) != 4 or shape[0] is None or st[0] is None:
         return False
-    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[3]))
+    return 0 <= (int(shape[0]) - 1) * st[0] <= PAGE_OFFSET_MAX
 
 
 def _ints(p: Problem):
@@ -174,6 +189,8 @@ class FwdPlan:
         C = self.C
         if C.BASED and not (_based_strides(k) and _based_strides(v)):
             C = replace(C, BASED=False)
+        if C.VBLK and not (_based_strides(v) and _page_offsets_ok(v)):
+            C = replace(C, VBLK=0)
         out = [Launch(attn_fwd_kernel, self.grid, args, {"C": C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
@@ -258,6 +275,11 @@ def plan_forward(
     # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
     # drops it for strides above common.BASED_STRIDE_MAX)
     C = replace(C, BASED=kind == "decode" and (C.PAGE == 0 or C.PAGE >= C.BN))
+    # decode tiles spanning pages load V in 32-wide head-dim blocks (Fwd.VBLK; the launch
+    # drops it for strides or page offsets above common's bounds)
+    C = replace(C, VBLK=32 if kind == "decode" else 0)
+    if not vblk_ok(C):
+        C = replace(C, VBLK=0)
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
