@@ -275,9 +275,11 @@ def plan_forward(
     # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
     # drops it for strides above common.BASED_STRIDE_MAX)
     C = replace(C, BASED=kind == "decode" and (C.PAGE == 0 or C.PAGE >= C.BN))
-    # decode tiles spanning pages load V in 32-wide head-dim blocks (Fwd.VBLK; the launch
-    # drops it for strides or page offsets above common's bounds)
-    C = replace(C, VBLK=32 if kind == "decode" else 0)
+    # decode tiles spanning pages of whole MFMA key blocks load V in head-dim blocks where the
+    # table says so (Config.vblk, Fwd.VBLK; the launch drops it for strides or page offsets
+    # above common's bounds)
+    whole = bool(klanes) and C.PAGE % cfg.nonkdim == 0
+    C = replace(C, VBLK=cfg.vblk if kind == "decode" and whole else 0)
     if not vblk_ok(C):
         C = replace(C, VBLK=0)
     BMS = C.BMS
