@@ -691,19 +691,21 @@ def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
 
 @pytest.mark.parametrize("target", [REF, INTERP])
 @pytest.mark.parametrize(
-    "page, d, g_, sq, lazy, ls, sinks, pad, step",
-    [(16, 128, 4, 1, False, True, False, 0, 1), (32, 64, 3, 2, True, False, True, 1, 2),
-     (16, 32, 8, 1, False, True, True, 3, 1), (32, 128, 1, 1, True, True, False, 0, 3)],
+    "page, d, g_, sq, lazy, ls, sinks, pad, vpad, step",
+    [(16, 128, 4, 1, False, True, False, 0, 0, 1), (32, 64, 3, 2, True, False, True, 1, 2, 2),
+     (16, 32, 8, 1, False, True, True, 3, 3, 1), (32, 128, 1, 1, True, True, False, 0, 1, 3)],
 )  # fmt: skip
-def test_decode_v_head_dim_blocks_over_pages(target, page, d, g_, sq, lazy, ls, sinks, pad, step):
+def test_decode_v_head_dim_blocks_over_pages(
+    target, page, d, g_, sq, lazy, ls, sinks, pad, vpad, step
+):
     # Fwd.VBLK: a 64-key tile over pages of 16 / 32 keys loads V as (D / 32, 64, 32) head-dim
     # blocks from the head's scalar base and multiplies P by them as a batched dot; the
     # masked last tile reads, past the sequence's last key, that key's row (its page ids
     # clamped to the last used page) instead of masking. The cache rows past each sequence
     # are NaN and the table's entries past its pages garbage (the host checks only the used
-    # ones), lengths end
-    # inside pages and tiles (1, 177, 250), caches have long rows and strided head dims,
-    # groups of 1 to 8, two query positions, sinks, splits: all must match the reference
+    # ones); lengths end inside pages and tiles (1, 177, 250); caches have long rows and
+    # strided head dims (V's strides K's or not: Fwd.VK_STRIDES); groups of 1 to 8, two
+    # query positions, sinks, splits: all must match the reference
     g = gen(140 + page + d + g_)
     B, Hk, S = 3, 2, 256
     H = Hk * g_
@@ -719,7 +721,7 @@ def test_decode_v_head_dim_blocks_over_pages(target, page, d, g_, sq, lazy, ls, 
         table[b, -(-n // page) :] = torch.tensor([-7, 10**6], dtype=torch.int32).repeat(S)[
             : table.shape[1] - (-(-n // page))
         ]
-    kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, pad, step)
+    kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, vpad, step)
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=lazy, klanes=8, lane_sums=ls, vblk=32)
     ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, sinks=sk)
     for splits in (1, 3):
@@ -733,7 +735,9 @@ def test_decode_v_head_dim_blocks_over_pages(target, page, d, g_, sq, lazy, ls, 
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target, config=cfg)
     kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
-    assert fp.C.VBLK == 32 and fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].VBLK == 32
+    lc = fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"]
+    same = pad == vpad
+    assert fp.C.VBLK == 32 and lc.VBLK == 32 and lc.VK_STRIDES is same
 
 
 def test_decode_v_head_dim_blocks_plan_and_fallbacks(monkeypatch):

@@ -165,7 +165,7 @@ def vblk_ok(C) -> bool:
     )
 
 
-def _load_v_blocks(t, n0, hk, C, pages, klast):
+def _load_v_blocks(t, n0, hk, C, pages, klast, st):
     """V keys ``n0 + [0, BN)`` of a paged cache (pages of ``PAGE < BN`` keys, ``pages`` from
     ``_kv_pages``) as ``(DV / VBLK, BN, VBLK)`` head-dim blocks, for a batched P @ V.
 
@@ -183,7 +183,8 @@ def _load_v_blocks(t, n0, hk, C, pages, klast):
 
     No mask: with ``klast`` (a masked tile) rows past the sequence's last key read that key's
     row (and ``pages`` are clamped to its page), finite data that P's zeros drop, as every
-    key below the sequence's end is read whatever the attention mask."""
+    key below the sequence's end is read whatever the attention mask. ``st``: V's strides
+    (or K's where they are equal: ``Fwd.VK_STRIDES``)."""
     BN, PAGE, W = C.BN, C.PAGE, C.VBLK
     npg = BN // PAGE
     prow = fly.broadcast_to(pages[:, None], (npg, PAGE)).reshape(BN)
@@ -191,11 +192,11 @@ def _load_v_blocks(t, n0, hk, C, pages, klast):
         r = fly.arange(0, BN) % PAGE
     else:
         r = fly.minimum(n0 + fly.arange(0, BN), klast) % PAGE
-    s3 = _clamped(t.stride[3])
-    inner = r[None, :, None] * _clamped(t.stride[1]) + fly.arange(0, W)[None, None, :] * s3
-    pp = fly.minimum(fly.maximum(prow * t.stride[0], 0), PAGE_OFFSET_MAX)[None, :, None]
+    s3 = _clamped(st[3])
+    inner = r[None, :, None] * _clamped(st[1]) + fly.arange(0, W)[None, None, :] * s3
+    pp = fly.minimum(fly.maximum(prow * st[0], 0), PAGE_OFFSET_MAX)[None, :, None]
     blk = fly.arange(0, C.DV // W)[:, None, None] * (W * s3)
-    return t.load_at(hk * t.stride[2], (pp + inner) + blk)
+    return t.load_at(hk * st[2], (pp + inner) + blk)
 
 
 def based_ok(C) -> bool:

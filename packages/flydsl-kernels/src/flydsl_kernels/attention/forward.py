@@ -96,6 +96,10 @@ class Fwd:
     #: Needs V's row and head-dim strides of at most ``common.BASED_STRIDE_MAX`` and page
     #: offsets of at most ``common.PAGE_OFFSET_MAX`` (``plan.FwdPlan.launches`` checks)
     VBLK: int = 0
+    #: under ``VBLK``: V's strides are K's (the launch compares them), so V's page offsets
+    #: take K's stride arguments and LLVM multiplies each page id once for both (gfx950 d128
+    #: page16: 234 -> 230 loop instructions per trip)
+    VK_STRIDES: bool = False
 
     @property
     def BMS(self) -> int:
@@ -269,7 +273,8 @@ def _fwd_tile(
         if kind is not None:
             z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0)
         if vblk:
-            vts = [_load_v_blocks(v, k_off + n0, hk, C, pages, klast)]
+            vst = k.stride if C.VK_STRIDES else v.stride
+            vts = [_load_v_blocks(v, k_off + n0, hk, C, pages, klast, vst)]
         else:
             vts = [
                 _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based)

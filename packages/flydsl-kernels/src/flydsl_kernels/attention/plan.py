@@ -191,6 +191,10 @@ class FwdPlan:
             C = replace(C, BASED=False)
         if C.VBLK and not (_based_strides(v) and _page_offsets_ok(v)):
             C = replace(C, VBLK=0)
+        if C.VBLK:
+            ks, vs = _strides(k), _strides(v)
+            same = ks is not None and None not in ks and tuple(ks) == tuple(vs)
+            C = replace(C, VK_STRIDES=same)
         out = [Launch(attn_fwd_kernel, self.grid, args, {"C": C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
