@@ -134,15 +134,17 @@ def _clamped(s):
     return fly.minimum(fly.maximum(s, 0), BASED_STRIDE_MAX)
 
 
-def _load_based(t, origin, rows, cols, row_stride_dim, mask):
+def _load_based(t, origin, rows, cols, row_stride_dim, mask, st=None):
     """``t``'s elements at ``origin`` (a scalar index per dimension) plus ``rows`` along
     dimension ``row_stride_dim`` and ``cols`` along the last (index tiles broadcast to the
     tile's shape), loaded with ``load_at``: the origin is the scalar base, the rest
-    per-element offsets from clamped strides (``Fwd.BASED``)."""
+    per-element offsets from clamped strides (``Fwd.BASED``). ``st``: the strides to take
+    (another tensor's where they are equal: ``Fwd.VK_STRIDES``), default ``t``'s."""
+    st = t.stride if st is None else st
     base = 0
     for d, i in enumerate(origin):
-        base = base + i * t.stride[d]
-    offs = rows * _clamped(t.stride[row_stride_dim]) + cols * _clamped(t.stride[t.ndim - 1])
+        base = base + i * st[d]
+    offs = rows * _clamped(st[row_stride_dim]) + cols * _clamped(st[t.ndim - 1])
     return t.load_at(base, offs, mask)
 
 
@@ -205,7 +207,7 @@ def based_ok(C) -> bool:
     return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False):
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=None):
     """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
     tile's ``pages`` from ``_kv_pages``).
 
@@ -218,7 +220,7 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False):
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
         r = fly.arange(0, BN)[:, None]
-        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m)
+        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m, st)
     if PAGE == 0 or PAGE >= BN:
         if PAGE == 0:
             view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]

@@ -96,9 +96,10 @@ class Fwd:
     #: Needs V's row and head-dim strides of at most ``common.BASED_STRIDE_MAX`` and page
     #: offsets of at most ``common.PAGE_OFFSET_MAX`` (``plan.FwdPlan.launches`` checks)
     VBLK: int = 0
-    #: under ``VBLK``: V's strides are K's (the launch compares them), so V's page offsets
-    #: take K's stride arguments and LLVM multiplies each page id once for both (gfx950 d128
-    #: page16: 234 -> 230 loop instructions per trip)
+    #: under ``VBLK`` or ``BASED``: V's strides are K's (the launch compares them), so V's
+    #: offsets take K's stride arguments and LLVM computes each page's offset once for both
+    #: (gfx950 loop instructions per trip: d128 page16 234 -> 230, page64 224 -> 220, d64
+    #: page256 279 -> 273)
     VK_STRIDES: bool = False
 
     @property
@@ -276,8 +277,9 @@ def _fwd_tile(
             vst = k.stride if C.VK_STRIDES else v.stride
             vts = [_load_v_blocks(v, k_off + n0, hk, C, pages, klast, vst)]
         else:
+            vst = k.stride if C.VK_STRIDES else None
             vts = [
-                _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based)
+                _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based, vst)
                 for c0, cs in chunks(C.DV)
             ]
         _update(st, z, zc, vts, C)

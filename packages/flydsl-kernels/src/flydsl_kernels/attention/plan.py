@@ -191,7 +191,7 @@ class FwdPlan:
             C = replace(C, BASED=False)
         if C.VBLK and not (_based_strides(v) and _page_offsets_ok(v)):
             C = replace(C, VBLK=0)
-        if C.VBLK:
+        if C.VBLK or C.BASED:
             ks, vs = _strides(k), _strides(v)
             same = ks is not None and None not in ks and tuple(ks) == tuple(vs)
             C = replace(C, VK_STRIDES=same)
