@@ -788,6 +788,40 @@ def test_decode_v_head_dim_blocks_plan_and_fallbacks(monkeypatch):
     close_lse(lse, rl)
 
 
+def test_decode_v_offsets_from_k_strides_only_where_equal():
+    # Fwd.VK_STRIDES: a BASED (one page per tile) or VBLK tile takes V's offsets from K's
+    # stride arguments where the launch finds the strides equal, on buffer-load tables only;
+    # a V cache with other strides (a padded head, a strided head dim) reads with its own
+    g = gen(157)
+    B, Hk, g_, d, S, page = 2, 2, 3, 64, 192, 64
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([150, 64], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for vv, same in (
+        (vc, True),
+        (_strided_cache(vc, 1, 1), False),
+        (_strided_cache(vc, 0, 2), False),
+    ):
+        fp = plan.plan_forward(p, REF, config=cfg)
+        lc = fp.launches(k=kc, v=vv, **kw)[0].constexprs["C"]
+        assert lc.BASED and lc.VK_STRIDES is same
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vv, cache_seqlens=lens, block_table=table, causal=True, num_splits=2,
+            return_softmax_lse=True, target=REF, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"same={same}")
+        close_lse(lse, rl)
+    assert not plan.plan_forward(p, "sm90", config=cfg).C.VK_STRIDES
+    assert plan.plan_forward(p, "gfx942", config=cfg).C.VK_STRIDES
+    assert not plan.plan_forward(replace(p, decode=False), REF).C.VK_STRIDES
+
+
 def test_decode_lane_sums_are_the_amd_tables():
     # gfx950 / gfx942's one-warp decode tiles keep lane sums; gfx1250 / sm90 do not
     p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,

@@ -21,7 +21,7 @@ from typing import Any
 
 from flydsl_core import cdiv
 
-from .._target import table_target
+from .._target import buffer_ops, table_target
 from ..launch import Launch
 from . import configs
 from .common import BASED_STRIDE_MAX, PAGE_OFFSET_MAX, vblk_ok
@@ -191,10 +191,10 @@ class FwdPlan:
             C = replace(C, BASED=False)
         if C.VBLK and not (_based_strides(v) and _page_offsets_ok(v)):
             C = replace(C, VBLK=0)
-        if C.VBLK or C.BASED:
+        if C.VK_STRIDES:
             ks, vs = _strides(k), _strides(v)
             same = ks is not None and None not in ks and tuple(ks) == tuple(vs)
-            C = replace(C, VK_STRIDES=same)
+            C = replace(C, VK_STRIDES=same and bool(C.BASED or C.VBLK))
         out = [Launch(attn_fwd_kernel, self.grid, args, {"C": C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
@@ -286,6 +286,9 @@ def plan_forward(
     C = replace(C, VBLK=cfg.vblk if kind == "decode" and whole else 0)
     if not vblk_ok(C):
         C = replace(C, VBLK=0)
+    # where the launch finds V's strides equal to K's, V's offsets take K's (Fwd.VK_STRIDES):
+    # on the buffer-load tables only (sm90's d64 page256 decode went 80 -> 89 registers)
+    C = replace(C, VK_STRIDES=bool(C.BASED or C.VBLK) and buffer_ops(table))
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
