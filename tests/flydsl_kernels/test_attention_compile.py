@@ -15,7 +15,7 @@ fwd d192/128       256x64, 8                 246   268         6.7 / 9.68
 fwd d256           128x32, 8 (16x16x32, ilp) 212   173         10.81 / 12.38
 bwd dK/dV d128     32 q x 128 k, 8 (ilp)     244   163         10.19 / 13.75
 bwd dQ d128        256 q x 32 k, 8 (coexec)  246   143         5.96 / 8.08
-decode d128        16 x 64, 1 (K lane, based) 252   223         13.94 / 21.19
+decode d128        16 x 64, 1 (K lane, based) 252   219         13.69 / 21.19
 =================  ========================  ====  ==========  ===============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
