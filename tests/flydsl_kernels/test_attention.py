@@ -582,6 +582,49 @@ def test_decode_lane_sums_are_the_amd_tables():
     assert plan.plan_forward(replace(p, head_dim=64, head_dim_v=64), "gfx950").C.LANE_SUMS
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bm, bn, d, g_, lazy, dtype, kw",
+    [(32, 32, 80, 3, True, BF16, {"causal": True}),
+     (64, 16, 200, 2, False, FP16, {"window_size": (37, 5)}),
+     (16, 64, 128, 1, True, BF16, {"causal": True, "sinks": True})],
+)  # fmt: skip
+def test_prefill_lane_sums_match_the_reference(target, bm, bn, d, g_, lazy, dtype, kw):
+    # Config.lane_sums on a prefill tile (gfx950's fwd d128 / d256 entries): per-lane partial
+    # row sums (BM x 16) across the KV loop, summed after it; 77 queries over 93 keys end
+    # inside a tile, GQA groups of 3 and 2, head dims 80 and 200 (a masked chunk), a causal
+    # mask, a two-sided window (masked trips on both edges), a 16-key tile (one column block
+    # per lane), sinks, the eager and the lazy rescale
+    kw = dict(kw)
+    q, k, v = qkv(2, 77, 93, 2 * g_, 2, d, seed=70 + d, dtype=dtype)
+    sinks = torch.randn(2 * g_, generator=gen(71)) if kw.pop("sinks", False) else None
+    cfg = configs.Config(bm, bn, max(1, bm // 16), 1, 16, lazy=lazy, lane_sums=True)
+    out, lse, _ = flash_attn_func(
+        q, k, v, return_attn_probs=True, sinks=sinks, target=target, config=cfg, **kw
+    )
+    ro, rl = reference.attention(q, k, v, sinks=sinks, **kw)
+    close(out, ro, OUT_TOL[dtype], "out")
+    close_lse(lse, rl)
+    p = plan.Problem(2, 77, 93, 2 * g_, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)), sinks=sinks is not None,
+                     dtype="bf16" if dtype == BF16 else "fp16")  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
+
+
+def test_prefill_lane_sums_are_gfx950s_d128_and_d256_entries():
+    # gfx950's fwd d128 / d256 tiles keep per-lane row sums; its d64 / d192 ones, the other
+    # targets' forward entries and the score / mask mod tile (configs.mod_config) do not
+    for dcls in ("d64", "d128", "d192", "d256"):
+        want = dcls in ("d128", "d256")
+        assert configs.TABLES["gfx950"][("fwd", dcls)].lane_sums is want, dcls
+        for t in ("gfx942", "gfx1250", "sm90"):
+            assert not configs.TABLES[t][("fwd", dcls)].lane_sums, (t, dcls)
+    assert not configs.mod_config(configs.TABLES["gfx950"][("fwd", "d128")]).lane_sums
+    p = plan.Problem(4, 4096, 4096, 32, 8, 128, 128, causal=True)
+    assert plan.plan_forward(p, "gfx950").C.LANE_SUMS
+    assert not plan.plan_forward(p, "gfx942").C.LANE_SUMS
+
+
 def test_decode_k_lane_order_is_the_tables_and_skips_fp32():
     # gfx950 / gfx942 decode tables load K in their MFMA's lane order (k width 8 / 4); fp32
     # operands (other MFMAs) and gfx1250 / sm90 keep the plain load
