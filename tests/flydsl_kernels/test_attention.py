@@ -611,6 +611,48 @@ def test_prefill_lane_sums_match_the_reference(target, bm, bn, d, g_, lazy, dtyp
     assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bm, bn, d, dtype, kw",
+    [(32, 16, 80, BF16, {}),
+     (16, 32, 200, FP16, {"causal": True}),
+     (64, 16, 128, BF16, {"window_size": (40, 9), "softcap": 20.0})],
+)  # fmt: skip
+def test_prefill_k_transposed_load_matches_the_reference(target, bm, bn, d, dtype, kw):
+    # Config.k_t: interior KV tiles load K as K^T (common._load_kT, head dims x keys) and
+    # masked ones row-major; 77 queries over 93 keys (the last tile masked), GQA 3:1, head
+    # dims 80 (64 + a 16 chunk) and 200 (a chunk masked past the head dim), no mask (every
+    # full tile interior), causal, a two-sided window with softcap; dense and varlen (keys at
+    # a run-time offset per sequence)
+    q, k, v = qkv(2, 77, 93, 6, 2, d, seed=80 + d, dtype=dtype)
+    cfg = configs.Config(bm, bn, max(1, bm // 16), 1, 16, k_t=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=target, config=cfg, **kw)
+    ro, rl = reference.attention(q, k, v, **kw)
+    close(out, ro, OUT_TOL[dtype], "dense")
+    close_lse(lse, rl)
+    lens_q, lens_k = [31, 0, 46], [45, 17, 93]
+    qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k, 6, 2, d, seed=81, grad=False)
+    outv = flash_attn_varlen_func(
+        qp, kp, vp, cu_q, cu_k, max(lens_q), max(lens_k), target=target, config=cfg, **kw
+    )
+    rov, _ = reference.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(outv, rov, OUT_TOL[BF16], "varlen")
+    p = plan.Problem(2, 77, 93, 6, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)))  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.KT
+    pg = replace(p, page_size=16, seqused=True)
+    assert not plan.plan_forward(pg, target, config=cfg).C.KT  # paged K: row-major
+
+
+def test_prefill_k_transposed_is_the_tables():
+    # gfx950 d128 / d192 / d256, gfx942 d128 / d256 and gfx1250 d128 load interior K as K^T
+    want = {"gfx950": ("d128", "d192", "d256"), "gfx942": ("d128", "d256"),
+            "gfx1250": ("d128",), "sm90": ()}  # fmt: skip
+    for t, dcls in want.items():
+        for dc in ("d64", "d128", "d192", "d256"):
+            assert configs.TABLES[t][("fwd", dc)].k_t is (dc in dcls), (t, dc)
+
+
 def test_prefill_lane_sums_are_gfx950s_d128_and_d256_entries():
     # gfx950's fwd d128 / d256 tiles keep per-lane row sums; its d64 / d192 ones, the other
     # targets' forward entries and the score / mask mod tile (configs.mod_config) do not

@@ -18,6 +18,7 @@ from .common import (
     _kv_range,
     _kv_segments,
     _load_k_lanes,
+    _load_kT,
     _load_kv,
     _load_q,
     _mask_scores,
@@ -81,6 +82,8 @@ class Fwd:
     #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
     #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
     LANE_SUMS: bool = False
+    #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
+    KT: bool = False
 
     @property
     def BMS(self) -> int:
@@ -232,6 +235,12 @@ def _fwd_tile(
             if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
                                    C.KLANES, C.KROWS)  # fmt: skip
+            elif C.KT and kind is None:
+                # interior tile: no key mask (a masked K^T load took more instructions)
+                kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D)
+                d = fly.dot(qt, kt)
+                s = d if s is None else s + d
+                continue
             else:
                 kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
             d = fly.dot(qt, kt.T)

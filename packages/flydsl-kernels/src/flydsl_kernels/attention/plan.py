@@ -235,6 +235,7 @@ def plan_forward(
     )
     C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
     C = replace(C, LANE_SUMS=cfg.lane_sums and C.BN % 16 == 0)  # forward.LANE_SUM_N
+    C = replace(C, KT=cfg.k_t and not p.page_size and not C.KLANES)
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
