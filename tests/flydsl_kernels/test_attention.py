@@ -82,7 +82,7 @@ def check_fwd_bwd(q, k, v, target, *, config=SMALL, seed=0, extra_grad=(), ref_k
         q, k, v, return_attn_probs=True, target=target, config=config, **kw
     )
     ins64 = [t.detach().double().requires_grad_() for t in (q, k, v, *extra_grad)]
-    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse")
+    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse", "table")
     kw64 = {n: x for n, x in kw.items() if n not in skip}
     for name, t in zip(("sinks",), ins64[3:]):
         kw64[name] = t
@@ -242,6 +242,31 @@ def test_features_fwd_bwd(name):
     check_fwd_bwd(q, k, v, REF, **kw)
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (5, 0)}])
+def test_backward_with_scores_far_below_zero(target, kw):
+    # every score about -200 (base 2: an LSE near -300): a key past sk has a score of 0, and
+    # 2^(0 - LSE) overflows fp32. The backward leaves rows past sq and, in dK / dV, keys past
+    # sk unmasked (their results are never stored); this holds that none of that overflow
+    # reaches a stored gradient. 37 queries, 29 keys: neither a multiple of any tile
+    g = gen(41)
+    q = (torch.rand(1, 37, 2, 32, generator=g) + 5.0).requires_grad_()
+    k = (-torch.rand(1, 29, 1, 32, generator=g) - 5.0).requires_grad_()
+    v = torch.randn(1, 29, 1, 32, generator=g).requires_grad_()
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=target, **kw)
+    assert (
+        lse[lse.isfinite()].max() < -89
+    )  # e^(-lse), a padded key's p, is past fp32's largest (e^88.7)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, _ = reference.attention(*ins64, **kw)
+    do = torch.randn(out.shape, generator=gen(42))
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    for n, a, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(ro, ins64, do.double())):
+        assert torch.isfinite(a).all(), n
+        # fp32 logits near -200 carry ~2e-5 of absolute rounding into every exp: relative 1e-4
+        torch.testing.assert_close(a.double(), r, rtol=1e-4, atol=1e-4 * r.abs().max(), msg=n)
+
+
 @pytest.mark.parametrize("window", [(9, 0), (-1, -1)])
 def test_sinks_with_sliding_window_and_their_gradient(window):
     q, k, v = qkv(2, 40, 40, 4, 1, 32, seed=14, grad=True)
@@ -282,6 +307,23 @@ def test_gpt_oss_window_backward_with_the_table_tiles():
         q, k, v, REF, window_size=(127, 0), causal=True, sinks=sinks, extra_grad=(sinks,),
         config=None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "table, d, kw, want",
+    [
+        # gfx942's d64 dQ (128 x 32, 2 stages), shrunk for a 24-key window to 32 x 32, 1 warp
+        ("gfx942", 64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
+        ("gfx942", 256, {"causal": True}, (128, 32, 4, 1)),  # the 32x32 MFMA tile
+        ("gfx1250", 128, {"causal": True}, (128, 64, 8, 2)),
+    ],
+)
+def test_dq_tiles_of_other_tables_against_the_reference(table, d, kw, want):
+    p = plan.Problem(1, 45, 45, 2, 1, d, d, causal=True, window=kw.get("window_size", (-1, -1)))
+    dq = plan.plan_backward(p, REF, table=table).dq
+    assert (dq.BM, dq.BN, dq.num_warps, dq.num_stages) == want
+    q, k, v = qkv(1, 45, 45, 2, 1, d, seed=31, grad=True)
+    check_fwd_bwd(q, k, v, REF, table=table, config=None, **kw)
 
 
 # -- the interpreter (generated Triton) -----------------------------------------------------------------
@@ -571,6 +613,80 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
     p = plan.Problem(B, 1, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True, dtype="bf16" if dtype == BF16 else "fp16")  # fmt: skip
     assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
+
+
+def _strided_cache(kc, pad, step):
+    """``kc``'s values in a cache whose rows are ``pad`` heads' worth of elements longer and
+    whose head dim is strided by ``step`` (a view of a larger random tensor)."""
+    P, page, Hk, D = kc.shape
+    big = torch.randn(P, page, Hk + pad, D * step, dtype=kc.dtype)
+    view = big[:, :, :Hk, ::step]
+    view.copy_(kc)
+    return view
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("page, d, pad, step", [(64, 64, 1, 2), (0, 80, 3, 1), (128, 48, 0, 3)])
+def test_decode_based_loads_with_awkward_strides(target, page, d, pad, step):
+    # Fwd.BASED: a tile within one page (or a dense cache) loads K and V with load_at, the
+    # page / key / head as the scalar base and per-element offsets from clamped row and
+    # head-dim strides; rows longer than Hk * D and head dims strided by 2 or 3 must still
+    # read the right elements (lengths ending inside tiles, splits)
+    g = gen(120 + page + d)
+    B, Hk, g_, S = 2, 2, 3, 256
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([255, 70], dtype=torch.int32)
+    if page:
+        kc, vc, table = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, table = kfull, vfull, None
+    kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, pad, step)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for splits in (1, 2):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    assert fp.C.BASED and fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
+
+
+def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
+    # strides above common.BASED_STRIDE_MAX (here lowered to 64 elements) cannot be clamped:
+    # the launch drops Fwd.BASED and the view loads read the cache, with the same results;
+    # prefill and tiles spanning pages never take it
+    g = gen(131)
+    B, Hk, g_, d, S, page = 2, 2, 4, 64, 192, 64
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([192, 65], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, REF, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    assert fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED  # row stride 128
+    monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)
+    assert not fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
+    one = kc[:, :, :1].contiguous()  # row stride 64
+    assert fp.launches(k=one, v=one, **kw)[0].constexprs["C"].BASED
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+        return_softmax_lse=True, target=REF, config=cfg,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    assert not plan.plan_forward(replace(p, page_size=16), REF, config=cfg).C.BASED
+    assert not plan.plan_forward(replace(p, decode=False), REF, config=cfg).C.BASED
 
 
 def test_decode_lane_sums_are_the_amd_tables():

@@ -115,7 +115,40 @@ def _kv_pages(bt, btrow, n0, BN, PAGE, kmask):
     return bt[btrow, pidx].load(pm, bounds_check=False)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
+#: the row and head-dim strides (elements) a ``Fwd.BASED`` load takes: the per-element offsets
+#: are built from strides clamped to it (the identity for the tensors the plan lets through),
+#: so that Triton can prove them below 2 GiB in bytes and keep AMD buffer loads
+BASED_STRIDE_MAX = 1 << 19
+
+
+def _clamped(s):
+    """A stride clamped to ``[0, BASED_STRIDE_MAX]``: the same value where the plan checked
+    the tensor, and a range Triton's analysis sees (a power-of-two bound keeps the stride's
+    divisibility, so 128-bit loads stay)."""
+    if isinstance(s, int):
+        return s
+    return fly.minimum(fly.maximum(s, 0), BASED_STRIDE_MAX)
+
+
+def _load_based(t, origin, rows, cols, row_stride_dim, mask):
+    """``t``'s elements at ``origin`` (a scalar index per dimension) plus ``rows`` along
+    dimension ``row_stride_dim`` and ``cols`` along the last (index tiles broadcast to the
+    tile's shape), loaded with ``load_at``: the origin is the scalar base, the rest
+    per-element offsets from clamped strides (``Fwd.BASED``)."""
+    base = 0
+    for d, i in enumerate(origin):
+        base = base + i * t.stride[d]
+    offs = rows * _clamped(t.stride[row_stride_dim]) + cols * _clamped(t.stride[t.ndim - 1])
+    return t.load_at(base, offs, mask)
+
+
+def based_ok(C) -> bool:
+    """Whether a forward tile loads K and V with ``load_at`` (``Fwd.BASED``): one page per
+    tile (or a dense cache)."""
+    return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
+
+
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False):
     """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
     tile's ``pages`` from ``_kv_pages``).
 
@@ -124,6 +157,11 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
     dm = None
     if c0 + cs > D:
         dm = (c0 + fly.arange(0, cs)) < D
+    if based:
+        m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
+        origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
+        r = fly.arange(0, BN)[:, None]
+        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m)
     if PAGE == 0 or PAGE >= BN:
         if PAGE == 0:
             view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]
@@ -153,7 +191,7 @@ def _load_kT(t, bk, n0, hk, c0, cs, BN, D):
     return t.gather(bk, rows[None, :], hk, cols[:, None]).load(m, bounds_check=False)
 
 
-def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
+def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, based=False):
     """``_load_kv``'s ``(BN, cs)`` K tile, loaded in the lane order of a one-warp ``nk x nk``
     MFMA's B operand with ``kw`` (its k width) head dims per lane, so that ``q @ k.T`` takes K
     as loaded. With ``ng = 64 / nk`` lane groups, loaded as ``(BN / nk, cs / (ng kw), ng, nk,
@@ -173,6 +211,12 @@ def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
         + fly.arange(0, kw)[None, None, None, None, :]
     )
     key = fly.arange(0, nk)[None, None, None, :, None]
+    m = None if kmask is None else kmask.reshape(nb, nk)[:, None, None, :, None]
+    if based:
+        key = key + fly.arange(0, nb)[:, None, None, None, None] * nk
+        origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
+        x = _load_based(t, origin, key, d - c0, 1, m)
+        return x.permute(0, 3, 1, 2, 4).reshape(BN, cs)
     if PAGE == 0 or PAGE >= BN:
         key = key + fly.arange(0, nb)[:, None, None, None, None] * nk
         if PAGE == 0:
@@ -184,9 +228,6 @@ def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
         blk = fly.broadcast_to(pages[:, None], (BN // PAGE, per)).reshape(nb)
         key = key + ((fly.arange(0, nb) % per) * nk)[:, None, None, None, None]
         view = t.gather(blk[:, None, None, None, None], key, hk, d)
-    m = None
-    if kmask is not None:
-        m = kmask.reshape(nb, nk)[:, None, None, :, None]
     x = view.load(m, bounds_check=False)
     return x.permute(0, 3, 1, 2, 4).reshape(BN, cs)
 
@@ -251,11 +292,12 @@ def softcap_shift(C, softcap):
 INT32_MIN = -2147483648
 
 
-def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True):
+def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True, sk_bound=True):
     """The bool tile "key ``n0 + c`` is visible from query ``i``" for ``c < BN``, keys along
     axis ``kax`` (1: a ``(queries, keys)`` tile; 0: the backward's transposed one). ``left`` /
     ``right``: which bounds to test (``_kv_segments`` knows which a tile can cross); the right
-    one includes the keys past ``sk`` and the rows past ``sq``.
+    one includes the keys past ``sk`` (unless ``sk_bound`` is False) and the rows past ``sq``
+    (where ``sq`` is given). None: every key is visible (no bound to test).
 
     The bounds are folded per query first (``hi = min(sk - 1, i + off + wr)``, ``-1`` for rows
     past ``sq``; ``lo = i + off - wl``) and moved to the tile's key offsets, so each element
@@ -268,19 +310,21 @@ def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True):
     def q(v):  # a per-query value, broadcast along the keys
         return v[:, None] if kax == 1 else v[None, :]
 
-    hi = sk - 1 - n0
+    hi = (sk - 1 - n0) if sk_bound else None
     per_query = False
     if C.HAS_WR:
-        hi = fly.minimum(i + (off + wr - n0), hi)
+        hi = i + (off + wr - n0) if hi is None else fly.minimum(i + (off + wr - n0), hi)
         per_query = True
     if sq is not None:  # the backward's rows past the sequence (varlen: the next one's) see nothing
-        hi = fly.where(i < sq, hi, -1)
+        hi = fly.where(i < sq, BN - 1 if hi is None else hi, -1)  # BN - 1: the whole tile
         per_query = True
     left = left and C.HAS_WL
     if not left:
+        if hi is None:
+            return None
         return cx <= (q(hi) if per_query else hi)
     lo = i + (off - wl - n0)
-    if not right:
+    if not right or hi is None:
         return cx >= q(lo)
     # lo <= c <= hi as one unsigned test, (c - lo) <u (hi - lo + 1), written signed: flipping
     # the sign bit of both sides (c - (lo ^ MIN) <s count ^ MIN). Two compares and an and per
@@ -289,20 +333,25 @@ def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True):
     return (cx - q(lo ^ INT32_MIN)) < q(count ^ INT32_MIN)
 
 
-def _mask_scores(z, C, i, j, sk, off, wl, wr, b, h, mt, kind="both", sq=None, n0=None, kax=1):
+def _mask_scores(
+    z, C, i, j, sk, off, wl, wr, b, h, mt, kind="both", sq=None, n0=None, kax=1, sk_bound=True
+):
     """``z`` with ``-inf`` where a key is not visible: queries ``i`` (1-D) and the tile's keys
     ``n0 + [0, BN)`` along axis ``kax`` of ``z``; ``kind`` is the tile's ``_kv_segments`` kind
     (which bounds it can cross; ``"full"``: a block-sparse full block, every bound but no mask
     mod). ``j`` (the keys, broadcast against ``i``) and ``h`` only feed the mask mod, a bool
-    tile and one more select."""
+    tile and one more select. ``sq`` (the backward): rows past it see nothing; ``sk_bound``
+    False: keys past ``sk`` are not masked (a backward whose padded rows' results are never
+    stored, ``backward.py`` says where)."""
     ib = i[:, None] if kax == 1 else i[None, :]
     left = kind in ("both", "left", "full")
     right = kind in ("both", "right", "full")
     if kax == 0 and C.HAS_WL and left and right:
-        z = _mask_bits(z, C, ib, j, sk, off, wl, wr, sq)
+        z = _mask_bits(z, C, ib, j, sk if sk_bound else None, off, wl, wr, sq)
     else:
-        vis = _visible(C, i, n0, z.shape[kax], sk, off, wl, wr, sq, kax, left, right)
-        z = fly.where(vis, z, NEG_INF)
+        vis = _visible(C, i, n0, z.shape[kax], sk, off, wl, wr, sq, kax, left, right, sk_bound)
+        if vis is not None:
+            z = fly.where(vis, z, NEG_INF)
     if C.mask_mod is not None and kind != "full":
         z = fly.where(C.mask_mod.apply(b, h, ib, j, mt), z, NEG_INF)
     return z
@@ -317,12 +366,13 @@ def _mask_bits(z, C, i, j, sk, off, wl, wr, sq):
     with a window on both sides, where a lane's elements span several queries and the
     per-query bounds of ``_visible`` were recomputed per element (gfx950, gpt-oss dK/dV: 451
     against 394 masked-loop instructions)."""
-    inv = (sk - 1 - j) >> 31
+    inv = (j - i - (off - wl)) >> 31
+    if sk is not None:
+        inv = inv | ((sk - 1 - j) >> 31)
     if sq is not None:
         inv = inv | ((sq - 1 - i) >> 31)
     if C.HAS_WR:
         inv = inv | ((i + (off + wr) - j) >> 31)
-    inv = inv | ((j - i - (off - wl)) >> 31)
     zb = fly.bitcast(z, fly.int32)
     return fly.bitcast((zb & ~inv) | (inv & NEG_INF_BITS), fly.fp32)
 

@@ -1,7 +1,7 @@
 """Attention configs: the ``Config``, per-target tables (``TABLES``), ``select``, schedule rules.
 
 No GPU was available to time on: every shipped entry was chosen by the static model in
-``model.py`` from cross-compiled code (``python -m flydsl_kernels.attention.model [--target T]``
+``model.py`` from cross-compiled code (``flydsl-kernels model attention [--target T]``
 reprints the ranking), untimed. ``select(kind, head_dim, target)`` reads the table entry of a
 kind (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) and head-dim class; no config depends on
 the rows of a problem (its grid does: the split and persistent rules below).
@@ -143,7 +143,7 @@ def _c(
 #: loop instructions per MFMA than LLVM's default, with no spill and 2 waves per SIMD
 COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 
-#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.model``; Triton
+#: gfx950, picked by the static model (``flydsl-kernels model attention``; Triton
 #: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
 #: main loop (per KV tile; per query step for dK/dV) and per useful 32x32x16 MFMA-equivalent.
 #: Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD, 128-bit K/V loads
@@ -179,9 +179,12 @@ _GFX950 = {
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
-    # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306)
+    # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306). Tiles within one page load K and
+    # V from a scalar base (forward.Fwd.BASED): d128 page64 260 -> 224 (model problem 258 ->
+    # 223, 252 VGPRs), d64 page256 318 -> 279; with it the lazy rescale took 227 / 283, LLVM's
+    # default scheduler, max-ilp and coexec 234-248 / 282-295 (d64 spilling under each)
     ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
-    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 234, 258, 16.12, sched=ILP, klanes=8, ls=True),
+    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 252, 223, 13.94, sched=ILP, klanes=8, ls=True),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
@@ -276,10 +279,21 @@ _GFX942 = {
     ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
-    ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
+    # the static model's pick (``flydsl-kernels model attention --target gfx942 --kind bwd_dq
+    # --dclass d64``): gfx950's 128 x 64 took 260 VGPRs here at the causal model problem, one
+    # wave per SIMD (17.04 loop instructions per 32x32x16-equivalent), and one wave again as
+    # gpt-oss's band tile (64 x 64, 2 warps: 290); 128 x 32 with 2 stages takes 182 (2 waves,
+    # 20.17), and its band tile 64 x 32 takes 210 (2 waves)
+    ("bwd_dq", "d64"): _c(128, 32, 4, 2, 32, True, 182, 242, 20.17),
+    # no d256 dQ candidate reaches 2 waves here (the least: 32 x 32 with 4 warps, 292 VGPRs);
+    # at one wave 128 x 32 with 32x32x8 MFMAs takes 447 (with AGPRs) and 8.65 loop instructions
+    # per 32x32x16-equivalent, against 13.96 for 64 x 32 with 16x16x16 ones
+    ("bwd_dq", "d256"): _c(128, 32, 4, 1, 32, True, 447, 415, 8.65),
 }
 for _k in ("fwd", "bwd_dkdv", "bwd_dq"):  # gfx950's MLA tiles spill here: the d256 ones
     _GFX942[(_k, "d192")] = _GFX942[(_k, "d256")]
+# ... but MLA's dQ keeps 64 x 32 (16x16x16 MFMAs, 230 VGPRs: 2 waves; 128 x 32 took one)
+_GFX942[("bwd_dq", "d192")] = _c(64, 32, 4, 1, 16, True)
 # the lazy rescale's asm fits the forward's d64 and d128 tiles here (d128: 10.63 -> 9.59 loop
 # instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
 _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
@@ -298,7 +312,10 @@ _GFX1250 = {
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here
     ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
-    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
+    # the static model's pick (2 waves per SIMD; 456 VGPRs, 22.21 loop instructions per
+    # 32x32x16-equivalent): 128 x 32 with 4 warps took 553 VGPRs, one wave (15.79), and
+    # gfx950's 256 x 32 with 8 warps spilled 6 VGPRs
+    ("bwd_dq", "d128"): _c(128, 64, 8, 2, 16, True, 456, 533, 22.21),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
