@@ -831,6 +831,91 @@ def test_decode_lane_sums_are_the_amd_tables():
     assert plan.plan_forward(replace(p, head_dim=64, head_dim_v=64), "gfx950").C.LANE_SUMS
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bm, bn, d, g_, lazy, dtype, kw",
+    [(32, 32, 80, 3, True, BF16, {"causal": True}),
+     (64, 16, 200, 2, False, FP16, {"window_size": (37, 5)}),
+     (16, 64, 128, 1, True, BF16, {"causal": True, "sinks": True})],
+)  # fmt: skip
+def test_prefill_lane_sums_match_the_reference(target, bm, bn, d, g_, lazy, dtype, kw):
+    # Config.lane_sums on a prefill tile (gfx950's fwd d128 / d256 entries): per-lane partial
+    # row sums (BM x 16) across the KV loop, summed after it; 77 queries over 93 keys end
+    # inside a tile, GQA groups of 3 and 2, head dims 80 and 200 (a masked chunk), a causal
+    # mask, a two-sided window (masked trips on both edges), a 16-key tile (one column block
+    # per lane), sinks, the eager and the lazy rescale
+    kw = dict(kw)
+    q, k, v = qkv(2, 77, 93, 2 * g_, 2, d, seed=70 + d, dtype=dtype)
+    sinks = torch.randn(2 * g_, generator=gen(71)) if kw.pop("sinks", False) else None
+    cfg = configs.Config(bm, bn, max(1, bm // 16), 1, 16, lazy=lazy, lane_sums=True)
+    out, lse, _ = flash_attn_func(
+        q, k, v, return_attn_probs=True, sinks=sinks, target=target, config=cfg, **kw
+    )
+    ro, rl = reference.attention(q, k, v, sinks=sinks, **kw)
+    close(out, ro, OUT_TOL[dtype], "out")
+    close_lse(lse, rl)
+    p = plan.Problem(2, 77, 93, 2 * g_, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)), sinks=sinks is not None,
+                     dtype="bf16" if dtype == BF16 else "fp16")  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bm, bn, d, dtype, kw",
+    [(32, 16, 80, BF16, {}),
+     (16, 32, 200, FP16, {"causal": True}),
+     (64, 16, 128, BF16, {"window_size": (40, 9), "softcap": 20.0})],
+)  # fmt: skip
+def test_prefill_k_transposed_load_matches_the_reference(target, bm, bn, d, dtype, kw):
+    # Config.k_t: interior KV tiles load K as K^T (common._load_kT, head dims x keys) and
+    # masked ones row-major; 77 queries over 93 keys (the last tile masked), GQA 3:1, head
+    # dims 80 (64 + a 16 chunk) and 200 (a chunk masked past the head dim), no mask (every
+    # full tile interior), causal, a two-sided window with softcap; dense and varlen (keys at
+    # a run-time offset per sequence)
+    q, k, v = qkv(2, 77, 93, 6, 2, d, seed=80 + d, dtype=dtype)
+    cfg = configs.Config(bm, bn, max(1, bm // 16), 1, 16, k_t=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=target, config=cfg, **kw)
+    ro, rl = reference.attention(q, k, v, **kw)
+    close(out, ro, OUT_TOL[dtype], "dense")
+    close_lse(lse, rl)
+    lens_q, lens_k = [31, 0, 46], [45, 17, 93]
+    qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k, 6, 2, d, seed=81, grad=False)
+    outv = flash_attn_varlen_func(
+        qp, kp, vp, cu_q, cu_k, max(lens_q), max(lens_k), target=target, config=cfg, **kw
+    )
+    rov, _ = reference.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(outv, rov, OUT_TOL[BF16], "varlen")
+    p = plan.Problem(2, 77, 93, 6, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)))  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.KT
+    pg = replace(p, page_size=16, seqused=True)
+    assert not plan.plan_forward(pg, target, config=cfg).C.KT  # paged K: row-major
+
+
+def test_prefill_k_transposed_is_the_tables():
+    # gfx950 d128 / d192 / d256, gfx942 d128 / d256 and gfx1250 d128 load interior K as K^T
+    want = {"gfx950": ("d128", "d192", "d256"), "gfx942": ("d128", "d256"),
+            "gfx1250": ("d128",), "sm90": ()}  # fmt: skip
+    for t, dcls in want.items():
+        for dc in ("d64", "d128", "d192", "d256"):
+            assert configs.TABLES[t][("fwd", dc)].k_t is (dc in dcls), (t, dc)
+
+
+def test_prefill_lane_sums_are_gfx950s_d128_and_d256_entries():
+    # gfx950's fwd d128 / d256 tiles keep per-lane row sums; its d64 / d192 ones, the other
+    # targets' forward entries and the score / mask mod tile (configs.mod_config) do not
+    for dcls in ("d64", "d128", "d192", "d256"):
+        want = dcls in ("d128", "d256")
+        assert configs.TABLES["gfx950"][("fwd", dcls)].lane_sums is want, dcls
+        for t in ("gfx942", "gfx1250", "sm90"):
+            assert not configs.TABLES[t][("fwd", dcls)].lane_sums, (t, dcls)
+    assert not configs.mod_config(configs.TABLES["gfx950"][("fwd", "d128")]).lane_sums
+    p = plan.Problem(4, 4096, 4096, 32, 8, 128, 128, causal=True)
+    assert plan.plan_forward(p, "gfx950").C.LANE_SUMS
+    assert not plan.plan_forward(p, "gfx942").C.LANE_SUMS
+
+
 def test_decode_k_lane_order_is_the_tables_and_skips_fp32():
     # gfx950 / gfx942 decode tables load K in their MFMA's lane order (k width 8 / 4); fp32
     # operands (other MFMAs) and gfx1250 / sm90 keep the plain load

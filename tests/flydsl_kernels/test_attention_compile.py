@@ -6,7 +6,6 @@ B4 S4096 H32/8 bf16 causal; decode B64 ctx8192 paged), per trip of the main loop
 per query step for dK/dV; the core's loop finder, ``amdgcn.matrix_loops``), "per MFMA" = loop
 instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main / worst loop:
 
-=================  ========================  ====  ==========  ===============
 kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
 =================  ========================  ====  ==========  ===============
 fwd d64            256x64, 8 (iterative-ilp) 164   196         12.25 / 17.0
@@ -17,9 +16,23 @@ bwd dK/dV d128     32 q x 128 k, 8 (ilp)     244   163         10.19 / 13.75
 bwd dQ d128        256 q x 32 k, 8 (coexec)  246   143         5.96 / 8.08
 decode d128        16 x 64, 1 (K lane, based) 252   219         13.69 / 21.19
 =================  ========================  ====  ==========  ===============
+=======
+===============  ===============================  ====  ==========  ============
+kind / head dim  tile (BM x BN, warps)            VGPR  loop instr  per MFMA
+===============  ===============================  ====  ==========  ============
+fwd d64          256x64, 8 (iterative-ilp)        164   196         12.25 / 17.0
+fwd d128         256x64, 8 (coexec, ls, kt)       234   234         7.31 / 10.22
+fwd d192/128     256x64, 8 (kt)                   238   267         6.67 / 9.65
+fwd d256         128x32, 8 (16x16x32, ilp, ls,    222   163         10.19 / 11.81
+                 kt)
+bwd dK/dV d128   32 q x 128 k, 8 (ilp)            244   163         10.19 / 12.38
+bwd dQ d128      256 q x 32 k, 8 (coexec)         246   143         5.96 / 7.67
+decode d128      16 x 64, 1 (K lane, based)       252   219         13.69 / 21.19
+===============  ===============================  ====  ==========  ============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
-(``Config.sched``).
+(``Config.sched``); "ls": the row sums as per-lane partials (``Config.lane_sums``); "kt":
+interior KV tiles load K as K^T (``Config.k_t``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).

@@ -239,6 +239,17 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=N
     return view.load(m, bounds_check=False)
 
 
+def _load_kT(t, bk, n0, hk, c0, cs, BN, D):
+    """``_load_kv``'s ``(BN, cs)`` K tile of a dense ``(B, S, Hk, D)`` tensor, transposed:
+    ``(cs, BN)``, head dims along rows (each lane's 128-bit load still runs along them), keys
+    ``n0 + [0, BN)`` all in range (an interior tile: no key mask); only head dims past ``D``
+    are masked."""
+    cols = c0 + fly.arange(0, cs)
+    rows = n0 + fly.arange(0, BN)
+    m = (cols < D)[:, None] if c0 + cs > D else None
+    return t.gather(bk, rows[None, :], hk, cols[:, None]).load(m, bounds_check=False)
+
+
 def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, based=False):
     """``_load_kv``'s ``(BN, cs)`` K tile, loaded in the lane order of a one-warp ``nk x nk``
     MFMA's B operand with ``kw`` (its k width) head dims per lane, so that ``q @ k.T`` takes K

@@ -75,6 +75,10 @@ class Config:
     #: than the tile: V loaded in head-dim blocks this wide with a batched P @ V
     #: (``forward.Fwd.VBLK``, ``common._load_v_blocks``); 0 the plain per-row gather
     vblk: int = 0
+    #: prefill: interior KV tiles load K as ``K^T`` (head dims x keys, ``common._load_kT``), so
+    #: ``q @ K^T`` reads it from LDS as loaded; ``k.T`` of the row-major tile took a layout
+    #: conversion through LDS scratch (one more write, barrier pair and wait per tile)
+    k_t: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -107,6 +111,8 @@ class Config:
             d["lane_sums"] = True
         if self.vblk:
             d["vblk"] = self.vblk
+        if self.k_t:
+            d["k_t"] = True
         return d
 
 
@@ -131,7 +137,20 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 
 
 def _c(
-    bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0, ls=False, vblk=0
+    bm,
+    bn,
+    w,
+    ns,
+    nk,
+    lazy,
+    vgpr=None,
+    loop=None,
+    per=None,
+    sched="",
+    klanes=0,
+    ls=False,
+    kt=False,
+    vblk=0,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -144,6 +163,7 @@ def _c(
         sched=sched,
         klanes=klanes,
         lane_sums=ls,
+        k_t=kt,
         vblk=vblk,
         notes=notes,
     )
@@ -177,9 +197,15 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: d128: iterative-ilp 174 -> 163; dQ d128: coexec 166 -> 143).
 _GFX950 = {
     ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 164, 196, 12.25, sched=ILP),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
+    # fwd d128 and d256: the row sums as per-lane partials (``lane_sums``): 248 -> 238 loop
+    # instructions per KV tile (the report's llama case 7.75 / 10.34 -> 7.44 / 10.25 per MFMA;
+    # d256 173 -> 165 here, its softcap case 12.69 / 14.12 -> 12.19 / 13.62). Not d64 (196 ->
+    # 195 but 3 -> 2 waves per SIMD) nor d192 (the MLA case's masked loop 9.68 -> 9.75).
+    # Then K loaded as K^T on interior tiles (``k_t``): d128 238 -> 234 (llama 7.31 / 10.22),
+    # d192 (MLA 6.67 / 9.65), d256 (softcap 12.12 / 13.56); not d64 (gpt-oss 13.81 -> 13.88)
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 234, 234, 7.31, sched=COEXEC, ls=True, kt=True),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 238, 267, 6.67, kt=True),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 222, 163, 10.19, sched=ILP, ls=True, kt=True),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
@@ -251,6 +277,25 @@ def _eager(tab: dict, keys=None) -> None:
             tab[k] = replace(c, lazy=False)
 
 
+def _k_rows(tab: dict, keys) -> None:
+    """``tab``'s ``keys`` with K loaded row-major on every tile (``k_t`` off): where gfx950's
+    K^T load took more loop instructions (gfx942 MLA 16.3 -> 16.55 per MFMA; gfx1250 d192 270
+    -> 271, d256 431 -> 480 at the model problems; gfx942 d128 9.59 -> 9.25, d256 10.44 ->
+    10.31 and gfx1250 d128 839 -> 810 keep it)."""
+    for k in keys:
+        tab[k] = replace(tab[k], k_t=False)
+
+
+def _row_sums(tab: dict) -> None:
+    """``tab``'s forward entries with the row sums reduced across lanes on every trip: the
+    per-lane partials (``lane_sums``) of gfx950's prefill entries took more loop instructions
+    where checked elsewhere (gfx942 fwd d256 300 -> 301, gfx1250 fwd d128 839 -> 850, d256
+    431 -> 451 at the model problems); decode entries keep their own."""
+    for k, c in list(tab.items()):
+        if k[0] == "fwd" and c.lane_sums:
+            tab[k] = replace(c, lane_sums=False)
+
+
 _eager(_SM90)
 _default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for clarity
 
@@ -264,7 +309,7 @@ _GFX942 = {
     # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
     ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4, ls=True),
     ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4, ls=True),
-    ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
+    ("fwd", "d128"): _c(128, 32, 4, 1, 32, True, kt=True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window
     # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
@@ -292,6 +337,8 @@ _GFX942[("bwd_dq", "d192")] = _c(64, 32, 4, 1, 16, True)
 # instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
 _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
 _default_sched(_GFX942)
+_row_sums(_GFX942)
+_k_rows(_GFX942, [("fwd", "d192")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = {
     **_GFX950,
@@ -312,6 +359,8 @@ _GFX1250 = {
 }
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
+_row_sums(_GFX1250)
+_k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
@@ -392,7 +441,8 @@ def mod_config(cfg: Config) -> Config:
     keeps 16 query rows (16x16 MFMAs) of at most ``MOD_BN`` keys: a quarter of the scores per
     lane (gfx950 d128 128x32 with 8 warps: 176 VGPRs with the table, no spill on gfx950,
     gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
-    for themselves next to a gather) and LLVM's default scheduler (the one checked). Untimed."""
+    for themselves next to a gather), the row sums reduced on every trip and LLVM's default
+    scheduler (the ones checked). Untimed."""
     bm = min(cfg.BM, 16 * cfg.num_warps)
     return replace(
         cfg,
@@ -401,6 +451,7 @@ def mod_config(cfg: Config) -> Config:
         nonkdim=MOD_NONKDIM,
         lazy=False,
         sched="",
+        lane_sums=False,
         notes={},
     )
 

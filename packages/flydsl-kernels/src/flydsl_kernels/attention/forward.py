@@ -18,6 +18,7 @@ from .common import (
     _kv_range,
     _kv_segments,
     _load_k_lanes,
+    _load_kT,
     _load_kv,
     _load_q,
     _load_v_blocks,
@@ -84,6 +85,8 @@ class Fwd:
     #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
     #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
     LANE_SUMS: bool = False
+    #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
+    KT: bool = False
     #: decode: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
     #: scalar origin (its page, first key, head) apart from the per-element offsets, which
     #: then stay fixed across the KV loop (AMD buffer loads: no address add per load). Needs
@@ -266,6 +269,12 @@ def _fwd_tile(
             if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
                                    C.KLANES, C.KROWS, based)  # fmt: skip
+            elif C.KT and kind is None:
+                # interior tile: no key mask (a masked K^T load took more instructions)
+                kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D)
+                d = fly.dot(qt, kt)
+                s = d if s is None else s + d
+                continue
             else:
                 kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask, based)
             d = fly.dot(qt, kt.T)

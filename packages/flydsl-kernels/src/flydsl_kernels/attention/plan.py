@@ -276,6 +276,7 @@ def plan_forward(
     )
     C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
     C = replace(C, LANE_SUMS=cfg.lane_sums and C.BN % 16 == 0)  # forward.LANE_SUM_N
+    C = replace(C, KT=cfg.k_t and not p.page_size and not C.KLANES)
     # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
     # drops it for strides above common.BASED_STRIDE_MAX)
     C = replace(C, BASED=kind == "decode" and (C.PAGE == 0 or C.PAGE >= C.BN))
