@@ -269,6 +269,26 @@ def test_windows_wider_than_the_tile(window, sq, sk):
         check_fwd_bwd(q, k, v, INTERP, window_size=window)
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("lane_bits, sk_tail", [(0, False), (4, True), (12, True), (4, False)])
+def test_masks_with_lane_bits_and_the_sk_tail(monkeypatch, target, lane_bits, sk_tail):
+    # the forward's one-sided masks written with a lane's key-offset bits split off
+    # (configs.KEY_LANE_BITS: the same test whatever the bits) and the right-bound tiles split
+    # at sk (configs.SK_TAIL_TARGETS): with 32 x 16 tiles the last row tile of a causal 45 x 70
+    # problem has a right-bound tile below sk and one crossing it (rows past sq too); the
+    # window's left-bound tiles and the unmasked interior run as well
+    monkeypatch.setitem(configs.KEY_LANE_BITS, "gfx950", {32: lane_bits})
+    monkeypatch.setitem(configs.SK_TAIL_TARGETS, "gfx950", sk_tail)
+    p = plan.Problem(1, 45, 70, 2, 1, 32, 32, causal=True, window=(30, 0))
+    C = plan.plan_forward(p, target, config=configs.Config(32, 16, 4)).C
+    fc = (C.KEY_LANE_BITS, C.SK_TAIL)
+    assert fc == (lane_bits, sk_tail), fc
+    cfg = {"fwd": configs.Config(32, 16, 4), "bwd_dkdv": C16, "bwd_dq": C16}
+    for kw in ({"causal": True}, {"causal": True, "window_size": (30, 0)}):
+        q, k, v = qkv(1, 45, 70, 2, 1, 32, seed=41 + lane_bits)
+        check_fwd_bwd(q, k, v, target, config=cfg, **kw)
+
+
 def test_gpt_oss_window_backward_with_the_table_tiles():
     # the table's tiles under a 128-key window (plan.band_config: dK/dV 32 x 64 with 2 warps,
     # 32 keys per warp): 301 rows run every loop of the mirrored query walk, the last key

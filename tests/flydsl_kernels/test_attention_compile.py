@@ -9,10 +9,10 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 =================  ========================  ====  ==========  ===============
 kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
 =================  ========================  ====  ==========  ===============
-fwd d64            256x64, 8 (iterative-ilp) 164   196         12.25 / 17.0
-fwd d128           256x64, 8 (coexec)        230   248         7.75 / 10.34
-fwd d192/128       256x64, 8                 246   268         6.7 / 9.68
-fwd d256           128x32, 8 (16x16x32, ilp) 212   173         10.81 / 12.38
+fwd d64            256x64, 8 (iterative-ilp) 144   196         12.25 / 16.81
+fwd d128           256x64, 8 (coexec)        222   248         7.75 / 9.81
+fwd d192/128       256x64, 8                 248   268         6.7 / 9.03
+fwd d256           128x32, 8 (16x16x32, ilp) 212   173         10.81 / 11.88
 bwd dK/dV d128     32 q x 128 k, 8 (ilp)     244   163         10.19 / 13.75
 bwd dQ d128        256 q x 32 k, 8 (coexec)  246   143         5.96 / 8.08
 decode d128        16 x 64, 1 (K lane order) 238   265         16.56 / 24.0

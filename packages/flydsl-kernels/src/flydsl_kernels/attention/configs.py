@@ -336,6 +336,39 @@ def band_config(kind: str, cfg: Config, band: int | None, warp_keys: int = 0) ->
     return c
 
 
+#: the key-offset bits a lane decides in the forward's score tile, per target and MFMA size
+#: (``Config.nonkdim``): Triton's AMD attention accumulators are transposed MFMA layouts, a lane
+#: holding one query row's keys ``32 b + 8 g + 4 (lane // 32) + k`` in a 32x32 block, so bit 2
+#: is the lane's. ``common._visible`` then compares constant key offsets against a bound per
+#: query and lane (gfx950 gpt-oss forward 200 -> 170 VGPRs; masked loops 310 -> 309 and 293 ->
+#: 292 instructions; llama non-causal's 326 -> 318, MLA's 387 -> 374). 16x16 tiles: bits 2-3,
+#: but the d256 tile's masked loop grew by one instruction (8 scores per lane), so not set.
+#: gfx942 (same accumulator layout): its gpt-oss tile spilled 5 SGPRs with it, so not set
+KEY_LANE_BITS = {"gfx950": {32: 4}, "gfx942": {}, "gfx1250": {}, "sm90": {}}
+
+
+def key_lane_bits(target, nonkdim: int) -> int:
+    """``KEY_LANE_BITS`` of ``target`` (an untuned one and the CPU backends read gfx950's) at an
+    MFMA size; 0 where unknown (the masks' test is the same either way)."""
+    return _table_for(KEY_LANE_BITS, target).get(nonkdim, 0)
+
+
+#: the targets whose prefill forward splits its right-bound tiles at the key length
+#: (``forward.Fwd.SK_TAIL``: the tiles below it load K and V unmasked, the one crossing it runs
+#: outside the loop). gfx950, the report's cases: gpt-oss 19.31 -> 18.25 masked-loop
+#: instructions per MFMA, llama causal 9.94 -> 9.81, d256 14.12 -> 13.62, MLA 9.35 -> 9.03;
+#: non-causal llama's masked loop (only the tile crossing sk) leaves the loop. gfx942: every
+#: forward case's masked loop fewer or equal. gfx1250: gpt-oss's, d256's and MLA's main loops
+#: grew (39.69 -> 40.81, 31.25 -> 31.75, 27.0 -> 27.1, MLA 4 -> 3 waves), so not there; sm90
+#: unchecked (predicated loads)
+SK_TAIL_TARGETS = {"gfx950": True, "gfx942": True, "gfx1250": False, "sm90": False}
+
+
+def sk_tail(target) -> bool:
+    """``SK_TAIL_TARGETS`` of ``target`` (an untuned one and the CPU backends read gfx950's)."""
+    return _table_for(SK_TAIL_TARGETS, target)
+
+
 #: keys per tile (at most) and MFMA shape of a forward tile that traces a score or mask mod
 MOD_BN, MOD_NONKDIM = 32, 16
 

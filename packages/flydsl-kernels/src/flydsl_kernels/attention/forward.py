@@ -81,6 +81,13 @@ class Fwd:
     #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
     #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
     LANE_SUMS: bool = False
+    #: the key-offset bits a lane decides in the score tile's registers (``configs.key_lane_bits``;
+    #: ``common._visible``: the mask's compares then take constant key offsets)
+    KEY_LANE_BITS: int = 0
+    #: the right-bound tiles split at ``sk``: those below it load K and V without a key mask,
+    #: the one crossing it runs outside the loop (``plan.plan_forward``: prefill; decode's right
+    #: segment is that one tile)
+    SK_TAIL: bool = False
 
     @property
     def BMS(self) -> int:
@@ -220,12 +227,13 @@ def _fwd_tile(
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
     btrow = b
 
-    def block(n0, kind):
+    def block(n0, kind, below_sk=False):
         """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
         block-sparse full block, no mask mod). A "left" tile lies below every row's right
-        bound and ``sk``: its loads need no key mask either."""
+        bound and ``sk``: its loads need no key mask either, nor a tile known to end at or
+        below ``sk`` (``below_sk``)."""
         j = n0 + fly.arange(0, BN)
-        kmask = (j < sk) if kind not in (None, "left") else None
+        kmask = (j < sk) if kind not in (None, "left") and not below_sk else None
         pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
         s = None
         for (c0, cs), qt in zip(chunks(C.D), qts):
@@ -238,7 +246,10 @@ def _fwd_tile(
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
         if kind is not None:
-            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0)
+            z = _mask_scores(
+                z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0,
+                lane_bits=C.KEY_LANE_BITS,
+            )  # fmt: skip
         vts = [
             _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask)
             for c0, cs in chunks(C.DV)
@@ -257,8 +268,20 @@ def _fwd_tile(
             block(n0, "both")
     else:
         for start, stop, kind in _kv_segments(C, lo, full_lo, full_hi, hi):
-            for n0 in fly.range(start, stop, BN):
-                block(n0, kind)
+            if kind != "right" or not C.SK_TAIL:
+                for n0 in fly.range(start, stop, BN):
+                    block(n0, kind)
+                continue
+            # the right-bound tiles below sk load without a key mask (gfx950: its compares
+            # and address selects were 15 of the gpt-oss diagonal loop's 309 instructions per
+            # trip); the one tile that can cross sk (``stop`` is at most sk rounded up to a
+            # tile) runs once, outside the loop. Before it, not after: after the loop, gfx950's
+            # gpt-oss tile spilled 4 SGPRs (kernel pointers the epilogue reads)
+            e = fly.maximum(start, fly.minimum(stop, (sk // BN) * BN))
+            with fly.if_(e < stop):
+                block(e, kind)
+            for n0 in fly.range(start, e, BN):
+                block(n0, kind, below_sk=True)
 
     m, l_sum = st.m, st.l
     if C.LANE_SUMS:

@@ -235,6 +235,11 @@ def plan_forward(
     )
     C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
     C = replace(C, LANE_SUMS=cfg.lane_sums and C.BN % 16 == 0)  # forward.LANE_SUM_N
+    C = replace(
+        C,
+        KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
+        SK_TAIL=kind == "fwd" and configs.sk_tail(table),
+    )
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
