@@ -82,7 +82,7 @@ def check_fwd_bwd(q, k, v, target, *, config=SMALL, seed=0, extra_grad=(), ref_k
         q, k, v, return_attn_probs=True, target=target, config=config, **kw
     )
     ins64 = [t.detach().double().requires_grad_() for t in (q, k, v, *extra_grad)]
-    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse")
+    skip = ("score_mod", "mask_mod", "mod_tensors", "block_sparse", "table")
     kw64 = {n: x for n, x in kw.items() if n not in skip}
     for name, t in zip(("sinks",), ins64[3:]):
         kw64[name] = t
@@ -242,6 +242,31 @@ def test_features_fwd_bwd(name):
     check_fwd_bwd(q, k, v, REF, **kw)
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (5, 0)}])
+def test_backward_with_scores_far_below_zero(target, kw):
+    # every score about -200 (base 2: an LSE near -300): a key past sk has a score of 0, and
+    # 2^(0 - LSE) overflows fp32. The backward leaves rows past sq and, in dK / dV, keys past
+    # sk unmasked (their results are never stored); this holds that none of that overflow
+    # reaches a stored gradient. 37 queries, 29 keys: neither a multiple of any tile
+    g = gen(41)
+    q = (torch.rand(1, 37, 2, 32, generator=g) + 5.0).requires_grad_()
+    k = (-torch.rand(1, 29, 1, 32, generator=g) - 5.0).requires_grad_()
+    v = torch.randn(1, 29, 1, 32, generator=g).requires_grad_()
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=target, **kw)
+    assert (
+        lse[lse.isfinite()].max() < -89
+    )  # e^(-lse), a padded key's p, is past fp32's largest (e^88.7)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, _ = reference.attention(*ins64, **kw)
+    do = torch.randn(out.shape, generator=gen(42))
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    for n, a, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(ro, ins64, do.double())):
+        assert torch.isfinite(a).all(), n
+        # fp32 logits near -200 carry ~2e-5 of absolute rounding into every exp: relative 1e-4
+        torch.testing.assert_close(a.double(), r, rtol=1e-4, atol=1e-4 * r.abs().max(), msg=n)
+
+
 @pytest.mark.parametrize("window", [(9, 0), (-1, -1)])
 def test_sinks_with_sliding_window_and_their_gradient(window):
     q, k, v = qkv(2, 40, 40, 4, 1, 32, seed=14, grad=True)
@@ -302,6 +327,22 @@ def test_gpt_oss_window_backward_with_the_table_tiles():
         q, k, v, REF, window_size=(127, 0), causal=True, sinks=sinks, extra_grad=(sinks,),
         config=None,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "d, kw, want",
+    [
+        # gfx942's d64 dQ (128 x 32, 2 stages), shrunk for a 24-key window to 32 x 32, 1 warp
+        (64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
+        (256, {"causal": True}, (128, 32, 4, 1)),  # one wave either way: the 32x32 MFMA tile
+    ],
+)
+def test_gfx942_dq_tiles_against_the_reference(d, kw, want):
+    p = plan.Problem(1, 45, 45, 2, 1, d, d, causal=True, window=kw.get("window_size", (-1, -1)))
+    dq = plan.plan_backward(p, REF, table="gfx942").dq
+    assert (dq.BM, dq.BN, dq.num_warps, dq.num_stages) == want
+    q, k, v = qkv(1, 45, 45, 2, 1, d, seed=31, grad=True)
+    check_fwd_bwd(q, k, v, REF, table="gfx942", config=None, **kw)
 
 
 # -- the interpreter (generated Triton) -----------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_gpt_oss_sliding_window_backward_without_spills():
 @pytest.mark.parametrize("target", ["sm90", "gfx942", "gfx1250"])
 @pytest.mark.parametrize("kind, dcls", [("fwd", "d128"), ("decode", "d128"), ("bwd_dkdv", "d128")])
 def test_other_targets_compile_without_spills(target, kind, dcls):
-    # a sample per target (every entry of every table: python -m flydsl_kernels.attention.model
+    # a sample per target (every entry of every table: flydsl-kernels model attention
     # --check-tables, about 40 compiles)
     # the forward also without the causal mask (its loop differs: gfx942's 128x64 spilled there)
     for causal in (True, False) if kind == "fwd" else (True,):
@@ -248,3 +248,12 @@ def test_forward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, mod):
     assert not (getattr(r, "spill_store_bytes", 0) or 0)
     if target.startswith("gfx"):
         assert (r.occupancy or 0) >= 2
+
+
+def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
+    # gfx942's d256 dQ needs one wave per SIMD (no candidate reaches two): allowed by name only
+    keys = {("bwd_dq", "d256")}
+    assert model.check_tables(("gfx942",), keys) == []
+    monkeypatch.setattr(model, "BELOW_FLOOR", set())
+    (bad,) = model.check_tables(("gfx942",), keys)
+    assert bad.startswith("gfx942 bwd_dq d256") and "occupancy 1 below the floor 2" in bad

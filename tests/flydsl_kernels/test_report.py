@@ -234,3 +234,39 @@ def test_installed_entry_point_lists_cases():
     )
     assert p.returncode == 0, p.stderr
     assert "topk_small" in p.stdout and "moe_router_kernel" in p.stdout
+
+
+# -- `flydsl-kernels model FAMILY`: each family's static model, with no runpy warning --------------
+
+
+@pytest.mark.parametrize("family", flydsl_kernels.FAMILIES)
+def test_model_subcommand_reaches_each_familys_model(family, capsys):
+    assert report.main(["model", family, "--help"]) == 0
+    assert f"usage: flydsl-kernels model {family}" in capsys.readouterr().out
+
+
+def test_model_subcommand_usage_errors(capsys):
+    assert report.main(["model", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown family 'nope'" in err and "attention" in err
+    assert report.main(["model"]) == 2  # a family is required
+    assert report.main(["model", "attention", "--kind", "nope"]) == 2  # argparse's own error
+
+
+@pytest.mark.compile
+def test_model_subcommand_ranks_one_attention_candidate(capsys):
+    argv = ["model", "attention", "--kind", "decode", "--dclass", "d64", "--limit", "1"]
+    assert report.main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "'BM': 16" in out[0]  # one candidate: a config and its figures
+
+
+def test_model_subcommand_runs_without_the_runpy_warning():
+    exe = Path(sys.executable).with_name("flydsl-kernels")
+    if not exe.exists():
+        pytest.skip(f"no {exe}: run `uv sync` to install the console script")
+    p = subprocess.run(
+        [str(exe), "model", "attention", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert "RuntimeWarning" not in p.stderr and "--check-tables" in p.stdout

@@ -2,6 +2,7 @@
 
     flydsl-kernels report [SELECT ...] [--target gfx950] [--device auto] [--json PATH]
     python -m flydsl_kernels.report [SELECT ...] ...
+    flydsl-kernels model FAMILY [ARGS ...]     (the static model behind a family's tables)
 
 For each selected case of each family (``flydsl_kernels.families()``) it
 
@@ -702,9 +703,37 @@ def target_name_from_env() -> str:
     return resolve_target().name
 
 
+def run_model(argv: Sequence[str]) -> int:
+    """``flydsl-kernels model FAMILY [ARGS]``: a family's static model (``<family>.model.main``),
+    the offline ranking its tables came from. One entry point, so that the model modules need
+    no ``python -m``: each family's package imports its model, and runpy warns when a module
+    it runs is already imported."""
+    import importlib
+
+    from flydsl_core.cli import usage_error
+
+    from . import FAMILIES
+
+    prog = "flydsl-kernels model"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {prog} {{{','.join(FAMILIES)}}} [ARGS ...]")
+        print("Rank a family's configs with its static model (ARGS: `model FAMILY --help`).")
+        return 0 if argv else 2
+    if argv[0] not in FAMILIES:
+        return usage_error(prog, f"unknown family {argv[0]!r}; use one of {', '.join(FAMILIES)}")
+    mod = importlib.import_module(f"{__package__}.{argv[0]}.model")
+    try:
+        mod.main(list(argv[1:]))
+    except SystemExit as e:  # argparse's --help and usage errors, --check-tables' status
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (see the module doc)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["model"]:
+        return run_model(argv[1:])
     if argv[:1] == ["report"]:  # `flydsl-kernels report ...`; the subcommand word is optional
         argv = argv[1:]
     from flydsl_core import settings

@@ -171,7 +171,11 @@ def _dkdv_tile(
         top = fly.minimum(sq, fly.maximum(n0 - off + wl + 1, 0))
     full_hi = (top // BM) * BM
     # keys past sk need no mask here: K and V load as zeros there and each key's dK / dV row
-    # is its own (never stored); the query blocks split as the forward's key blocks, mirrored
+    # is its own (never stored); the query blocks split as the forward's key blocks, mirrored.
+    # Rows past sq need none either where their scores are exactly 0 (Q loads as zeros; no
+    # score mod or ALiBi bias, which could make p overflow): their dO and Q rows are zeros, so
+    # p = 2^(0 - 0) adds 0 to dV and dK
+    rows_end = sq if (C.score_mod is not None or C.ALIBI) else None
 
     def block(m0, kind, g, h, slope):
         i = m0 + fly.arange(0, BM)
@@ -187,9 +191,14 @@ def _dkdv_tile(
             d_ = fly.dot(kt, qt.T)
             sT = d_ if sT is None else sT + d_
         z, zin = _bwd_scores(sT, C, scale, softcap, slope, i[None, :], j[:, None], off, b, h, mt)
+        # the row's LSE comes off before the mask (exact: a masked -inf stays -inf), so that
+        # the scale and the subtraction stay one FMA in the masked loops too
+        z = z - lrow[None, :]
         if kind is not None:
-            z = _mask_scores(z, C, i, j[:, None], sk, off, wl, wr, b, h, mt, kind, sq, n0, 0)
-        pT = fly.exp2(z - lrow[None, :])
+            z = _mask_scores(
+                z, C, i, j[:, None], sk, off, wl, wr, b, h, mt, kind, rows_end, n0, 0, False
+            )
+        pT = fly.exp2(z)
         for a, dt in zip(dvs, dots):
             a += fly.dot(pT.to(dt.dtype), dt)
         dpT = None
@@ -308,9 +317,12 @@ def _dq_tile(
             d_ = fly.dot(qt, kt.T)
             s = d_ if s is None else s + d_
         z, zin = _bwd_scores(s, C, scale, softcap, slope, i[:, None], j[None, :], off, b, h, mt)
+        z = z - lse2[:, None]  # before the mask, as in dK/dV
         if kind is not None:
-            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h, mt, kind, sq, n0=n0)
-        p = fly.exp2(z - lse2[:, None])
+            # rows past sq: never stored, and each dQ row is its own; keys past sk keep their
+            # mask (a real row's p there, 2^-lse, may overflow, and inf x the zero K is NaN)
+            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h, mt, kind, n0=n0)
+        p = fly.exp2(z)
         dp = None
         for dt, (c0, cs) in zip(dots, chunks(C.DV)):
             vt = _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask)

@@ -240,11 +240,14 @@ def softcap_shift(C, softcap):
 INT32_MIN = -2147483648
 
 
-def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True, lane_bits=0):
+def _visible(
+    C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True, sk_bound=True, lane_bits=0
+):
     """The bool tile "key ``n0 + c`` is visible from query ``i``" for ``c < BN``, keys along
     axis ``kax`` (1: a ``(queries, keys)`` tile; 0: the backward's transposed one). ``left`` /
     ``right``: which bounds to test (``_kv_segments`` knows which a tile can cross); the right
-    one includes the keys past ``sk`` and the rows past ``sq``.
+    one includes the keys past ``sk`` (unless ``sk_bound`` is False) and the rows past ``sq``
+    (where ``sq`` is given). None: every key is visible (no bound to test).
 
     The bounds are folded per query first (``hi = min(sk - 1, i + off + wr)``, ``-1`` for rows
     past ``sq``; ``lo = i + off - wl``) and moved to the tile's key offsets, so each element
@@ -268,20 +271,22 @@ def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True, lane
     def q(v):  # a per-query value, broadcast along the keys
         return v[:, None] if kax == 1 else v[None, :]
 
-    hi = sk - 1 - n0
+    hi = (sk - 1 - n0) if sk_bound else None
     per_query = False
     if C.HAS_WR:
-        hi = fly.minimum(i + (off + wr - n0), hi)
+        hi = i + (off + wr - n0) if hi is None else fly.minimum(i + (off + wr - n0), hi)
         per_query = True
     if sq is not None:  # the backward's rows past the sequence (varlen: the next one's) see nothing
-        hi = fly.where(i < sq, hi, -1)
+        hi = fly.where(i < sq, BN - 1 if hi is None else hi, -1)  # BN - 1: the whole tile
         per_query = True
     left = left and C.HAS_WL
     if not left:
+        if hi is None:
+            return None
         hi = q(hi) if per_query else hi
         return cx <= hi if cl is None else (cx & ~lane_bits) <= hi - cl
     lo = i + (off - wl - n0)
-    if not right:
+    if not right or hi is None:
         return cx >= q(lo) if cl is None else (cx & ~lane_bits) >= q(lo) - cl
     # lo <= c <= hi as one unsigned test, (c - lo) <u (hi - lo + 1), written signed: flipping
     # the sign bit of both sides (c - (lo ^ MIN) <s count ^ MIN). Two compares and an and per
@@ -291,21 +296,43 @@ def _visible(C, i, n0, BN, sk, off, wl, wr, sq, kax, left=True, right=True, lane
 
 
 def _mask_scores(
-    z, C, i, j, sk, off, wl, wr, b, h, mt, kind="both", sq=None, n0=None, kax=1, lane_bits=0
+    z,
+    C,
+    i,
+    j,
+    sk,
+    off,
+    wl,
+    wr,
+    b,
+    h,
+    mt,
+    kind="both",
+    sq=None,
+    n0=None,
+    kax=1,
+    sk_bound=True,
+    lane_bits=0,
 ):
     """``z`` with ``-inf`` where a key is not visible: queries ``i`` (1-D) and the tile's keys
     ``n0 + [0, BN)`` along axis ``kax`` of ``z``; ``kind`` is the tile's ``_kv_segments`` kind
     (which bounds it can cross; ``"full"``: a block-sparse full block, every bound but no mask
     mod). ``j`` (the keys, broadcast against ``i``) and ``h`` only feed the mask mod, a bool
-    tile and one more select. ``lane_bits``: ``_visible``'s (one-sided tests only)."""
+    tile and one more select. ``sq`` (the backward): rows past it see nothing; ``sk_bound``
+    False: keys past ``sk`` are not masked (a backward whose padded rows' results are never
+    stored, ``backward.py`` says where; a forward tile below ``sk``). ``lane_bits``:
+    ``_visible``'s (one-sided tests only)."""
     ib = i[:, None] if kax == 1 else i[None, :]
     left = kind in ("both", "left", "full")
     right = kind in ("both", "right", "full")
     if kax == 0 and C.HAS_WL and left and right:
-        z = _mask_bits(z, C, ib, j, sk, off, wl, wr, sq)
+        z = _mask_bits(z, C, ib, j, sk if sk_bound else None, off, wl, wr, sq)
     else:
-        vis = _visible(C, i, n0, z.shape[kax], sk, off, wl, wr, sq, kax, left, right, lane_bits)
-        z = fly.where(vis, z, NEG_INF)
+        vis = _visible(
+            C, i, n0, z.shape[kax], sk, off, wl, wr, sq, kax, left, right, sk_bound, lane_bits
+        )
+        if vis is not None:
+            z = fly.where(vis, z, NEG_INF)
     if C.mask_mod is not None and kind != "full":
         z = fly.where(C.mask_mod.apply(b, h, ib, j, mt), z, NEG_INF)
     return z
@@ -320,12 +347,13 @@ def _mask_bits(z, C, i, j, sk, off, wl, wr, sq):
     with a window on both sides, where a lane's elements span several queries and the
     per-query bounds of ``_visible`` were recomputed per element (gfx950, gpt-oss dK/dV: 451
     against 394 masked-loop instructions)."""
-    inv = (sk - 1 - j) >> 31
+    inv = (j - i - (off - wl)) >> 31
+    if sk is not None:
+        inv = inv | ((sk - 1 - j) >> 31)
     if sq is not None:
         inv = inv | ((sq - 1 - i) >> 31)
     if C.HAS_WR:
         inv = inv | ((i + (off + wr) - j) >> 31)
-    inv = inv | ((j - i - (off - wl)) >> 31)
     zb = fly.bitcast(z, fly.int32)
     return fly.bitcast((zb & ~inv) | (inv & NEG_INF_BITS), fly.fp32)
 

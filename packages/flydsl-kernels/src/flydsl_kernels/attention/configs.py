@@ -1,7 +1,7 @@
 """Attention configs: the ``Config``, per-target tables (``TABLES``), ``select``, schedule rules.
 
 No GPU was available to time on: every shipped entry was chosen by the static model in
-``model.py`` from cross-compiled code (``python -m flydsl_kernels.attention.model [--target T]``
+``model.py`` from cross-compiled code (``flydsl-kernels model attention [--target T]``
 reprints the ranking), untimed. ``select(kind, head_dim, target)`` reads the table entry of a
 kind (``fwd``, ``decode``, ``bwd_dkdv``, ``bwd_dq``) and head-dim class; no config depends on
 the rows of a problem (its grid does: the split and persistent rules below).
@@ -135,7 +135,7 @@ def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes
 #: loop instructions per MFMA than LLVM's default, with no spill and 2 waves per SIMD
 COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 
-#: gfx950, picked by the static model (``python -m flydsl_kernels.attention.model``; Triton
+#: gfx950, picked by the static model (``flydsl-kernels model attention``; Triton
 #: 3.9) at the model problems (``model_problem``): notes = VGPRs, instructions per trip of the
 #: main loop (per KV tile; per query step for dK/dV) and per useful 32x32x16 MFMA-equivalent.
 #: Every entry: no scratch, no VGPR or SGPR spills, 2+ waves per SIMD, 128-bit K/V loads
@@ -243,10 +243,21 @@ _GFX942 = {
     ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
-    ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
+    # the static model's pick (``flydsl-kernels model attention --target gfx942 --kind bwd_dq
+    # --dclass d64``): gfx950's 128 x 64 took 260 VGPRs here at the causal model problem, one
+    # wave per SIMD (17.04 loop instructions per 32x32x16-equivalent), and one wave again as
+    # gpt-oss's band tile (64 x 64, 2 warps: 290); 128 x 32 with 2 stages takes 182 (2 waves,
+    # 20.17), and its band tile 64 x 32 takes 210 (2 waves)
+    ("bwd_dq", "d64"): _c(128, 32, 4, 2, 32, True, 182, 242, 20.17),
+    # no d256 dQ candidate reaches 2 waves here (the least: 32 x 32 with 4 warps, 292 VGPRs);
+    # at one wave 128 x 32 with 32x32x8 MFMAs takes 447 (with AGPRs) and 8.65 loop instructions
+    # per 32x32x16-equivalent, against 13.96 for 64 x 32 with 16x16x16 ones
+    ("bwd_dq", "d256"): _c(128, 32, 4, 1, 32, True, 447, 415, 8.65),
 }
 for _k in ("fwd", "bwd_dkdv", "bwd_dq"):  # gfx950's MLA tiles spill here: the d256 ones
     _GFX942[(_k, "d192")] = _GFX942[(_k, "d256")]
+# ... but MLA's dQ keeps 64 x 32 (16x16x16 MFMAs, 230 VGPRs: 2 waves; 128 x 32 took one)
+_GFX942[("bwd_dq", "d192")] = _c(64, 32, 4, 1, 16, True)
 # the lazy rescale's asm fits the forward's d64 and d128 tiles here (d128: 10.63 -> 9.59 loop
 # instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
 _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])

@@ -23,8 +23,7 @@ since the K loop clamps operand rows instead of masking them (``kernels._rows``)
 256, or a large M whose 256x256 grid would not fill the 256 CUs) 128x128x64 4 warps 134 / 65
 KiB / 84; large 256x256x64 8 warps nonkdim 16 254 (128 VGPR + 126 AGPR) / 132 KiB / 152, no
 spills (the Triton tutorial spills at this tile). Before the clamp the model had picked
-256x128x64 for large (then 128 / 97 KiB / 89; now 120 / 86). ``python -m
-flydsl_kernels.gemm.model [--target T]`` reprints the ranking; the compile tests pin the
+256x128x64 for large (then 128 / 97 KiB / 89; now 120 / 86). ``flydsl-kernels model gemm [--target T]`` reprints the ranking; the compile tests pin the
 figures of the shipped entries.
 
 Other targets: the same model over a bounded candidate list per target (``space(target)``),
@@ -277,10 +276,14 @@ def best_per_class(ranked) -> dict[str, Config]:
 
 
 def main(argv=None):  # pragma: no cover - a developer tool
-    import sys
+    import argparse
 
-    argv = sys.argv[1:] if argv is None else argv
-    tgt = argv[argv.index("--target") + 1] if "--target" in argv else TARGET
+    ap = argparse.ArgumentParser(
+        prog="flydsl-kernels model gemm",
+        description="rank dense GEMM configs with the static model and print the table",
+    )
+    ap.add_argument("--target", default=TARGET)
+    tgt = ap.parse_args(argv).target
     ranked = rank("dense", tgt)
     for cfg, fig, why in ranked:
         print(cfg.as_dict(tgt), f"stages={cfg.num_stages}", fig if fig else why)

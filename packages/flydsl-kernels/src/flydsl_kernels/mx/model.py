@@ -5,7 +5,7 @@ tiles come from a static model, untimed: every tile of ``space(kind, ...)`` is c
 for the target (no GPU needed) and ranked from its code object's resource report as the GEMM
 family's model does (``gemm.model``: no spills / scratch, LDS within the target's limit, 2+
 waves per SIMD; widest loads, then instructions of the inner K loop per MAC, then
-occupancy). ``python -m flydsl_kernels.mx.model [--target T]`` reprints the grouped ranking
+occupancy). ``flydsl-kernels model mx [--target T]`` reprints the grouped ranking
 (``--wgrad``: the ragged-K form; ``--dense``: the dense tiles per class). The ``compile_*``
 helpers compile one kernel through ``plan.py`` with ``TensorSpec`` operands: what the model,
 the report cases and the compile tests compile.
@@ -253,17 +253,24 @@ def rank(
 
 
 def main(argv=None):  # pragma: no cover - a developer tool
-    import sys
+    import argparse
 
-    argv = sys.argv[1:] if argv is None else argv
-    tgt = argv[argv.index("--target") + 1] if "--target" in argv else TARGET
-    if "--dense" in argv:
+    ap = argparse.ArgumentParser(
+        prog="flydsl-kernels model mx",
+        description="rank MX GEMM configs with the static model (grouped by default)",
+    )
+    ap.add_argument("--target", default=TARGET)
+    ap.add_argument("--dense", action="store_true", help="rank the dense MX GEMMs instead")
+    ap.add_argument("--wgrad", action="store_true", help="grouped: the ragged-K weight gradient")
+    a = ap.parse_args(argv)
+    tgt = a.target
+    if a.dense:
         for cls in GEMM_MODEL_SHAPES:
             for fmt in (("e4m3", "e4m3"), ("e2m1", "e2m1")):
                 for cfg, fig, why in rank("gemm", cls, tgt, fmt=fmt):
                     print(cls, fmt, cfg, fig if fig else why)
     else:
-        ranked = rank("grouped", None, tgt, ragged_k="--wgrad" in argv)
+        ranked = rank("grouped", None, tgt, ragged_k=a.wgrad)
         for cfg, fig, why in ranked:
             print(cfg, fig if fig else why)
         print("per class:", gemm_model.best_per_class(ranked))

@@ -16,7 +16,7 @@ ranked from their ``ResourceReport`` (``score``) by, in order:
    cross-wave reduction amortized over more elements per lane);
 4. fewer warps (a smaller workgroup waits less at its reduction barrier).
 
-``python -m flydsl_kernels.rmsnorm.model`` re-derives the tables and prints them; the
+``flydsl-kernels model rmsnorm`` re-derives the tables and prints them; the
 compile-tier tests check that the shipped entries are what the model picks for a sample of
 them and that none spills. ``model_launch`` is the launch every compile of a config goes
 through (the model, the compile tests and the report cases): the plan's, with ``TensorSpec``
@@ -187,10 +187,19 @@ def best(kernel: str, N: int, dtype, target: str = TARGET, **kw) -> Config:
 # -- the generator of the gfx950 table -------------------------------------------------------------
 
 
-def main(jobs=None):  # pragma: no cover - a developer tool
+def main(argv=None):  # pragma: no cover - a developer tool
+    import argparse
+
     import torch
 
     from .configs import ROWS_MAX_BLOCK
+
+    ap = argparse.ArgumentParser(
+        prog="flydsl-kernels model rmsnorm",
+        description="re-derive the gfx950 RMSNorm tables with the static model and print them",
+    )
+    ap.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: auto)")
+    jobs = ap.parse_args(argv).jobs
 
     for dtype in (torch.bfloat16, torch.float32):
         nb = elem_bytes(dtype)

@@ -28,8 +28,7 @@ Tables
 ``BUCKETS`` are the problem sizes each kernel's config is chosen for (a problem uses the
 smallest bucket at least its tile); ``TABLES`` holds each target's config per bucket. No
 gfx950 was available to time on: the gfx950 table was picked by the static model in
-``model.py`` (cross-compiled candidates, ranked without timing; ``python -m
-flydsl_kernels.topk.model`` re-derives and prints it), the other targets' derive from it.
+``model.py`` (cross-compiled candidates, ranked without timing; ``flydsl-kernels model topk`` re-derives and prints it), the other targets' derive from it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ per lane are not tried), which rejects any that uses scratch or spills SGPRs/VGP
 LDS; among survivors the model (``score``) prefers (1) the highest occupancy (waves per SIMD),
 then (2) the fewest instructions issued per element, ``instruction_count * num_warps /
 elements per program or loop iteration`` (a proxy for issue slots at full occupancy), then (3)
-the fewest VGPRs. ``python -m flydsl_kernels.topk.model`` re-derives and prints the table; the
+the fewest VGPRs. ``flydsl-kernels model topk`` re-derives and prints the table; the
 compile tests compile every shipped entry (``shipped_compiles``, ``compile_report``).
 """
 
@@ -200,7 +200,14 @@ def derive(
     return out
 
 
-def main():  # pragma: no cover - the offline derivation of configs.TABLES["gfx950"]
+def main(argv=None):  # pragma: no cover - the offline derivation of configs.TABLES["gfx950"]
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="flydsl-kernels model topk",
+        description="re-derive the gfx950 TopK table with the static model and print it",
+    ).parse_args(argv)
+
     def _show(kernel, bucket, best, rep, n):
         print(
             f"    ({kernel!r}, {', '.join(map(repr, bucket))}): {best!r},  # vgpr {rep['vgpr']}, "
