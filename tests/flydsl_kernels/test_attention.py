@@ -274,6 +274,20 @@ def test_sinks_with_sliding_window_and_their_gradient(window):
     check_fwd_bwd(q, k, v, REF, window_size=window, sinks=sinks, extra_grad=(sinks,))
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("lane_sums", [False, True])
+def test_sinks_start_the_softmax_including_minus_inf_sinks(target, lane_sums):
+    # the forward starts its running max and sum from the sink (forward._fwd_tile), with or
+    # without lane partial sums; a -inf sink is no sink, and a row whose window sees no key
+    # (sq > sk, bottom-right aligned) keeps only the sink: zeros out, the sink's LSE
+    q, k, v = qkv(2, 37, 29, 4, 2, 32, seed=51)
+    sinks = torch.randn(4, generator=gen(52)) * 4
+    sinks[1] = float("-inf")
+    cfg = {"fwd": configs.Config(32, 16, 4, lane_sums=lane_sums), "bwd_dkdv": C16, "bwd_dq": C16}
+    for kw in ({"causal": True}, {"window_size": (5, 0)}):
+        check_fwd_bwd(q, k, v, target, config=cfg, sinks=sinks, **kw)
+
+
 def test_windows_cut_through_tiles():
     # 16 x 16 tiles; windows of 5 / 21 keys start and end inside tiles, with sq != sk
     for window, sq, sk in (((2, 2), 50, 61), ((13, 7), 61, 50), ((0, 0), 33, 33)):

@@ -9,7 +9,7 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 =================  ========================  ====  ==========  ===============
 kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
 =================  ========================  ====  ==========  ===============
-fwd d64            256x64, 8 (iterative-ilp) 144   196         12.25 / 16.81
+fwd d64            256x64, 8 (coexec, ls)    160   185         11.56 / 15.69
 fwd d128           256x64, 8 (coexec)        222   248         7.75 / 9.81
 fwd d192/128       256x64, 8                 248   268         6.7 / 9.03
 fwd d256           128x32, 8 (16x16x32, ilp) 212   173         10.81 / 11.88

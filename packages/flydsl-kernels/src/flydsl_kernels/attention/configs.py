@@ -68,8 +68,8 @@ class Config:
     #: ``q @ k.T`` takes K as loaded (``common._load_k_lanes``); 0 the plain load. A tile may
     #: then span pages of 16 keys or more (``plan.plan_forward``)
     klanes: int = 0
-    #: decode: the softmax's row sums kept as per-lane partial sums across the KV loop and
-    #: reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
+    #: forward and decode: the softmax's row sums kept as per-lane partial sums across the KV
+    #: loop and reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
     lane_sums: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -158,7 +158,10 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: default, coexec, iterative-ilp and max-ilp (fwd d128: coexec 261 -> 248 per trip; dK/dV
 #: d128: iterative-ilp 174 -> 163; dQ d128: coexec 166 -> 143).
 _GFX950 = {
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 164, 196, 12.25, sched=ILP),
+    # coexec with the row sums as lane partials (was iterative-ilp, 12.25 / 16.81 per MFMA here);
+    # gpt-oss's window tile (band_config: 64 x 64, 2 warps) takes it too, 13.75 / 18.25 ->
+    # 13.56 / 17.94 there once the sink no longer stayed live across the loop (forward.py)
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 160, 185, 11.56, sched=COEXEC, ls=True),
     ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
     ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
     ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
@@ -266,6 +269,8 @@ _default_sched(_GFX942)
 _GFX1250 = {
     **_GFX950,
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
+    # the row sums as lane partials: worst loop 36.31 -> 36.56 per MFMA here, 274 -> 306 VGPRs
+    ("fwd", "d64"): replace(_GFX950[("fwd", "d64")], lane_sums=False),
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d128"): _c(
         16, 32, 1, 1, 16, False

@@ -217,11 +217,22 @@ def _fwd_tile(
     slope = _per_head(alibi, b, hk, g0, C, G) if C.ALIBI else None
     if slope is not None and C.GP == 1:
         slope = fly.full((C.BM,), 0.0, fly.fp32) + slope
-    st = _Softmax(
-        fly.full((C.BM,), FP32_LOWEST, fly.fp32),
-        fly.zeros((C.BM, LANE_SUM_N) if C.LANE_SUMS else (C.BM,), fly.fp32),
-        [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)],
-    )
+    shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
+    m0 = fly.full((C.BM,), FP32_LOWEST, fly.fp32)
+    l0 = fly.zeros((C.BM, LANE_SUM_N) if C.LANE_SUMS else (C.BM,), fly.fp32)
+    if C.SINKS and C.SPLITS == 1:
+        # the sink is a logit with no value row: the softmax starts from it (running max the
+        # sink, sum 1; the lowest fp32 and 0 for a -inf sink), so nothing of it stays live
+        # across the KV loop (gfx950 gpt-oss: its pointer, then its value, spilled SGPRs there
+        # under coexec with lane sums) and no epilogue folds it in
+        sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E - shift
+        m0 = fly.maximum(m0, sink)
+        e0 = fly.exp2(sink - m0)
+        if C.LANE_SUMS:
+            l0 = fly.where(fly.arange(0, LANE_SUM_N)[None, :] == 0, e0[:, None], l0)
+        else:
+            l0 = l0 + e0
+    st = _Softmax(m0, l0, [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)])
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
     if C.SPLITS > 1:
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
@@ -288,18 +299,7 @@ def _fwd_tile(
     m, l_sum = st.m, st.l
     if C.LANE_SUMS:
         l_sum = fly.sum(l_sum, 1)
-    shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
-    if C.SINKS and C.SPLITS == 1:
-        sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
-        if C.SOFTCAP:
-            sink = sink - shift
-        m_f = fly.maximum(m, sink)
-        alpha = fly.exp2(m - m_f)
-        l_sum = l_sum * alpha + fly.exp2(sink - m_f)
-        scale_o = alpha / l_sum
-        m = m_f
-    else:
-        scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
+    scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
     row0 = q_off + i0
     for (c0, cs), a in zip(chunks(C.DV), st.acc):
         out = a * scale_o[:, None]
