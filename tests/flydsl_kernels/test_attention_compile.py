@@ -10,16 +10,16 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
 =================  ========================  ====  ==========  ===============
 fwd d64            256x64, 8 (coexec, ls)    160   185         11.56 / 15.69
-fwd d128           256x64, 8 (coexec)        222   248         7.75 / 9.81
-fwd d192/128       256x64, 8                 248   268         6.7 / 9.03
-fwd d256           128x32, 8 (16x16x32, ilp) 212   173         10.81 / 11.88
+fwd d128           256x64, 8 (coexec, ls)    230   238         7.44 / 9.5
+fwd d192/128       256x64, 8 (ls)            256   262         6.55 / 8.3
+fwd d256           128x32, 8 (16x16,ilp,ls)  218   165         10.31 / 11.38
 bwd dK/dV d128     32 q x 128 k, 8 (ilp)     244   163         10.19 / 13.75
 bwd dQ d128        256 q x 32 k, 8 (coexec)  246   143         5.96 / 8.08
 decode d128        16 x 64, 1 (K lane order) 238   265         16.56 / 24.0
 =================  ========================  ====  ==========  ===============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
-(``Config.sched``).
+(``Config.sched``); "ls": the row sums as lane partials (``Config.lane_sums``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).

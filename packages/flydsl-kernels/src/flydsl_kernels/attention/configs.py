@@ -158,13 +158,16 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: default, coexec, iterative-ilp and max-ilp (fwd d128: coexec 261 -> 248 per trip; dK/dV
 #: d128: iterative-ilp 174 -> 163; dQ d128: coexec 166 -> 143).
 _GFX950 = {
-    # coexec with the row sums as lane partials (was iterative-ilp, 12.25 / 16.81 per MFMA here);
-    # gpt-oss's window tile (band_config: 64 x 64, 2 warps) takes it too, 13.75 / 18.25 ->
-    # 13.56 / 17.94 there once the sink no longer stayed live across the loop (forward.py)
+    # prefill: the row sums as lane partials (``lane_sums``; main / worst loop per MFMA at the
+    # model problems): d64 with coexec (was iterative-ilp) 12.25 / 16.81 -> 11.56 / 15.69, and
+    # gpt-oss's window tile (band_config: 64 x 64, 2 warps) 13.75 / 18.25 -> 13.56 / 17.94 once
+    # the sink no longer stayed live across the loop (forward.py); d128 7.75 / 10.34 -> 7.44 /
+    # 9.5; d192 6.7 / 9.68 -> 6.55 / 8.3 (256 VGPRs, no spill); d256 10.81 / 11.88 -> 10.31 /
+    # 11.38 (the Gemma-style softcap case 12.69 / 13.62 -> 12.12 / 13.06)
     ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 160, 185, 11.56, sched=COEXEC, ls=True),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 248, 7.75, sched=COEXEC),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 246, 268, 6.7),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 212, 173, 10.81, sched=ILP),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 238, 7.44, sched=COEXEC, ls=True),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 256, 262, 6.55, ls=True),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 218, 165, 10.31, sched=ILP, ls=True),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
@@ -268,9 +271,12 @@ _default_sched(_GFX942)
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = {
     **_GFX950,
-    ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
-    # the row sums as lane partials: worst loop 36.31 -> 36.56 per MFMA here, 274 -> 306 VGPRs
+    # gfx950's 256x64 spilled 11 VGPRs here
+    ("fwd", "d192"): replace(_GFX950[("fwd", "d256")], lane_sums=False),
+    # full row sums: gfx950's lane partials took more here (d64 worst loop 36.31 -> 36.56 per
+    # MFMA, 274 -> 306 VGPRs; llama d128 main 26.22 -> 26.56; MLA main 27.0 -> 27.8, 4 -> 3 waves)
     ("fwd", "d64"): replace(_GFX950[("fwd", "d64")], lane_sums=False),
+    ("fwd", "d128"): replace(_GFX950[("fwd", "d128")], lane_sums=False),
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d128"): _c(
         16, 32, 1, 1, 16, False
