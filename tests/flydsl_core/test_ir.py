@@ -147,7 +147,7 @@ def test_every_op_declares_its_operand_slots_and_effects():
         assert d.effects <= set(EFFECTS), name
         assert d.pure == (not d.effects and not d.terminator), name
     memory = {n for n, d in OPS.items() if d.reads_memory or d.writes_memory}
-    assert memory == {"load", "store", "atomic_rmw", "atomic_cas"}
+    assert memory == {"load", "load_at", "store", "atomic_rmw", "atomic_cas"}
     assert {n for n, d in OPS.items() if d.writes_memory} == {"store", "atomic_rmw", "atomic_cas"}
     assert OPS["load"].signature == "tensor, offsets, mask?, other?"
     assert OPS["for"].signature == "lo, hi, step, init*"

@@ -317,7 +317,7 @@ def test_masks_with_lane_bits_and_the_sk_tail(monkeypatch, target, lane_bits, sk
     # problem has a right-bound tile below sk and one crossing it (rows past sq too); the
     # window's left-bound tiles and the unmasked interior run as well
     monkeypatch.setitem(configs.KEY_LANE_BITS, "gfx950", {32: lane_bits})
-    monkeypatch.setitem(configs.SK_TAIL_TARGETS, "gfx950", sk_tail)
+    monkeypatch.setitem(configs.SK_TAIL_TARGETS, "gfx950", {"d64"} if sk_tail else set())
     p = plan.Problem(1, 45, 70, 2, 1, 32, 32, causal=True, window=(30, 0))
     C = plan.plan_forward(p, target, config=configs.Config(32, 16, 4)).C
     fc = (C.KEY_LANE_BITS, C.SK_TAIL)
@@ -344,19 +344,20 @@ def test_gpt_oss_window_backward_with_the_table_tiles():
 
 
 @pytest.mark.parametrize(
-    "d, kw, want",
+    "table, d, kw, want",
     [
         # gfx942's d64 dQ (128 x 32, 2 stages), shrunk for a 24-key window to 32 x 32, 1 warp
-        (64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
-        (256, {"causal": True}, (128, 32, 4, 1)),  # one wave either way: the 32x32 MFMA tile
+        ("gfx942", 64, {"causal": True, "window_size": (23, 0)}, (32, 32, 1, 2)),
+        ("gfx942", 256, {"causal": True}, (128, 32, 4, 1)),  # the 32x32 MFMA tile
+        ("gfx1250", 128, {"causal": True}, (128, 64, 8, 2)),
     ],
 )
-def test_gfx942_dq_tiles_against_the_reference(d, kw, want):
+def test_dq_tiles_of_other_tables_against_the_reference(table, d, kw, want):
     p = plan.Problem(1, 45, 45, 2, 1, d, d, causal=True, window=kw.get("window_size", (-1, -1)))
-    dq = plan.plan_backward(p, REF, table="gfx942").dq
+    dq = plan.plan_backward(p, REF, table=table).dq
     assert (dq.BM, dq.BN, dq.num_warps, dq.num_stages) == want
     q, k, v = qkv(1, 45, 45, 2, 1, d, seed=31, grad=True)
-    check_fwd_bwd(q, k, v, REF, table="gfx942", config=None, **kw)
+    check_fwd_bwd(q, k, v, REF, table=table, config=None, **kw)
 
 
 # -- the interpreter (generated Triton) -----------------------------------------------------------------
@@ -648,6 +649,80 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
     assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
 
 
+def _strided_cache(kc, pad, step):
+    """``kc``'s values in a cache whose rows are ``pad`` heads' worth of elements longer and
+    whose head dim is strided by ``step`` (a view of a larger random tensor)."""
+    P, page, Hk, D = kc.shape
+    big = torch.randn(P, page, Hk + pad, D * step, dtype=kc.dtype)
+    view = big[:, :, :Hk, ::step]
+    view.copy_(kc)
+    return view
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("page, d, pad, step", [(64, 64, 1, 2), (0, 80, 3, 1), (128, 48, 0, 3)])
+def test_decode_based_loads_with_awkward_strides(target, page, d, pad, step):
+    # Fwd.BASED: a tile within one page (or a dense cache) loads K and V with load_at, the
+    # page / key / head as the scalar base and per-element offsets from clamped row and
+    # head-dim strides; rows longer than Hk * D and head dims strided by 2 or 3 must still
+    # read the right elements (lengths ending inside tiles, splits)
+    g = gen(120 + page + d)
+    B, Hk, g_, S = 2, 2, 3, 256
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([255, 70], dtype=torch.int32)
+    if page:
+        kc, vc, table = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, table = kfull, vfull, None
+    kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, pad, step)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for splits in (1, 2):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    assert fp.C.BASED and fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
+
+
+def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
+    # strides above common.BASED_STRIDE_MAX (here lowered to 64 elements) cannot be clamped:
+    # the launch drops Fwd.BASED and the view loads read the cache, with the same results;
+    # prefill and tiles spanning pages never take it
+    g = gen(131)
+    B, Hk, g_, d, S, page = 2, 2, 4, 64, 192, 64
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([192, 65], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, REF, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    assert fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED  # row stride 128
+    monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)
+    assert not fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
+    one = kc[:, :, :1].contiguous()  # row stride 64
+    assert fp.launches(k=one, v=one, **kw)[0].constexprs["C"].BASED
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+        return_softmax_lse=True, target=REF, config=cfg,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+    assert not plan.plan_forward(replace(p, page_size=16), REF, config=cfg).C.BASED
+    assert not plan.plan_forward(replace(p, decode=False), REF, config=cfg).C.BASED
+
+
 def test_decode_lane_sums_are_the_amd_tables():
     # gfx950 / gfx942's one-warp decode tiles keep lane sums; gfx1250 / sm90 do not
     p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,
@@ -655,6 +730,90 @@ def test_decode_lane_sums_are_the_amd_tables():
     for t, want in (("gfx950", True), ("gfx942", True), ("gfx1250", False), ("sm90", False)):
         assert plan.plan_forward(p, t).C.LANE_SUMS is want, t
     assert plan.plan_forward(replace(p, head_dim=64, head_dim_v=64), "gfx950").C.LANE_SUMS
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bm, bn, d, g_, lazy, dtype, kw",
+    [(32, 32, 80, 3, True, BF16, {"causal": True}),
+     (64, 16, 200, 2, False, FP16, {"window_size": (37, 5)}),
+     (16, 64, 128, 1, True, BF16, {"causal": True, "sinks": True})],
+)  # fmt: skip
+def test_prefill_lane_sums_match_the_reference(target, bm, bn, d, g_, lazy, dtype, kw):
+    # Config.lane_sums on a prefill tile (gfx950's fwd d128 / d256 entries): per-lane partial
+    # row sums (BM x 16) across the KV loop, summed after it; 77 queries over 93 keys end
+    # inside a tile, GQA groups of 3 and 2, head dims 80 and 200 (a masked chunk), a causal
+    # mask, a two-sided window (masked trips on both edges), a 16-key tile (one column block
+    # per lane), sinks, the eager and the lazy rescale
+    kw = dict(kw)
+    q, k, v = qkv(2, 77, 93, 2 * g_, 2, d, seed=70 + d, dtype=dtype)
+    sinks = torch.randn(2 * g_, generator=gen(71)) if kw.pop("sinks", False) else None
+    cfg = configs.Config(bm, bn, max(1, bm // 16), 1, 16, lazy=lazy, lane_sums=True)
+    out, lse, _ = flash_attn_func(
+        q, k, v, return_attn_probs=True, sinks=sinks, target=target, config=cfg, **kw
+    )
+    ro, rl = reference.attention(q, k, v, sinks=sinks, **kw)
+    close(out, ro, OUT_TOL[dtype], "out")
+    close_lse(lse, rl)
+    p = plan.Problem(2, 77, 93, 2 * g_, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)), sinks=sinks is not None,
+                     dtype="bf16" if dtype == BF16 else "fp16")  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "bm, bn, d, dtype, kw",
+    [(32, 16, 80, BF16, {}),
+     (16, 32, 200, FP16, {"causal": True}),
+     (64, 16, 128, BF16, {"window_size": (40, 9), "softcap": 20.0})],
+)  # fmt: skip
+def test_prefill_k_transposed_load_matches_the_reference(target, bm, bn, d, dtype, kw):
+    # Config.k_t: interior KV tiles load K as K^T (common._load_kT, head dims x keys) and
+    # masked ones row-major; 77 queries over 93 keys (the last tile masked), GQA 3:1, head
+    # dims 80 (64 + a 16 chunk) and 200 (a chunk masked past the head dim), no mask (every
+    # full tile interior), causal, a two-sided window with softcap; dense and varlen (keys at
+    # a run-time offset per sequence)
+    q, k, v = qkv(2, 77, 93, 6, 2, d, seed=80 + d, dtype=dtype)
+    cfg = configs.Config(bm, bn, max(1, bm // 16), 1, 16, k_t=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=target, config=cfg, **kw)
+    ro, rl = reference.attention(q, k, v, **kw)
+    close(out, ro, OUT_TOL[dtype], "dense")
+    close_lse(lse, rl)
+    lens_q, lens_k = [31, 0, 46], [45, 17, 93]
+    qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k, 6, 2, d, seed=81, grad=False)
+    outv = flash_attn_varlen_func(
+        qp, kp, vp, cu_q, cu_k, max(lens_q), max(lens_k), target=target, config=cfg, **kw
+    )
+    rov, _ = reference.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(outv, rov, OUT_TOL[BF16], "varlen")
+    p = plan.Problem(2, 77, 93, 6, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)))  # fmt: skip
+    assert plan.plan_forward(p, target, config=cfg).C.KT
+    pg = replace(p, page_size=16, seqused=True)
+    assert not plan.plan_forward(pg, target, config=cfg).C.KT  # paged K: row-major
+
+
+def test_prefill_k_transposed_is_the_tables():
+    # gfx950 every class, gfx942 d64 / d128 / d256 and gfx1250 d64 / d128 load interior K as K^T
+    want = {"gfx950": ("d64", "d128", "d192", "d256"), "gfx942": ("d64", "d128", "d256"),
+            "gfx1250": ("d64", "d128"), "sm90": ()}  # fmt: skip
+    for t, dcls in want.items():
+        for dc in ("d64", "d128", "d192", "d256"):
+            assert configs.TABLES[t][("fwd", dc)].k_t is (dc in dcls), (t, dc)
+
+
+def test_prefill_lane_sums_are_gfx950s_entries():
+    # gfx950's fwd tiles keep per-lane row sums; the other targets' forward entries and the
+    # score / mask mod tile (configs.mod_config) do not
+    for dcls in ("d64", "d128", "d192", "d256"):
+        assert configs.TABLES["gfx950"][("fwd", dcls)].lane_sums, dcls
+        for t in ("gfx942", "gfx1250", "sm90"):
+            assert not configs.TABLES[t][("fwd", dcls)].lane_sums, (t, dcls)
+    assert not configs.mod_config(configs.TABLES["gfx950"][("fwd", "d128")]).lane_sums
+    p = plan.Problem(4, 4096, 4096, 32, 8, 128, 128, causal=True)
+    assert plan.plan_forward(p, "gfx950").C.LANE_SUMS
+    assert not plan.plan_forward(p, "gfx942").C.LANE_SUMS
 
 
 def test_decode_k_lane_order_is_the_tables_and_skips_fp32():

@@ -6,20 +6,22 @@ B4 S4096 H32/8 bf16 causal; decode B64 ctx8192 paged), per trip of the main loop
 per query step for dK/dV; the core's loop finder, ``amdgcn.matrix_loops``), "per MFMA" = loop
 instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main / worst loop:
 
-=================  ========================  ====  ==========  ===============
-kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
-=================  ========================  ====  ==========  ===============
-fwd d64            256x64, 8 (coexec, ls)    160   185         11.56 / 15.69
-fwd d128           256x64, 8 (coexec, ls)    230   238         7.44 / 9.5
-fwd d192/128       256x64, 8 (ls)            256   262         6.55 / 8.3
-fwd d256           128x32, 8 (16x16,ilp,ls)  218   165         10.31 / 11.38
-bwd dK/dV d128     32 q x 128 k, 8 (ilp)     244   163         10.19 / 13.75
-bwd dQ d128        256 q x 32 k, 8 (coexec)  246   143         5.96 / 8.08
-decode d128        16 x 64, 1 (K lane order) 238   265         16.56 / 24.0
-=================  ========================  ====  ==========  ===============
+===============  ===============================  ====  ==========  ============
+kind / head dim  tile (BM x BN, warps)            VGPR  loop instr  per MFMA
+===============  ===============================  ====  ==========  ============
+fwd d64          256x64, 8 (coexec, ls, kt)       158   185         11.56 / 15.69
+fwd d128         256x64, 8 (coexec, ls, kt)       234   234         7.31 / 9.72
+fwd d192/128     256x64, 8 (ls, kt)               250   262         6.55 / 8.3
+fwd d256         128x32, 8 (16x16x32, ilp, ls,    218   163         10.19 / 11.38
+                 kt)
+bwd dK/dV d128   32 q x 128 k, 8 (ilp)            244   163         10.19 / 12.38
+bwd dQ d128      256 q x 32 k, 8 (coexec)         246   143         5.96 / 7.67
+decode d128      16 x 64, 1 (K lane, based)       252   223         13.94 / 21.19
+===============  ===============================  ====  ==========  ============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
-(``Config.sched``); "ls": the row sums as lane partials (``Config.lane_sums``).
+(``Config.sched``); "ls": the row sums as per-lane partials (``Config.lane_sums``); "kt":
+interior KV tiles load K as K^T (``Config.k_t``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).

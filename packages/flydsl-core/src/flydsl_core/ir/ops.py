@@ -593,6 +593,23 @@ def _load(t, attrs):
     return [TileType(ten.dtype, off.shape)]
 
 
+@op("load_at", ("tensor", "base", "offsets", "mask?", "other?"), effects=("read",))
+def _load_at(t, attrs):
+    """``load`` of the elements at ``base + offsets``: ``base`` an integer scalar (of the
+    offsets' dtype) added to every offset. Backends may fold it into the address the
+    offsets are taken from (AMD buffer loads: the buffer's base, so that offsets which do
+    not change across a loop stay in registers)."""
+    base = _tile(t.base, "base")
+    if base.shape != () or not base.dtype.is_int:
+        raise TypeCheckError(f"load_at's base must be an integer scalar, got {base}")
+    off = _offsets(t.offsets)
+    if base.dtype != off.dtype:
+        raise TypeCheckError(f"load_at's base {base} and offsets {off} need one integer dtype")
+    return _load(
+        SimpleNamespace(tensor=t.tensor, offsets=t.offsets, mask=t.mask, other=t.other), attrs
+    )
+
+
 @op("store", ("tensor", "offsets", "value", "mask?"), effects=("write",))
 def _store(t, attrs):
     ten, off, val = _tensor(t.tensor), _offsets(t.offsets), _tile(t.value, "value")

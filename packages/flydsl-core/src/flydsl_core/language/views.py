@@ -563,6 +563,42 @@ def _gather(self: TensorRef, *indices) -> IndexView:
 TensorRef.gather = _gather
 
 
+def _load_at(self: TensorRef, base, offsets, mask=None, other=None) -> Tile:
+    """``x.load_at(base, offsets, mask, other)``: the elements at element offsets ``base +
+    offsets`` from the tensor's first element (``base`` a scalar, ``offsets`` an integer
+    tile; cast to the tensor's index dtype), no bounds check: ``mask`` is the whole mask and
+    masked-off elements read ``other`` (0 by default).
+
+    What it adds over a view's load: the scalar ``base`` stays apart from the per-element
+    offsets. AMD targets with buffer loads fold it into the buffer's base address (one
+    scalar add per load site), so per-element offsets that do not change across a loop are
+    computed once before it instead of one vector add per load instruction on every trip.
+    Their range must then be provable to Triton (from the offsets' arithmetic: a bounded
+    index times a stride clamped to a known bound); otherwise Triton uses 64-bit global
+    loads from the based pointer."""
+    idx = self.index_dtype
+    b = cast(as_tile(base, idx), idx)
+    if b.shape != ():
+        raise TypeCheckError(f"load_at's base must be a scalar, got {b.type}")
+    offs = as_tile(offsets, idx)
+    if not offs.dtype.is_int:
+        raise TypeCheckError(f"load_at's offsets must be integers, got {offs.type}")
+    offs = cast(offs, idx)
+    operands = [self._v, b._v, offs._v]
+    if mask is not None:
+        m = broadcast_to(as_tile(mask), offs.shape)
+        if not m.dtype.is_bool:
+            raise TypeCheckError(f"a mask must be a bool tile, got {m.type}")
+        o = broadcast_to(
+            cast(as_tile(0 if other is None else other, self.dtype), self.dtype), offs.shape
+        )
+        operands += [m._v, o._v]
+    return Tile(current().emit("load_at", operands, {}).result)
+
+
+TensorRef.load_at = _load_at
+
+
 def _layout_view(self: TensorRef, layout, offset=0) -> LayoutView:
     """``x.view(layout, offset)``: see ``LayoutView``."""
     return LayoutView(self, layout, offset)

@@ -115,7 +115,40 @@ def _kv_pages(bt, btrow, n0, BN, PAGE, kmask):
     return bt[btrow, pidx].load(pm, bounds_check=False)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
+#: the row and head-dim strides (elements) a ``Fwd.BASED`` load takes: the per-element offsets
+#: are built from strides clamped to it (the identity for the tensors the plan lets through),
+#: so that Triton can prove them below 2 GiB in bytes and keep AMD buffer loads
+BASED_STRIDE_MAX = 1 << 19
+
+
+def _clamped(s):
+    """A stride clamped to ``[0, BASED_STRIDE_MAX]``: the same value where the plan checked
+    the tensor, and a range Triton's analysis sees (a power-of-two bound keeps the stride's
+    divisibility, so 128-bit loads stay)."""
+    if isinstance(s, int):
+        return s
+    return fly.minimum(fly.maximum(s, 0), BASED_STRIDE_MAX)
+
+
+def _load_based(t, origin, rows, cols, row_stride_dim, mask):
+    """``t``'s elements at ``origin`` (a scalar index per dimension) plus ``rows`` along
+    dimension ``row_stride_dim`` and ``cols`` along the last (index tiles broadcast to the
+    tile's shape), loaded with ``load_at``: the origin is the scalar base, the rest
+    per-element offsets from clamped strides (``Fwd.BASED``)."""
+    base = 0
+    for d, i in enumerate(origin):
+        base = base + i * t.stride[d]
+    offs = rows * _clamped(t.stride[row_stride_dim]) + cols * _clamped(t.stride[t.ndim - 1])
+    return t.load_at(base, offs, mask)
+
+
+def based_ok(C) -> bool:
+    """Whether a forward tile loads K and V with ``load_at`` (``Fwd.BASED``): one page per
+    tile (or a dense cache)."""
+    return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
+
+
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False):
     """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
     tile's ``pages`` from ``_kv_pages``).
 
@@ -124,6 +157,11 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
     dm = None
     if c0 + cs > D:
         dm = (c0 + fly.arange(0, cs)) < D
+    if based:
+        m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
+        origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
+        r = fly.arange(0, BN)[:, None]
+        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m)
     if PAGE == 0 or PAGE >= BN:
         if PAGE == 0:
             view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]
@@ -142,7 +180,18 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask):
     return view.load(m, bounds_check=False)
 
 
-def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
+def _load_kT(t, bk, n0, hk, c0, cs, BN, D):
+    """``_load_kv``'s ``(BN, cs)`` K tile of a dense ``(B, S, Hk, D)`` tensor, transposed:
+    ``(cs, BN)``, head dims along rows (each lane's 128-bit load still runs along them), keys
+    ``n0 + [0, BN)`` all in range (an interior tile: no key mask); only head dims past ``D``
+    are masked."""
+    cols = c0 + fly.arange(0, cs)
+    rows = n0 + fly.arange(0, BN)
+    m = (cols < D)[:, None] if c0 + cs > D else None
+    return t.gather(bk, rows[None, :], hk, cols[:, None]).load(m, bounds_check=False)
+
+
+def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, based=False):
     """``_load_kv``'s ``(BN, cs)`` K tile, loaded in the lane order of a one-warp ``nk x nk``
     MFMA's B operand with ``kw`` (its k width) head dims per lane, so that ``q @ k.T`` takes K
     as loaded. With ``ng = 64 / nk`` lane groups, loaded as ``(BN / nk, cs / (ng kw), ng, nk,
@@ -162,6 +211,12 @@ def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
         + fly.arange(0, kw)[None, None, None, None, :]
     )
     key = fly.arange(0, nk)[None, None, None, :, None]
+    m = None if kmask is None else kmask.reshape(nb, nk)[:, None, None, :, None]
+    if based:
+        key = key + fly.arange(0, nb)[:, None, None, None, None] * nk
+        origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
+        x = _load_based(t, origin, key, d - c0, 1, m)
+        return x.permute(0, 3, 1, 2, 4).reshape(BN, cs)
     if PAGE == 0 or PAGE >= BN:
         key = key + fly.arange(0, nb)[:, None, None, None, None] * nk
         if PAGE == 0:
@@ -173,9 +228,6 @@ def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16):
         blk = fly.broadcast_to(pages[:, None], (BN // PAGE, per)).reshape(nb)
         key = key + ((fly.arange(0, nb) % per) * nk)[:, None, None, None, None]
         view = t.gather(blk[:, None, None, None, None], key, hk, d)
-    m = None
-    if kmask is not None:
-        m = kmask.reshape(nb, nk)[:, None, None, :, None]
     x = view.load(m, bounds_check=False)
     return x.permute(0, 3, 1, 2, 4).reshape(BN, cs)
 

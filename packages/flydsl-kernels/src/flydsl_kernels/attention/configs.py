@@ -71,6 +71,10 @@ class Config:
     #: forward and decode: the softmax's row sums kept as per-lane partial sums across the KV
     #: loop and reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
     lane_sums: bool = False
+    #: prefill: interior KV tiles load K as ``K^T`` (head dims x keys, ``common._load_kT``), so
+    #: ``q @ K^T`` reads it from LDS as loaded; ``k.T`` of the row-major tile took a layout
+    #: conversion through LDS scratch (one more write, barrier pair and wait per tile)
+    k_t: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -101,6 +105,8 @@ class Config:
             d["klanes"] = self.klanes
         if self.lane_sums:
             d["lane_sums"] = True
+        if self.k_t:
+            d["k_t"] = True
         return d
 
 
@@ -124,10 +130,12 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 # saw (VGPR total, LDS bytes, loop instructions, loop MFMA-equivalents).
 
 
-def _c(bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0, ls=False):
+def _c(
+    bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0, ls=False, kt=False
+):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
-        bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, lane_sums=ls, notes=notes
+        bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, lane_sums=ls, k_t=kt, notes=notes
     )
 
 
@@ -158,22 +166,30 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: default, coexec, iterative-ilp and max-ilp (fwd d128: coexec 261 -> 248 per trip; dK/dV
 #: d128: iterative-ilp 174 -> 163; dQ d128: coexec 166 -> 143).
 _GFX950 = {
-    # prefill: the row sums as lane partials (``lane_sums``; main / worst loop per MFMA at the
-    # model problems): d64 with coexec (was iterative-ilp) 12.25 / 16.81 -> 11.56 / 15.69, and
-    # gpt-oss's window tile (band_config: 64 x 64, 2 warps) 13.75 / 18.25 -> 13.56 / 17.94 once
-    # the sink no longer stayed live across the loop (forward.py); d128 7.75 / 10.34 -> 7.44 /
-    # 9.5; d192 6.7 / 9.68 -> 6.55 / 8.3 (256 VGPRs, no spill); d256 10.81 / 11.88 -> 10.31 /
-    # 11.38 (the Gemma-style softcap case 12.69 / 13.62 -> 12.12 / 13.06)
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 160, 185, 11.56, sched=COEXEC, ls=True),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 230, 238, 7.44, sched=COEXEC, ls=True),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 256, 262, 6.55, ls=True),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 218, 165, 10.31, sched=ILP, ls=True),
+    # prefill (main / worst loop per MFMA at the model problems, then the report's cases): the
+    # row sums as lane partials (``lane_sums``) and K loaded as K^T on interior tiles (``k_t``)
+    # on every head-dim class. d64 with coexec (was iterative-ilp): 12.25 / 16.81 -> 11.56 /
+    # 15.69; gpt-oss's window tile (band_config: 64 x 64, 2 warps) 13.81 / 19.38 -> 13.38 /
+    # 17.94 with the masks' constant key offsets, the sk tail and the sink starting the softmax
+    # (forward.py; coexec with lane sums spilled SGPRs while the sink stayed live across the
+    # loop), 200 -> 168 VGPRs, 3 waves. d128 248 -> 238 loop instructions with lane sums, 234
+    # with K^T (llama 7.75 / 10.34 -> 7.31 / 9.72). d192 with lane sums 6.67 / 9.65 -> 6.55 /
+    # 8.3 (MLA; K^T alone 6.7 / 9.68 -> 6.67 / 9.65). d256 173 -> 163 (the Gemma-style softcap
+    # case 12.69 / 14.12 -> 12.12 / 13.12). Without lane sums d64 kept one more wave (196 -> 195
+    # instructions at 256 x 64 under iterative-ilp, 3 -> 2 waves)
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 158, 185, 11.56, sched=COEXEC, ls=True, kt=True),
+    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 234, 234, 7.31, sched=COEXEC, ls=True, kt=True),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 262, 6.55, ls=True, kt=True),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 218, 163, 10.19, sched=ILP, ls=True, kt=True),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
-    # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306)
+    # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306). Tiles within one page load K and
+    # V from a scalar base (forward.Fwd.BASED): d128 page64 260 -> 224 (model problem 258 ->
+    # 223, 252 VGPRs), d64 page256 318 -> 279; with it the lazy rescale took 227 / 283, LLVM's
+    # default scheduler, max-ilp and coexec 234-248 / 282-295 (d64 spilling under each)
     ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
-    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 234, 258, 16.12, sched=ILP, klanes=8, ls=True),
+    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 252, 223, 13.94, sched=ILP, klanes=8, ls=True),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
@@ -227,6 +243,26 @@ def _eager(tab: dict, keys=None) -> None:
             tab[k] = replace(c, lazy=False)
 
 
+def _k_rows(tab: dict, keys) -> None:
+    """``tab``'s ``keys`` with K loaded row-major on every tile (``k_t`` off): where gfx950's
+    K^T load took more loop instructions (gfx942 MLA 16.3 -> 16.55 per MFMA; gfx1250 d192 270
+    -> 271, d256 431 -> 480 at the model problems; gfx942 d128 9.59 -> 9.25, d256 10.44 ->
+    10.31 and gfx1250 d128 839 -> 810 keep it)."""
+    for k in keys:
+        tab[k] = replace(tab[k], k_t=False)
+
+
+def _row_sums(tab: dict) -> None:
+    """``tab``'s forward entries with the row sums reduced across lanes on every trip: the
+    per-lane partials (``lane_sums``) of gfx950's prefill entries took more loop instructions
+    where checked elsewhere (gfx942 fwd d256 300 -> 301, gfx1250 fwd d128 839 -> 850, d256
+    431 -> 451 at the model problems; gfx1250 d64 worst loop 36.31 -> 36.56 per MFMA, MLA main
+    27.0 -> 27.8); decode entries keep their own."""
+    for k, c in list(tab.items()):
+        if k[0] == "fwd" and c.lane_sums:
+            tab[k] = replace(c, lane_sums=False)
+
+
 _eager(_SM90)
 _default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for clarity
 
@@ -240,7 +276,7 @@ _GFX942 = {
     # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
     ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4, ls=True),
     ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4, ls=True),
-    ("fwd", "d128"): _c(128, 32, 4, 1, 32, True),
+    ("fwd", "d128"): _c(128, 32, 4, 1, 32, True, kt=True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window
     # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
@@ -268,15 +304,12 @@ _GFX942[("bwd_dq", "d192")] = _c(64, 32, 4, 1, 16, True)
 # instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
 _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
 _default_sched(_GFX942)
+_row_sums(_GFX942)
+_k_rows(_GFX942, [("fwd", "d192")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
 _GFX1250 = {
     **_GFX950,
-    # gfx950's 256x64 spilled 11 VGPRs here
-    ("fwd", "d192"): replace(_GFX950[("fwd", "d256")], lane_sums=False),
-    # full row sums: gfx950's lane partials took more here (d64 worst loop 36.31 -> 36.56 per
-    # MFMA, 274 -> 306 VGPRs; llama d128 main 26.22 -> 26.56; MLA main 27.0 -> 27.8, 4 -> 3 waves)
-    ("fwd", "d64"): replace(_GFX950[("fwd", "d64")], lane_sums=False),
-    ("fwd", "d128"): replace(_GFX950[("fwd", "d128")], lane_sums=False),
+    ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
     ("decode", "d64"): _c(16, 64, 2, 1, 16, False),
     ("decode", "d128"): _c(
         16, 32, 1, 1, 16, False
@@ -285,11 +318,16 @@ _GFX1250 = {
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here
     ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
-    ("bwd_dq", "d128"): _c(128, 32, 4, 1, 32, True),  # 256x32 with 8 warps spilled 6 VGPRs
+    # the static model's pick (2 waves per SIMD; 456 VGPRs, 22.21 loop instructions per
+    # 32x32x16-equivalent): 128 x 32 with 4 warps took 553 VGPRs, one wave (15.79), and
+    # gfx950's 256 x 32 with 8 warps spilled 6 VGPRs
+    ("bwd_dq", "d128"): _c(128, 64, 8, 2, 16, True, 456, 533, 22.21),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
+_row_sums(_GFX1250)
+_k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
@@ -375,20 +413,28 @@ def key_lane_bits(target, nonkdim: int) -> int:
     return _table_for(KEY_LANE_BITS, target).get(nonkdim, 0)
 
 
-#: the targets whose prefill forward splits its right-bound tiles at the key length
-#: (``forward.Fwd.SK_TAIL``: the tiles below it load K and V unmasked, the one crossing it runs
-#: outside the loop). gfx950, the report's cases: gpt-oss 19.31 -> 18.25 masked-loop
-#: instructions per MFMA, llama causal 9.94 -> 9.81, d256 14.12 -> 13.62, MLA 9.35 -> 9.03;
-#: non-causal llama's masked loop (only the tile crossing sk) leaves the loop. gfx942: every
-#: forward case's masked loop fewer or equal. gfx1250: gpt-oss's, d256's and MLA's main loops
-#: grew (39.69 -> 40.81, 31.25 -> 31.75, 27.0 -> 27.1, MLA 4 -> 3 waves), so not there; sm90
+#: the head-dim classes whose prefill forward splits its right-bound tiles at the key length,
+#: per target (``forward.Fwd.SK_TAIL``: the tiles below it load K and V unmasked, the one
+#: crossing it runs outside the loop). gfx950, the report's cases (main / worst loop per MFMA,
+#: with the table's lane sums and K^T loads): gpt-oss 13.38 / 19.31 -> 13.38 / 17.94, d256
+#: softcap 12.12 / 13.56 -> 12.12 / 13.12, MLA 6.53 / 9.07 -> 6.55 / 8.3; not d128, whose main
+#: loop took one more s_waitcnt (llama 7.31 / 9.72 -> 7.34 / 9.5). gfx942: gpt-oss 16.34 / 20.19
+#: -> 16.34 / 19.62, MLA 16.3 / 17.1 -> 16.25 / 16.85; not d128 and d256, whose main loops grew
+#: (llama 9.25 -> 9.28, d256 softcap 10.31 -> 10.34). gfx1250: gpt-oss's, d256's and MLA's main
+#: loops grew (39.69 -> 40.81, 31.25 -> 31.75, 27.0 -> 27.1, MLA 4 -> 3 waves), so none; sm90
 #: unchecked (predicated loads)
-SK_TAIL_TARGETS = {"gfx950": True, "gfx942": True, "gfx1250": False, "sm90": False}
+SK_TAIL_TARGETS = {
+    "gfx950": frozenset({"d64", "d192", "d256"}),
+    "gfx942": frozenset({"d64", "d192"}),
+    "gfx1250": frozenset(),
+    "sm90": frozenset(),
+}
 
 
-def sk_tail(target) -> bool:
-    """``SK_TAIL_TARGETS`` of ``target`` (an untuned one and the CPU backends read gfx950's)."""
-    return _table_for(SK_TAIL_TARGETS, target)
+def sk_tail(target, dcls: str) -> bool:
+    """Whether ``SK_TAIL_TARGETS`` of ``target`` (an untuned one and the CPU backends read
+    gfx950's) holds the head-dim class ``dcls``."""
+    return dcls in _table_for(SK_TAIL_TARGETS, target)
 
 
 #: keys per tile (at most) and MFMA shape of a forward tile that traces a score or mask mod
@@ -403,7 +449,8 @@ def mod_config(cfg: Config) -> Config:
     keeps 16 query rows (16x16 MFMAs) of at most ``MOD_BN`` keys: a quarter of the scores per
     lane (gfx950 d128 128x32 with 8 warps: 176 VGPRs with the table, no spill on gfx950,
     gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
-    for themselves next to a gather) and LLVM's default scheduler (the one checked). Untimed."""
+    for themselves next to a gather), the row sums reduced on every trip and LLVM's default
+    scheduler (the ones checked). Untimed."""
     bm = min(cfg.BM, 16 * cfg.num_warps)
     return replace(
         cfg,
@@ -412,6 +459,7 @@ def mod_config(cfg: Config) -> Config:
         nonkdim=MOD_NONKDIM,
         lazy=False,
         sched="",
+        lane_sums=False,
         notes={},
     )
 

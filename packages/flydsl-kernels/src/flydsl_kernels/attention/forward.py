@@ -18,6 +18,7 @@ from .common import (
     _kv_range,
     _kv_segments,
     _load_k_lanes,
+    _load_kT,
     _load_kv,
     _load_q,
     _mask_scores,
@@ -30,6 +31,7 @@ from .common import (
     _split_range,
     _store_lse,
     _store_rows,
+    based_ok,
     chunks,
     k_lanes_fit,
     softcap_shift,
@@ -88,6 +90,14 @@ class Fwd:
     #: the one crossing it runs outside the loop (``plan.plan_forward``: prefill; decode's right
     #: segment is that one tile)
     SK_TAIL: bool = False
+    #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
+    KT: bool = False
+    #: decode: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
+    #: scalar origin (its page, first key, head) apart from the per-element offsets, which
+    #: then stay fixed across the KV loop (AMD buffer loads: no address add per load). Needs
+    #: a tile within one page (or a dense cache) and row / head-dim strides of at most
+    #: ``common.BASED_STRIDE_MAX`` (``plan.FwdPlan.launches`` checks the tensors)
+    BASED: bool = False
 
     @property
     def BMS(self) -> int:
@@ -237,6 +247,7 @@ def _fwd_tile(
     if C.SPLITS > 1:
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
     btrow = b
+    based = based_ok(C)
 
     def block(n0, kind, below_sk=False):
         """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
@@ -252,9 +263,15 @@ def _fwd_tile(
         for (c0, cs), qt in zip(chunks(C.D), qts):
             if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
-                                   C.KLANES, C.KROWS)  # fmt: skip
+                                   C.KLANES, C.KROWS, based)  # fmt: skip
+            elif C.KT and kind is None:
+                # interior tile: no key mask (a masked K^T load took more instructions)
+                kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D)
+                d = fly.dot(qt, kt)
+                s = d if s is None else s + d
+                continue
             else:
-                kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask)
+                kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask, based)
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
@@ -264,7 +281,7 @@ def _fwd_tile(
                 lane_bits=C.KEY_LANE_BITS,
             )  # fmt: skip
         vts = [
-            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask)
+            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based)
             for c0, cs in chunks(C.DV)
         ]
         _update(st, z, zc, vts, C)

@@ -24,6 +24,7 @@ from flydsl_core import cdiv
 from .._target import table_target
 from ..launch import Launch
 from . import configs
+from .common import BASED_STRIDE_MAX
 from .kernels import (
     Bwd,
     Fwd,
@@ -80,6 +81,22 @@ class Problem:
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
         return int(left), int(right)
+
+
+def _based_strides(t) -> bool:
+    """Whether a K or V tensor (a torch tensor or a ``TensorSpec``) has the row and head-dim
+    strides a ``Fwd.BASED`` load clamps to (``common.BASED_STRIDE_MAX``): unknown strides
+    are not."""
+    st = t.stride() if callable(getattr(t, "stride", None)) else getattr(t, "stride", None)
+    if st is None and hasattr(t, "shape"):  # a contiguous TensorSpec
+        st, acc = [], 1
+        for n in reversed(t.shape):
+            st.append(acc)
+            acc = acc * n if (n is not None and acc is not None) else None
+        st = st[::-1]
+    if st is None or len(st) != 4:
+        return False
+    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[3]))
 
 
 def _ints(p: Problem):
@@ -154,7 +171,10 @@ class FwdPlan:
             right,
             float(p.softcap) if p.softcap else 1.0,
         )
-        out = [Launch(attn_fwd_kernel, self.grid, args, {"C": self.C}, self.options)]
+        C = self.C
+        if C.BASED and not (_based_strides(k) and _based_strides(v)):
+            C = replace(C, BASED=False)
+        out = [Launch(attn_fwd_kernel, self.grid, args, {"C": C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
             bq = 1 if p.varlen else p.batch
@@ -238,8 +258,12 @@ def plan_forward(
     C = replace(
         C,
         KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
-        SK_TAIL=kind == "fwd" and configs.sk_tail(table),
+        SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
     )
+    C = replace(C, KT=cfg.k_t and not p.page_size and not C.KLANES)
+    # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
+    # drops it for strides above common.BASED_STRIDE_MAX)
+    C = replace(C, BASED=kind == "decode" and (C.PAGE == 0 or C.PAGE >= C.BN))
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)

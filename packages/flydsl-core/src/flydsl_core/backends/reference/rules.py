@@ -513,6 +513,15 @@ def _raw(flat):
 
 @rule("load")
 def _load(op, S):
+    return _load_rule(op, S, None)
+
+
+@rule("load_at")
+def _load_at(op, S):
+    return _load_rule(op, S, S[op.operand("base")])
+
+
+def _load_rule(op, S, base):
     t, o = S[op.operand("tensor")], S[op.operand("offsets")]
     masked = op.operand("mask") is not None
     m = S[op.operand("mask")] if masked else None
@@ -522,6 +531,8 @@ def _load(op, S):
 
     def step(env, state):
         flat, offs = env[t], env[o].long()
+        if base is not None:
+            offs = offs + int(env[base])
         mk = env[m] if masked else None
         _check_offsets(op, flat, offs, mk, state)
         raw = _raw(flat)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ....ir.core import Op, Value
-from ..emitter import Lowering, broadcast_shape, lower, shape_str
+from ..emitter import Lowering, broadcast_shape, lower, shape_str, tl_dtype
 
 _CACHE = {"ca": ".ca", "cg": ".cg", "cv": ".cv", "cs": ".cs", "wb": ".wb", "wt": ".wt"}
 _EVICT = {"first": "evict_first", "last": "evict_last", "normal": ""}
@@ -39,6 +39,57 @@ def _load(cx: Lowering, op: Op):
         ev = None  # both are hints: keep the cache operator
     if ev:
         args.append(f'eviction_policy="{_EVICT.get(ev.removeprefix("evict_"), ev)}"')
+    cx.define(op.results[0], f"tl.load({', '.join(args)})", shape, op.loc)
+
+
+def _param(cx: Lowering, tensor: Value):
+    for p in cx.fn.params:
+        if p.value is not None and p.value.id == tensor.id:
+            return p
+    return None
+
+
+def _based_pointer(cx: Lowering, tensor: Value, base: Value, offs: Value, shape) -> str:
+    """The pointers of ``load_at``: ``tensor + base + offs``. On targets with buffer loads
+    (a tensor with 32-bit offsets) the base goes into a scalar pointer first, through an
+    integer address so that Triton's pointer canonicalization cannot fold it back into the
+    per-element offsets: the buffer load then takes that pointer as its base, and offsets
+    that do not change across a loop are hoisted out of it whole. The pointer's alignment
+    (lost through the integer) is restated from the tensor's and the base's divisibility."""
+    ptr = cx.pnames[tensor.id]
+    p = _param(cx, tensor)
+    d = tensor.type.dtype
+    if (
+        not (cx.target.has_buffer_ops and p is not None and p.facts.get("index_bits", 64) == 32)
+        or shape == ()
+    ):
+        return _pointer_expr(cx, f"{ptr} + ({cx.ref(base)} + {cx.ref(offs)})", shape)
+    es = d.bits // 8
+    align = min(16 if p.facts.get("aligned") else es, es * cx.facts.divisor(base))
+    bp = cx.tmp("base")
+    cx.emit(
+        f"{bp} = ({ptr}.to(tl.int64) + {cx.tensor(base)}.to(tl.int64) * {es})"
+        f".to(tl.pointer_type({tl_dtype(d)}))"
+    )
+    whole = f"tl.broadcast_to({bp}, {shape_str(shape)})"
+    if align > 1:
+        whole = f"tl.multiple_of({whole}, {[align] * len(shape)})"
+    return f"{whole} + {cx.ref(offs)}"
+
+
+def _pointer_expr(cx: Lowering, p: str, shape) -> str:
+    return f"tl.broadcast_to({p}, {shape_str(shape)})" if shape != () else p
+
+
+@lower("load_at")
+def _load_at(cx: Lowering, op: Op):
+    offs, mask, other = op.operand("offsets"), op.operand("mask"), op.operand("other")
+    shape = broadcast_shape(*(cx.get(v).shape for v in (offs, mask, other) if v is not None))
+    shape = tuple(cx.ir_shape(op.results[0])) if shape != () else shape
+    args = [_based_pointer(cx, op.operand("tensor"), op.operand("base"), offs, shape)]
+    if mask is not None:
+        args.append(f"mask={cx.ref(mask)}")
+        args.append(f"other={cx.ref(other)}" if other is not None else "other=0")
     cx.define(op.results[0], f"tl.load({', '.join(args)})", shape, op.loc)
 
 
