@@ -9,10 +9,10 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 ===============  ===============================  ====  ==========  ============
 kind / head dim  tile (BM x BN, warps)            VGPR  loop instr  per MFMA
 ===============  ===============================  ====  ==========  ============
-fwd d64          256x64, 8 (iterative-ilp)        164   196         12.25 / 17.0
-fwd d128         256x64, 8 (coexec, ls, kt)       234   234         7.31 / 10.22
-fwd d192/128     256x64, 8 (kt)                   238   267         6.67 / 9.65
-fwd d256         128x32, 8 (16x16x32, ilp, ls,    222   163         10.19 / 11.81
+fwd d64          256x64, 8 (coexec, ls, kt)       158   185         11.56 / 15.69
+fwd d128         256x64, 8 (coexec, ls, kt)       234   234         7.31 / 9.72
+fwd d192/128     256x64, 8 (ls, kt)               250   262         6.55 / 8.3
+fwd d256         128x32, 8 (16x16x32, ilp, ls,    218   163         10.19 / 11.38
                  kt)
 bwd dK/dV d128   32 q x 128 k, 8 (ilp)            244   163         10.19 / 12.38
 bwd dQ d128      256 q x 32 k, 8 (coexec)         246   143         5.96 / 7.67
