@@ -274,6 +274,20 @@ def test_sinks_with_sliding_window_and_their_gradient(window):
     check_fwd_bwd(q, k, v, REF, window_size=window, sinks=sinks, extra_grad=(sinks,))
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("lane_sums", [False, True])
+def test_sinks_start_the_softmax_including_minus_inf_sinks(target, lane_sums):
+    # the forward starts its running max and sum from the sink (forward._fwd_tile), with or
+    # without lane partial sums; a -inf sink is no sink, and a row whose window sees no key
+    # (sq > sk, bottom-right aligned) keeps only the sink: zeros out, the sink's LSE
+    q, k, v = qkv(2, 37, 29, 4, 2, 32, seed=51)
+    sinks = torch.randn(4, generator=gen(52)) * 4
+    sinks[1] = float("-inf")
+    cfg = {"fwd": configs.Config(32, 16, 4, lane_sums=lane_sums), "bwd_dkdv": C16, "bwd_dq": C16}
+    for kw in ({"causal": True}, {"window_size": (5, 0)}):
+        check_fwd_bwd(q, k, v, target, config=cfg, sinks=sinks, **kw)
+
+
 def test_windows_cut_through_tiles():
     # 16 x 16 tiles; windows of 5 / 21 keys start and end inside tiles, with sq != sk
     for window, sq, sk in (((2, 2), 50, 61), ((13, 7), 61, 50), ((0, 0), 33, 33)):
@@ -292,6 +306,26 @@ def test_windows_wider_than_the_tile(window, sq, sk):
     check_fwd_bwd(q, k, v, REF, window_size=window)
     if window == (37, 11):
         check_fwd_bwd(q, k, v, INTERP, window_size=window)
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("lane_bits, sk_tail", [(0, False), (4, True), (12, True), (4, False)])
+def test_masks_with_lane_bits_and_the_sk_tail(monkeypatch, target, lane_bits, sk_tail):
+    # the forward's one-sided masks written with a lane's key-offset bits split off
+    # (configs.KEY_LANE_BITS: the same test whatever the bits) and the right-bound tiles split
+    # at sk (configs.SK_TAIL_TARGETS): with 32 x 16 tiles the last row tile of a causal 45 x 70
+    # problem has a right-bound tile below sk and one crossing it (rows past sq too); the
+    # window's left-bound tiles and the unmasked interior run as well
+    monkeypatch.setitem(configs.KEY_LANE_BITS, "gfx950", {32: lane_bits})
+    monkeypatch.setitem(configs.SK_TAIL_TARGETS, "gfx950", {"d64"} if sk_tail else set())
+    p = plan.Problem(1, 45, 70, 2, 1, 32, 32, causal=True, window=(30, 0))
+    C = plan.plan_forward(p, target, config=configs.Config(32, 16, 4)).C
+    fc = (C.KEY_LANE_BITS, C.SK_TAIL)
+    assert fc == (lane_bits, sk_tail), fc
+    cfg = {"fwd": configs.Config(32, 16, 4), "bwd_dkdv": C16, "bwd_dq": C16}
+    for kw in ({"causal": True}, {"causal": True, "window_size": (30, 0)}):
+        q, k, v = qkv(1, 45, 70, 2, 1, 32, seed=41 + lane_bits)
+        check_fwd_bwd(q, k, v, target, config=cfg, **kw)
 
 
 def test_gpt_oss_window_backward_with_the_table_tiles():
@@ -894,20 +928,19 @@ def test_prefill_k_transposed_load_matches_the_reference(target, bm, bn, d, dtyp
 
 
 def test_prefill_k_transposed_is_the_tables():
-    # gfx950 d128 / d192 / d256, gfx942 d128 / d256 and gfx1250 d128 load interior K as K^T
-    want = {"gfx950": ("d128", "d192", "d256"), "gfx942": ("d128", "d256"),
-            "gfx1250": ("d128",), "sm90": ()}  # fmt: skip
+    # gfx950 every class, gfx942 d64 / d128 / d256 and gfx1250 d64 / d128 load interior K as K^T
+    want = {"gfx950": ("d64", "d128", "d192", "d256"), "gfx942": ("d64", "d128", "d256"),
+            "gfx1250": ("d64", "d128"), "sm90": ()}  # fmt: skip
     for t, dcls in want.items():
         for dc in ("d64", "d128", "d192", "d256"):
             assert configs.TABLES[t][("fwd", dc)].k_t is (dc in dcls), (t, dc)
 
 
-def test_prefill_lane_sums_are_gfx950s_d128_and_d256_entries():
-    # gfx950's fwd d128 / d256 tiles keep per-lane row sums; its d64 / d192 ones, the other
-    # targets' forward entries and the score / mask mod tile (configs.mod_config) do not
+def test_prefill_lane_sums_are_gfx950s_entries():
+    # gfx950's fwd tiles keep per-lane row sums; the other targets' forward entries and the
+    # score / mask mod tile (configs.mod_config) do not
     for dcls in ("d64", "d128", "d192", "d256"):
-        want = dcls in ("d128", "d256")
-        assert configs.TABLES["gfx950"][("fwd", dcls)].lane_sums is want, dcls
+        assert configs.TABLES["gfx950"][("fwd", dcls)].lane_sums, dcls
         for t in ("gfx942", "gfx1250", "sm90"):
             assert not configs.TABLES[t][("fwd", dcls)].lane_sums, (t, dcls)
     assert not configs.mod_config(configs.TABLES["gfx950"][("fwd", "d128")]).lane_sums

@@ -68,8 +68,8 @@ class Config:
     #: ``q @ k.T`` takes K as loaded (``common._load_k_lanes``); 0 the plain load. A tile may
     #: then span pages of 16 keys or more (``plan.plan_forward``)
     klanes: int = 0
-    #: decode: the softmax's row sums kept as per-lane partial sums across the KV loop and
-    #: reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
+    #: forward and decode: the softmax's row sums kept as per-lane partial sums across the KV
+    #: loop and reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
     lane_sums: bool = False
     #: decode with K in lane order (``klanes``) and pages of whole MFMA key blocks smaller
     #: than the tile: V loaded in head-dim blocks this wide with a batched P @ V
@@ -196,16 +196,21 @@ COEXEC, ILP, MAX_ILP = "coexec", "iterative-ilp", "max-ilp"
 #: default, coexec, iterative-ilp and max-ilp (fwd d128: coexec 261 -> 248 per trip; dK/dV
 #: d128: iterative-ilp 174 -> 163; dQ d128: coexec 166 -> 143).
 _GFX950 = {
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 164, 196, 12.25, sched=ILP),
-    # fwd d128 and d256: the row sums as per-lane partials (``lane_sums``): 248 -> 238 loop
-    # instructions per KV tile (the report's llama case 7.75 / 10.34 -> 7.44 / 10.25 per MFMA;
-    # d256 173 -> 165 here, its softcap case 12.69 / 14.12 -> 12.19 / 13.62). Not d64 (196 ->
-    # 195 but 3 -> 2 waves per SIMD) nor d192 (the MLA case's masked loop 9.68 -> 9.75).
-    # Then K loaded as K^T on interior tiles (``k_t``): d128 238 -> 234 (llama 7.31 / 10.22),
-    # d192 (MLA 6.67 / 9.65), d256 (softcap 12.12 / 13.56); not d64 (gpt-oss 13.81 -> 13.88)
+    # prefill (main / worst loop per MFMA at the model problems, then the report's cases): the
+    # row sums as lane partials (``lane_sums``) and K loaded as K^T on interior tiles (``k_t``)
+    # on every head-dim class. d64 with coexec (was iterative-ilp): 12.25 / 16.81 -> 11.56 /
+    # 15.69; gpt-oss's window tile (band_config: 64 x 64, 2 warps) 13.81 / 19.38 -> 13.38 /
+    # 17.94 with the masks' constant key offsets, the sk tail and the sink starting the softmax
+    # (forward.py; coexec with lane sums spilled SGPRs while the sink stayed live across the
+    # loop), 200 -> 168 VGPRs, 3 waves. d128 248 -> 238 loop instructions with lane sums, 234
+    # with K^T (llama 7.75 / 10.34 -> 7.31 / 9.72). d192 with lane sums 6.67 / 9.65 -> 6.55 /
+    # 8.3 (MLA; K^T alone 6.7 / 9.68 -> 6.67 / 9.65). d256 173 -> 163 (the Gemma-style softcap
+    # case 12.69 / 14.12 -> 12.12 / 13.12). Without lane sums d64 kept one more wave (196 -> 195
+    # instructions at 256 x 64 under iterative-ilp, 3 -> 2 waves)
+    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 158, 185, 11.56, sched=COEXEC, ls=True, kt=True),
     ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 234, 234, 7.31, sched=COEXEC, ls=True, kt=True),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 238, 267, 6.67, kt=True),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 222, 163, 10.19, sched=ILP, ls=True, kt=True),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 262, 6.55, ls=True, kt=True),
+    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 218, 163, 10.19, sched=ILP, ls=True, kt=True),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
@@ -290,7 +295,8 @@ def _row_sums(tab: dict) -> None:
     """``tab``'s forward entries with the row sums reduced across lanes on every trip: the
     per-lane partials (``lane_sums``) of gfx950's prefill entries took more loop instructions
     where checked elsewhere (gfx942 fwd d256 300 -> 301, gfx1250 fwd d128 839 -> 850, d256
-    431 -> 451 at the model problems); decode entries keep their own."""
+    431 -> 451 at the model problems; gfx1250 d64 worst loop 36.31 -> 36.56 per MFMA, MLA main
+    27.0 -> 27.8); decode entries keep their own."""
     for k, c in list(tab.items()):
         if k[0] == "fwd" and c.lane_sums:
             tab[k] = replace(c, lane_sums=False)
@@ -427,6 +433,47 @@ def band_config(kind: str, cfg: Config, band: int | None, warp_keys: int = 0) ->
             while c.BN // c.num_warps < warp_keys and c.num_warps > 1 and c.BM > 16:
                 c = replace(c, BM=c.BM // 2, num_warps=c.num_warps // 2, notes={})
     return c
+
+
+#: the key-offset bits a lane decides in the forward's score tile, per target and MFMA size
+#: (``Config.nonkdim``): Triton's AMD attention accumulators are transposed MFMA layouts, a lane
+#: holding one query row's keys ``32 b + 8 g + 4 (lane // 32) + k`` in a 32x32 block, so bit 2
+#: is the lane's. ``common._visible`` then compares constant key offsets against a bound per
+#: query and lane (gfx950 gpt-oss forward 200 -> 170 VGPRs; masked loops 310 -> 309 and 293 ->
+#: 292 instructions; llama non-causal's 326 -> 318, MLA's 387 -> 374). 16x16 tiles: bits 2-3,
+#: but the d256 tile's masked loop grew by one instruction (8 scores per lane), so not set.
+#: gfx942 (same accumulator layout): its gpt-oss tile spilled 5 SGPRs with it, so not set
+KEY_LANE_BITS = {"gfx950": {32: 4}, "gfx942": {}, "gfx1250": {}, "sm90": {}}
+
+
+def key_lane_bits(target, nonkdim: int) -> int:
+    """``KEY_LANE_BITS`` of ``target`` (an untuned one and the CPU backends read gfx950's) at an
+    MFMA size; 0 where unknown (the masks' test is the same either way)."""
+    return _table_for(KEY_LANE_BITS, target).get(nonkdim, 0)
+
+
+#: the head-dim classes whose prefill forward splits its right-bound tiles at the key length,
+#: per target (``forward.Fwd.SK_TAIL``: the tiles below it load K and V unmasked, the one
+#: crossing it runs outside the loop). gfx950, the report's cases (main / worst loop per MFMA,
+#: with the table's lane sums and K^T loads): gpt-oss 13.38 / 19.31 -> 13.38 / 17.94, d256
+#: softcap 12.12 / 13.56 -> 12.12 / 13.12, MLA 6.53 / 9.07 -> 6.55 / 8.3; not d128, whose main
+#: loop took one more s_waitcnt (llama 7.31 / 9.72 -> 7.34 / 9.5). gfx942: gpt-oss 16.34 / 20.19
+#: -> 16.34 / 19.62, MLA 16.3 / 17.1 -> 16.25 / 16.85; not d128 and d256, whose main loops grew
+#: (llama 9.25 -> 9.28, d256 softcap 10.31 -> 10.34). gfx1250: gpt-oss's, d256's and MLA's main
+#: loops grew (39.69 -> 40.81, 31.25 -> 31.75, 27.0 -> 27.1, MLA 4 -> 3 waves), so none; sm90
+#: unchecked (predicated loads)
+SK_TAIL_TARGETS = {
+    "gfx950": frozenset({"d64", "d192", "d256"}),
+    "gfx942": frozenset({"d64", "d192"}),
+    "gfx1250": frozenset(),
+    "sm90": frozenset(),
+}
+
+
+def sk_tail(target, dcls: str) -> bool:
+    """Whether ``SK_TAIL_TARGETS`` of ``target`` (an untuned one and the CPU backends read
+    gfx950's) holds the head-dim class ``dcls``."""
+    return dcls in _table_for(SK_TAIL_TARGETS, target)
 
 
 #: keys per tile (at most) and MFMA shape of a forward tile that traces a score or mask mod

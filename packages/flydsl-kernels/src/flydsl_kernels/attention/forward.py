@@ -85,6 +85,13 @@ class Fwd:
     #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
     #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
     LANE_SUMS: bool = False
+    #: the key-offset bits a lane decides in the score tile's registers (``configs.key_lane_bits``;
+    #: ``common._visible``: the mask's compares then take constant key offsets)
+    KEY_LANE_BITS: int = 0
+    #: the right-bound tiles split at ``sk``: those below it load K and V without a key mask,
+    #: the one crossing it runs outside the loop (``plan.plan_forward``: prefill; decode's right
+    #: segment is that one tile)
+    SK_TAIL: bool = False
     #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
     KT: bool = False
     #: decode: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
@@ -242,26 +249,42 @@ def _fwd_tile(
     slope = _per_head(alibi, b, hk, g0, C, G) if C.ALIBI else None
     if slope is not None and C.GP == 1:
         slope = fly.full((C.BM,), 0.0, fly.fp32) + slope
+    shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
+    m0 = fly.full((C.BM,), FP32_LOWEST, fly.fp32)
+    l0 = fly.zeros((C.BM, LANE_SUM_N) if C.LANE_SUMS else (C.BM,), fly.fp32)
+    if C.SINKS and C.SPLITS == 1:
+        # the sink is a logit with no value row: the softmax starts from it (running max the
+        # sink, sum 1; the lowest fp32 and 0 for a -inf sink), so nothing of it stays live
+        # across the KV loop (gfx950 gpt-oss: its pointer, then its value, spilled SGPRs there
+        # under coexec with lane sums) and no epilogue folds it in
+        sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E - shift
+        m0 = fly.maximum(m0, sink)
+        e0 = fly.exp2(sink - m0)
+        if C.LANE_SUMS:
+            l0 = fly.where(fly.arange(0, LANE_SUM_N)[None, :] == 0, e0[:, None], l0)
+        else:
+            l0 = l0 + e0
     vblk = vblk_ok(C)
-    st = _Softmax(
-        fly.full((C.BM,), FP32_LOWEST, fly.fp32),
-        fly.zeros((C.BM, LANE_SUM_N) if C.LANE_SUMS else (C.BM,), fly.fp32),
-        [fly.zeros((C.DV // C.VBLK, C.BM, C.VBLK), fly.fp32)]
-        if vblk
-        else [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)],
-    )
+    if vblk:  # V's head-dim blocks (Fwd.VBLK): one (DV / VBLK, BM, VBLK) accumulator
+        acc0 = [fly.zeros((C.DV // C.VBLK, C.BM, C.VBLK), fly.fp32)]
+    else:
+        acc0 = [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)]
+    st = _Softmax(m0, l0, acc0)
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
     if C.SPLITS > 1:
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
     btrow = b
     based = based_ok(C)
 
-    def block(n0, kind):
+    def block(n0, kind, below_sk=False):
         """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
         block-sparse full block, no mask mod). A "left" tile lies below every row's right
-        bound and ``sk``: its loads need no key mask either."""
+        bound and ``sk``: its loads need no key mask either, nor a tile known to end at or
+        below ``sk`` (``below_sk``). Its scores keep the test against ``sk`` (dropping it,
+        ``sk_bound=False``: gfx950 masked loops llama 9.81 -> 9.69, d256 13.62 -> 13.5, MLA
+        9.03 -> 8.4, but MLA's main loop 268 -> 269 instructions)."""
         j = n0 + fly.arange(0, BN)
-        kmask = (j < sk) if kind not in (None, "left") else None
+        kmask = (j < sk) if kind not in (None, "left") and not below_sk else None
         klast = None if (kmask is None or not vblk) else sk - 1
         pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask, klast)
         s = None
@@ -281,7 +304,10 @@ def _fwd_tile(
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
         if kind is not None:
-            z = _mask_scores(z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0)
+            z = _mask_scores(
+                z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0,
+                lane_bits=C.KEY_LANE_BITS,
+            )  # fmt: skip
         if vblk:
             vst = k.stride if C.VK_STRIDES else v.stride
             vts = [_load_v_blocks(v, k_off + n0, hk, C, pages, klast, vst)]
@@ -305,24 +331,25 @@ def _fwd_tile(
             block(n0, "both")
     else:
         for start, stop, kind in _kv_segments(C, lo, full_lo, full_hi, hi):
-            for n0 in fly.range(start, stop, BN):
-                block(n0, kind)
+            if kind != "right" or not C.SK_TAIL:
+                for n0 in fly.range(start, stop, BN):
+                    block(n0, kind)
+                continue
+            # the right-bound tiles below sk load without a key mask (gfx950: its compares
+            # and address selects were 15 of the gpt-oss diagonal loop's 309 instructions per
+            # trip); the one tile that can cross sk (``stop`` is at most sk rounded up to a
+            # tile) runs once, outside the loop. Before it, not after: after the loop, gfx950's
+            # gpt-oss tile spilled 4 SGPRs (kernel pointers the epilogue reads)
+            e = fly.maximum(start, fly.minimum(stop, (sk // BN) * BN))
+            with fly.if_(e < stop):
+                block(e, kind)
+            for n0 in fly.range(start, e, BN):
+                block(n0, kind, below_sk=True)
 
     m, l_sum = st.m, st.l
     if C.LANE_SUMS:
         l_sum = fly.sum(l_sum, 1)
-    shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
-    if C.SINKS and C.SPLITS == 1:
-        sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E
-        if C.SOFTCAP:
-            sink = sink - shift
-        m_f = fly.maximum(m, sink)
-        alpha = fly.exp2(m - m_f)
-        l_sum = l_sum * alpha + fly.exp2(sink - m_f)
-        scale_o = alpha / l_sum
-        m = m_f
-    else:
-        scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
+    scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
     row0 = q_off + i0
     acc = st.acc
     if vblk:  # the head-dim blocks side by side: (BM, DV)

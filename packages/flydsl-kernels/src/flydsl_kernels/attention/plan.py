@@ -276,6 +276,11 @@ def plan_forward(
     )
     C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
     C = replace(C, LANE_SUMS=cfg.lane_sums and C.BN % 16 == 0)  # forward.LANE_SUM_N
+    C = replace(
+        C,
+        KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
+        SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
+    )
     C = replace(C, KT=cfg.k_t and not p.page_size and not C.KLANES)
     # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
     # drops it for strides above common.BASED_STRIDE_MAX)
