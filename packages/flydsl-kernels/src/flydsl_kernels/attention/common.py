@@ -150,9 +150,11 @@ def _load_based(t, origin, rows, cols, row_stride_dim, mask, st=None):
 
 #: the largest page offset (``(pages - 1) * stride(0)``, elements) of a V cache that
 #: ``Fwd.VBLK`` loads: its per-element page offsets are clamped to it (the identity for the
-#: caches the plan lets through), so that with the in-page offsets (strides at most
-#: ``BASED_STRIDE_MAX``) Triton can prove them below 2 GiB in bytes and keep buffer loads
-PAGE_OFFSET_MAX = 1 << 29
+#: caches the plan lets through), so that Triton can bound them and keep buffer loads. With
+#: the in-page offsets (fewer than 128 rows and 256 head dims at strides of at most
+#: ``BASED_STRIDE_MAX``: below 2^28) every offset stays below 2^30 elements, 2 GiB of 16-bit
+#: values
+PAGE_OFFSET_MAX = (1 << 30) - (1 << 28)
 
 
 def vblk_ok(C) -> bool:
