@@ -723,6 +723,139 @@ def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
     assert not plan.plan_forward(replace(p, decode=False), REF, config=cfg).C.BASED
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "page, d, g_, sq, lazy, ls, sinks, pad, vpad, step",
+    [(16, 128, 4, 1, False, True, False, 0, 0, 1), (32, 64, 3, 2, True, False, True, 1, 2, 2),
+     (16, 32, 8, 1, False, True, True, 3, 3, 1), (32, 128, 1, 1, True, True, False, 0, 1, 3)],
+)  # fmt: skip
+def test_decode_v_head_dim_blocks_over_pages(
+    target, page, d, g_, sq, lazy, ls, sinks, pad, vpad, step
+):
+    # Fwd.VBLK: a 64-key tile over pages of 16 / 32 keys loads V as (D / 32, 64, 32) head-dim
+    # blocks from the head's scalar base and multiplies P by them as a batched dot; the
+    # masked last tile reads, past the sequence's last key, that key's row (its page ids
+    # clamped to the last used page) instead of masking. The cache rows past each sequence
+    # are NaN and the table's entries past its pages garbage (the host checks only the used
+    # ones); lengths end inside pages and tiles (1, 177, 250); caches have long rows and
+    # strided head dims (V's strides K's or not: Fwd.VK_STRIDES); groups of 1 to 8, two
+    # query positions, sinks, splits: all must match the reference
+    g = gen(140 + page + d + g_)
+    B, Hk, S = 3, 2, 256
+    H = Hk * g_
+    q = rand(B, sq, H, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([1, 177, 250], dtype=torch.int32)
+    sk = torch.randn(H, generator=g) if sinks else None
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    for b, n in enumerate(lens.tolist()):
+        for pos in range(n, S):  # cache rows past the sequence: NaN, read by no valid load
+            kc[table[b, pos // page], pos % page] = float("nan")
+            vc[table[b, pos // page], pos % page] = float("nan")
+        table[b, -(-n // page) :] = torch.tensor([-7, 10**6], dtype=torch.int32).repeat(S)[
+            : table.shape[1] - (-(-n // page))
+        ]
+    kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, vpad, step)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=lazy, klanes=8, lane_sums=ls, vblk=32)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, sinks=sk)
+    for splits in (1, 3):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, sinks=sk, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, sq, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    lc = fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"]
+    same = pad == vpad
+    assert fp.C.VBLK == 32 and lc.VBLK == 32 and lc.VK_STRIDES is same
+
+
+def test_decode_v_head_dim_blocks_plan_and_fallbacks(monkeypatch):
+    # Fwd.VBLK only for tiles spanning pages of whole 16-key MFMA blocks, a power-of-two V
+    # head dim, bf16 / fp16 (klanes) and the tables that set it (gfx950 d128); the launch
+    # drops it for V strides above BASED_STRIDE_MAX or a last page past PAGE_OFFSET_MAX, and
+    # the cache is then read by the plain gather, with the same results
+    p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,
+                     decode=True)  # fmt: skip
+    for t, want in (("gfx950", 32), ("gfx942", 0), ("gfx1250", 0), ("sm90", 0)):
+        got = plan.plan_forward(p, t).C.VBLK
+        assert got == want, t
+    for page, want in ((4, 0), (8, 0), (16, 32), (32, 32), (64, 0), (256, 0)):
+        got = plan.plan_forward(replace(p, page_size=page), "gfx950").C.VBLK
+        assert got == want, page
+    assert plan.plan_forward(replace(p, page_size=0), "gfx950").C.VBLK == 0
+    assert plan.plan_forward(replace(p, head_dim=64, head_dim_v=64), "gfx950").C.VBLK == 0
+    assert plan.plan_forward(replace(p, dtype="fp32"), "gfx950").C.VBLK == 0
+    assert plan.plan_forward(replace(p, decode=False), "gfx950").C.VBLK == 0
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True, vblk=32)
+    odd = replace(p, head_dim=96, head_dim_v=96)  # V in two chunks (64 + 32): not blocks
+    assert plan.plan_forward(odd, REF, config=cfg).C.VBLK == 0
+    g = gen(151)
+    B, Hk, g_, d, S, page = 2, 2, 4, 64, 192, 16
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([192, 65], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    pp = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                      decode=True)  # fmt: skip
+    fp = plan.plan_forward(pp, REF, config=cfg)
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    vblk = lambda v: fp.launches(k=kc, v=v, **kw)[0].constexprs["C"].VBLK  # noqa: E731
+    assert vblk(vc) == 32
+    last = (vc.shape[0] - 1) * vc.stride(0)
+    monkeypatch.setattr(plan, "PAGE_OFFSET_MAX", last - 1)
+    assert vblk(vc) == 0
+    monkeypatch.setattr(plan, "PAGE_OFFSET_MAX", last)
+    assert vblk(vc) == 32
+    monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)  # V's row stride is 128
+    assert vblk(vc) == 0
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+        return_softmax_lse=True, target=REF, config=cfg,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+
+
+def test_decode_v_offsets_from_k_strides_only_where_equal():
+    # Fwd.VK_STRIDES: a BASED (one page per tile) or VBLK tile takes V's offsets from K's
+    # stride arguments where the launch finds the strides equal, on buffer-load tables only;
+    # a V cache with other strides (a padded head, a strided head dim) reads with its own
+    g = gen(157)
+    B, Hk, g_, d, S, page = 2, 2, 3, 64, 192, 64
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([150, 64], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for vv, same in (
+        (vc, True),
+        (_strided_cache(vc, 1, 1), False),
+        (_strided_cache(vc, 0, 2), False),
+    ):
+        fp = plan.plan_forward(p, REF, config=cfg)
+        lc = fp.launches(k=kc, v=vv, **kw)[0].constexprs["C"]
+        assert lc.BASED and lc.VK_STRIDES is same
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vv, cache_seqlens=lens, block_table=table, causal=True, num_splits=2,
+            return_softmax_lse=True, target=REF, config=cfg,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"same={same}")
+        close_lse(lse, rl)
+    assert not plan.plan_forward(p, "sm90", config=cfg).C.VK_STRIDES
+    assert plan.plan_forward(p, "gfx942", config=cfg).C.VK_STRIDES
+    assert not plan.plan_forward(replace(p, decode=False), REF).C.VK_STRIDES
+
+
 def test_decode_lane_sums_are_the_amd_tables():
     # gfx950 / gfx942's one-warp decode tiles keep lane sums; gfx1250 / sm90 do not
     p = plan.Problem(64, 1, 8192, 32, 8, 128, 128, causal=True, seqused=True, page_size=16,

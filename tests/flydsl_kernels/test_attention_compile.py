@@ -6,6 +6,17 @@ B4 S4096 H32/8 bf16 causal; decode B64 ctx8192 paged), per trip of the main loop
 per query step for dK/dV; the core's loop finder, ``amdgcn.matrix_loops``), "per MFMA" = loop
 instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main / worst loop:
 
+kind / head dim    tile (BM x BN, warps)     VGPR  loop instr  per MFMA
+=================  ========================  ====  ==========  ===============
+fwd d64            256x64, 8 (iterative-ilp) 164   196         12.25 / 17.0
+fwd d128           256x64, 8 (coexec)        230   248         7.75 / 10.34
+fwd d192/128       256x64, 8                 246   268         6.7 / 9.68
+fwd d256           128x32, 8 (16x16x32, ilp) 212   173         10.81 / 12.38
+bwd dK/dV d128     32 q x 128 k, 8 (ilp)     244   163         10.19 / 13.75
+bwd dQ d128        256 q x 32 k, 8 (coexec)  246   143         5.96 / 8.08
+decode d128        16 x 64, 1 (K lane, based) 252   219         13.69 / 21.19
+=================  ========================  ====  ==========  ===============
+=======
 ===============  ===============================  ====  ==========  ============
 kind / head dim  tile (BM x BN, warps)            VGPR  loop instr  per MFMA
 ===============  ===============================  ====  ==========  ============
@@ -16,7 +27,7 @@ fwd d256         128x32, 8 (16x16x32, ilp, ls,    218   163         10.19 / 11.3
                  kt)
 bwd dK/dV d128   32 q x 128 k, 8 (ilp)            244   163         10.19 / 12.38
 bwd dQ d128      256 q x 32 k, 8 (coexec)         246   143         5.96 / 7.67
-decode d128      16 x 64, 1 (K lane, based)       252   223         13.94 / 21.19
+decode d128      16 x 64, 1 (K lane, based)       252   219         13.69 / 21.19
 ===============  ===============================  ====  ==========  ============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler

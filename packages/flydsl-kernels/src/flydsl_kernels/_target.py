@@ -129,6 +129,12 @@ def num_cus(target) -> int:
     return _table_gpu(target).num_cus or get_target(DEFAULT_TABLE).num_cus
 
 
+def buffer_ops(target) -> bool:
+    """Whether a target's table is an AMD one with buffer loads (32-bit offsets from a
+    descriptor): the CPU backends and None answer for the default table."""
+    return bool(_table_gpu(target).has_buffer_ops)
+
+
 def lane_factor(target) -> int:
     """How many of the target's warps make one 64-lane CDNA wave: 1 on gfx950 / gfx942, 2 on
     the wave32 targets (sm90, gfx1250). A table derived from gfx950's at equal elements per

@@ -102,15 +102,19 @@ def _per_head(t, b, hk, g0, C, G):
     return fly.broadcast_to(x[None, :], (C.BMS, C.GP)).reshape(C.BM)
 
 
-def _kv_pages(bt, btrow, n0, BN, PAGE, kmask):
+def _kv_pages(bt, btrow, n0, BN, PAGE, kmask, klast=None):
     """The page ids of keys ``n0 + [0, BN)`` (a scalar when a page holds the tile, else one per
-    ``PAGE`` rows), loaded once per KV tile for both K and V; None for a dense cache."""
+    ``PAGE`` rows), loaded once per KV tile for both K and V; None for a dense cache. With
+    ``klast`` (the sequence's last key, on a masked tile) the pages past it are its page
+    (``Fwd.VBLK``: rows past the last key read that key's row, ``_load_v_blocks``)."""
     if PAGE == 0:
         return None
     if PAGE >= BN:
         return bt[btrow, n0 // PAGE].load(bounds_check=False)
     npg = BN // PAGE
     pidx = n0 // PAGE + fly.arange(0, npg)
+    if klast is not None and kmask is not None:
+        return bt[btrow, fly.minimum(pidx, klast // PAGE)].load(bounds_check=False)
     pm = None if kmask is None else fly.max(kmask.reshape(npg, PAGE).to(fly.int32), 1) > 0
     return bt[btrow, pidx].load(pm, bounds_check=False)
 
@@ -130,16 +134,73 @@ def _clamped(s):
     return fly.minimum(fly.maximum(s, 0), BASED_STRIDE_MAX)
 
 
-def _load_based(t, origin, rows, cols, row_stride_dim, mask):
+def _load_based(t, origin, rows, cols, row_stride_dim, mask, st=None):
     """``t``'s elements at ``origin`` (a scalar index per dimension) plus ``rows`` along
     dimension ``row_stride_dim`` and ``cols`` along the last (index tiles broadcast to the
     tile's shape), loaded with ``load_at``: the origin is the scalar base, the rest
-    per-element offsets from clamped strides (``Fwd.BASED``)."""
+    per-element offsets from clamped strides (``Fwd.BASED``). ``st``: the strides to take
+    (another tensor's where they are equal: ``Fwd.VK_STRIDES``), default ``t``'s."""
+    st = t.stride if st is None else st
     base = 0
     for d, i in enumerate(origin):
-        base = base + i * t.stride[d]
-    offs = rows * _clamped(t.stride[row_stride_dim]) + cols * _clamped(t.stride[t.ndim - 1])
+        base = base + i * st[d]
+    offs = rows * _clamped(st[row_stride_dim]) + cols * _clamped(st[t.ndim - 1])
     return t.load_at(base, offs, mask)
+
+
+#: the largest page offset (``(pages - 1) * stride(0)``, elements) of a V cache that
+#: ``Fwd.VBLK`` loads: its per-element page offsets are clamped to it (the identity for the
+#: caches the plan lets through), so that Triton can bound them and keep buffer loads. With
+#: the in-page offsets (fewer than 128 rows and 256 head dims at strides of at most
+#: ``BASED_STRIDE_MAX``: below 2^28) every offset stays below 2^30 elements, 2 GiB of 16-bit
+#: values
+PAGE_OFFSET_MAX = (1 << 30) - (1 << 28)
+
+
+def vblk_ok(C) -> bool:
+    """Whether a forward tile loads V in ``C.VBLK``-wide head-dim blocks
+    (``_load_v_blocks``): pages smaller than the tile, one power-of-two V chunk."""
+    return (
+        C.VBLK > 0
+        and 0 < C.PAGE < C.BN
+        and C.BN % C.PAGE == 0
+        and C.DV % C.VBLK == 0
+        and chunks(C.DV) == ((0, C.DV),)
+    )
+
+
+def _load_v_blocks(t, n0, hk, C, pages, klast, st):
+    """V keys ``n0 + [0, BN)`` of a paged cache (pages of ``PAGE < BN`` keys, ``pages`` from
+    ``_kv_pages``) as ``(DV / VBLK, BN, VBLK)`` head-dim blocks, for a batched P @ V.
+
+    Why blocks: the plain ``(BN, DV)`` load puts 16 lanes along a row's head dims, so each of
+    a lane's loads is another row (another page, another multiple of the runtime row stride):
+    one address add per load. A ``VBLK = 32`` block puts 4 lanes along the head dims and 16
+    along a page's rows: a lane's loads are its row in each page (one add per page) and the
+    head-dim blocks, whose offsets (added last, so that LLVM sees the constants) become the
+    buffer loads' immediate offsets. The load's layout goes to LDS for the transposed reads
+    of the dot operand as the plain tile's does (a reshape or permute after the load made
+    Triton shuffle it in registers instead: 128 ``v_perm`` per tile). Offsets are relative to
+    the head's scalar base (``load_at``), from clamped strides and page offsets
+    (``_clamped``, ``PAGE_OFFSET_MAX``: the plan checks the tensor) so that they stay 32-bit
+    buffer offsets.
+
+    No mask: with ``klast`` (a masked tile) rows past the sequence's last key read that key's
+    row (and ``pages`` are clamped to its page), finite data that P's zeros drop, as every
+    key below the sequence's end is read whatever the attention mask. ``st``: V's strides
+    (or K's where they are equal: ``Fwd.VK_STRIDES``)."""
+    BN, PAGE, W = C.BN, C.PAGE, C.VBLK
+    npg = BN // PAGE
+    prow = fly.broadcast_to(pages[:, None], (npg, PAGE)).reshape(BN)
+    if klast is None:
+        r = fly.arange(0, BN) % PAGE
+    else:
+        r = fly.minimum(n0 + fly.arange(0, BN), klast) % PAGE
+    s3 = _clamped(st[3])
+    inner = r[None, :, None] * _clamped(st[1]) + fly.arange(0, W)[None, None, :] * s3
+    pp = fly.minimum(fly.maximum(prow * st[0], 0), PAGE_OFFSET_MAX)[None, :, None]
+    blk = fly.arange(0, C.DV // W)[:, None, None] * (W * s3)
+    return t.load_at(hk * st[2], (pp + inner) + blk)
 
 
 def based_ok(C) -> bool:
@@ -148,7 +209,7 @@ def based_ok(C) -> bool:
     return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False):
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=None):
     """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
     tile's ``pages`` from ``_kv_pages``).
 
@@ -161,7 +222,7 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False):
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
         r = fly.arange(0, BN)[:, None]
-        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m)
+        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m, st)
     if PAGE == 0 or PAGE >= BN:
         if PAGE == 0:
             view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]

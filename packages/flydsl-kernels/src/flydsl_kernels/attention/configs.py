@@ -71,6 +71,10 @@ class Config:
     #: forward and decode: the softmax's row sums kept as per-lane partial sums across the KV
     #: loop and reduced across lanes once after it (``forward.Fwd.LANE_SUMS``)
     lane_sums: bool = False
+    #: decode with K in lane order (``klanes``) and pages of whole MFMA key blocks smaller
+    #: than the tile: V loaded in head-dim blocks this wide with a batched P @ V
+    #: (``forward.Fwd.VBLK``, ``common._load_v_blocks``); 0 the plain per-row gather
+    vblk: int = 0
     #: prefill: interior KV tiles load K as ``K^T`` (head dims x keys, ``common._load_kT``), so
     #: ``q @ K^T`` reads it from LDS as loaded; ``k.T`` of the row-major tile took a layout
     #: conversion through LDS scratch (one more write, barrier pair and wait per tile)
@@ -105,6 +109,8 @@ class Config:
             d["klanes"] = self.klanes
         if self.lane_sums:
             d["lane_sums"] = True
+        if self.vblk:
+            d["vblk"] = self.vblk
         if self.k_t:
             d["k_t"] = True
         return d
@@ -131,11 +137,35 @@ def dclass(head_dim: int, head_dim_v: int | None = None) -> str:
 
 
 def _c(
-    bm, bn, w, ns, nk, lazy, vgpr=None, loop=None, per=None, sched="", klanes=0, ls=False, kt=False
+    bm,
+    bn,
+    w,
+    ns,
+    nk,
+    lazy,
+    vgpr=None,
+    loop=None,
+    per=None,
+    sched="",
+    klanes=0,
+    ls=False,
+    kt=False,
+    vblk=0,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
-        bm, bn, w, ns, nk, lazy=lazy, sched=sched, klanes=klanes, lane_sums=ls, k_t=kt, notes=notes
+        bm,
+        bn,
+        w,
+        ns,
+        nk,
+        lazy=lazy,
+        sched=sched,
+        klanes=klanes,
+        lane_sums=ls,
+        k_t=kt,
+        vblk=vblk,
+        notes=notes,
     )
 
 
@@ -187,9 +217,18 @@ _GFX950 = {
     # 255 -> 258 under max-ilp's lazy entry, d64 310 -> 306). Tiles within one page load K and
     # V from a scalar base (forward.Fwd.BASED): d128 page64 260 -> 224 (model problem 258 ->
     # 223, 252 VGPRs), d64 page256 318 -> 279; with it the lazy rescale took 227 / 283, LLVM's
-    # default scheduler, max-ilp and coexec 234-248 / 282-295 (d64 spilling under each)
+    # default scheduler, max-ilp and coexec 234-248 / 282-295 (d64 spilling under each).
+    # Tiles over pages of 16 or 32 keys load V in 32-wide head-dim blocks (vblk, Fwd.VBLK):
+    # d128 page16 256 -> 234 per trip (16.00 / 24.56 -> 14.62 / 22.88 per MFMA, 230 -> 216
+    # VGPRs), page32 252 -> 232; d64 page16 320 -> 310 but its masked trip 33.06 -> 33.94
+    # (left off); gfx942 (d128 page16 283 -> 323), pages of 4 and 8 and gfx1250 lose with it.
+    # V's offsets from K's equal strides (Fwd.VK_STRIDES): page16 230 (14.38 / 22.62),
+    # page32 229, page64 224 -> 220 (13.75 / 21.25), d64 page256 279 -> 273 (17.06 / 27.12);
+    # the model problem (page64, B64) 223 -> 219
     ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
-    ("decode", "d128"): _c(16, 64, 1, 1, 16, False, 252, 223, 13.94, sched=ILP, klanes=8, ls=True),
+    ("decode", "d128"): _c(
+        16, 64, 1, 1, 16, False, 252, 219, 13.69, sched=ILP, klanes=8, ls=True, vblk=32
+    ),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),

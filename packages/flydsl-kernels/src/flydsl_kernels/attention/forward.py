@@ -21,6 +21,7 @@ from .common import (
     _load_kT,
     _load_kv,
     _load_q,
+    _load_v_blocks,
     _mask_scores,
     _nonzero,
     _per_head,
@@ -35,6 +36,7 @@ from .common import (
     chunks,
     k_lanes_fit,
     softcap_shift,
+    vblk_ok,
 )
 
 
@@ -98,6 +100,17 @@ class Fwd:
     #: a tile within one page (or a dense cache) and row / head-dim strides of at most
     #: ``common.BASED_STRIDE_MAX`` (``plan.FwdPlan.launches`` checks the tensors)
     BASED: bool = False
+    #: decode with pages smaller than the tile: V loaded as ``(DV / VBLK, BN, VBLK)`` head-dim
+    #: blocks and P @ V as a batched dot into a ``(DV / VBLK, BM, VBLK)`` accumulator
+    #: (``common._load_v_blocks``: one address add per page instead of one per row load).
+    #: Needs V's row and head-dim strides of at most ``common.BASED_STRIDE_MAX`` and page
+    #: offsets of at most ``common.PAGE_OFFSET_MAX`` (``plan.FwdPlan.launches`` checks)
+    VBLK: int = 0
+    #: under ``VBLK`` or ``BASED``: V's strides are K's (the launch compares them), so V's
+    #: offsets take K's stride arguments and LLVM computes each page's offset once for both
+    #: (gfx950 loop instructions per trip: d128 page16 234 -> 230, page64 224 -> 220, d64
+    #: page256 279 -> 273)
+    VK_STRIDES: bool = False
 
     @property
     def BMS(self) -> int:
@@ -132,14 +145,14 @@ def _update(st: _Softmax, z, zc, vts, C):
         alpha = fly.exp2(st.m - m_new)
         st.l *= alpha[:, None] if C.LANE_SUMS else alpha
         for a in st.acc:
-            a.set(fly.rescale(a, alpha[:, None]))
+            a.set(fly.rescale(a, _rows_of(alpha, a)))
         st.m.set(m_new)
     else:
         m_new = fly.maximum(st.m, m_tile)
         alpha = fly.exp2(st.m - m_new)
         st.l *= alpha[:, None] if C.LANE_SUMS else alpha
         for a in st.acc:
-            a *= alpha[:, None]
+            a *= _rows_of(alpha, a)
         st.m.set(m_new)
     p = fly.exp2((z if zc is None else z * zc) - st.m[:, None])
     if C.LANE_SUMS:
@@ -153,7 +166,16 @@ def _update(st: _Softmax, z, zc, vts, C):
     else:
         st.l += fly.sum(p, 1)
     for a, vt in zip(st.acc, vts):
-        a += fly.dot(p.to(vt.dtype), vt)
+        pv = p.to(vt.dtype)
+        if vt.ndim == 3:  # head-dim blocks (Fwd.VBLK): P broadcast over them
+            pv = fly.broadcast_to(pv[None, :, :], (vt.shape[0], *pv.shape))
+        a += fly.dot(pv, vt)
+
+
+def _rows_of(x, a):
+    """A per-row ``(BM,)`` factor shaped for an accumulator ``a``: ``(BM, cs)`` or the head-dim
+    blocks ``(DV / VBLK, BM, VBLK)`` of ``Fwd.VBLK``."""
+    return x[:, None] if a.ndim == 2 else x[None, :, None]
 
 
 @fly.kernel
@@ -242,7 +264,12 @@ def _fwd_tile(
             l0 = fly.where(fly.arange(0, LANE_SUM_N)[None, :] == 0, e0[:, None], l0)
         else:
             l0 = l0 + e0
-    st = _Softmax(m0, l0, [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)])
+    vblk = vblk_ok(C)
+    if vblk:  # V's head-dim blocks (Fwd.VBLK): one (DV / VBLK, BM, VBLK) accumulator
+        acc0 = [fly.zeros((C.DV // C.VBLK, C.BM, C.VBLK), fly.fp32)]
+    else:
+        acc0 = [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)]
+    st = _Softmax(m0, l0, acc0)
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
     if C.SPLITS > 1:
         lo, hi = _split_range(lo, hi, fly.program_id(2), C.SPLITS, BN)
@@ -258,7 +285,8 @@ def _fwd_tile(
         9.03 -> 8.4, but MLA's main loop 268 -> 269 instructions)."""
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if kind not in (None, "left") and not below_sk else None
-        pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask)
+        klast = None if (kmask is None or not vblk) else sk - 1
+        pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, kmask, klast)
         s = None
         for (c0, cs), qt in zip(chunks(C.D), qts):
             if k_lanes_fit(C, cs):
@@ -280,10 +308,15 @@ def _fwd_tile(
                 z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0,
                 lane_bits=C.KEY_LANE_BITS,
             )  # fmt: skip
-        vts = [
-            _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based)
-            for c0, cs in chunks(C.DV)
-        ]
+        if vblk:
+            vst = k.stride if C.VK_STRIDES else v.stride
+            vts = [_load_v_blocks(v, k_off + n0, hk, C, pages, klast, vst)]
+        else:
+            vst = k.stride if C.VK_STRIDES else None
+            vts = [
+                _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based, vst)
+                for c0, cs in chunks(C.DV)
+            ]
         _update(st, z, zc, vts, C)
 
     if C.SPARSE_KV:
@@ -318,7 +351,10 @@ def _fwd_tile(
         l_sum = fly.sum(l_sum, 1)
     scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
     row0 = q_off + i0
-    for (c0, cs), a in zip(chunks(C.DV), st.acc):
+    acc = st.acc
+    if vblk:  # the head-dim blocks side by side: (BM, DV)
+        acc = [acc[0].permute(1, 0, 2).reshape(C.BM, C.DV)]
+    for (c0, cs), a in zip(chunks(C.DV), acc):
         out = a * scale_o[:, None]
         dst = o if C.SPLITS == 1 else o[fly.program_id(2)]
         _store_rows(dst, bq, row0, hk, g0, c0, cs, C, out, rmask, G)

@@ -21,10 +21,10 @@ from typing import Any
 
 from flydsl_core import cdiv
 
-from .._target import table_target
+from .._target import buffer_ops, table_target
 from ..launch import Launch
 from . import configs
-from .common import BASED_STRIDE_MAX
+from .common import BASED_STRIDE_MAX, PAGE_OFFSET_MAX, vblk_ok
 from .kernels import (
     Bwd,
     Fwd,
@@ -87,6 +87,14 @@ def _based_strides(t) -> bool:
     """Whether a K or V tensor (a torch tensor or a ``TensorSpec``) has the row and head-dim
     strides a ``Fwd.BASED`` load clamps to (``common.BASED_STRIDE_MAX``): unknown strides
     are not."""
+    st = _strides(t)
+    if st is None or len(st) != 4:
+        return False
+    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[3]))
+
+
+def _strides(t):
+    """A torch tensor's or a ``TensorSpec``'s strides (None entries where unknown), or None."""
     st = t.stride() if callable(getattr(t, "stride", None)) else getattr(t, "stride", None)
     if st is None and hasattr(t, "shape"):  # a contiguous TensorSpec
         st, acc = [], 1
@@ -94,9 +102,16 @@ def _based_strides(t) -> bool:
             st.append(acc)
             acc = acc * n if (n is not None and acc is not None) else None
         st = st[::-1]
-    if st is None or len(st) != 4:
+    return st
+
+
+def _page_offsets_ok(v) -> bool:
+    """Whether a paged V cache's last page starts at most ``common.PAGE_OFFSET_MAX`` elements
+    in (the bound a ``Fwd.VBLK`` load clamps its page offsets to): unknown sizes are not."""
+    shape, st = getattr(v, "shape", None), _strides(v)
+    if shape is None or st is None or len(st) != 4 or shape[0] is None or st[0] is None:
         return False
-    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[3]))
+    return 0 <= (int(shape[0]) - 1) * st[0] <= PAGE_OFFSET_MAX
 
 
 def _ints(p: Problem):
@@ -174,6 +189,12 @@ class FwdPlan:
         C = self.C
         if C.BASED and not (_based_strides(k) and _based_strides(v)):
             C = replace(C, BASED=False)
+        if C.VBLK and not (_based_strides(v) and _page_offsets_ok(v)):
+            C = replace(C, VBLK=0)
+        if C.VK_STRIDES:
+            ks, vs = _strides(k), _strides(v)
+            same = ks is not None and None not in ks and tuple(ks) == tuple(vs)
+            C = replace(C, VK_STRIDES=same and bool(C.BASED or C.VBLK))
         out = [Launch(attn_fwd_kernel, self.grid, args, {"C": C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
@@ -264,6 +285,16 @@ def plan_forward(
     # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
     # drops it for strides above common.BASED_STRIDE_MAX)
     C = replace(C, BASED=kind == "decode" and (C.PAGE == 0 or C.PAGE >= C.BN))
+    # decode tiles spanning pages of whole MFMA key blocks load V in head-dim blocks where the
+    # table says so (Config.vblk, Fwd.VBLK; the launch drops it for strides or page offsets
+    # above common's bounds)
+    whole = bool(klanes) and C.PAGE % cfg.nonkdim == 0
+    C = replace(C, VBLK=cfg.vblk if kind == "decode" and whole else 0)
+    if not vblk_ok(C):
+        C = replace(C, VBLK=0)
+    # where the launch finds V's strides equal to K's, V's offsets take K's (Fwd.VK_STRIDES):
+    # on the buffer-load tables only (sm90's d64 page256 decode went 80 -> 89 registers)
+    C = replace(C, VK_STRIDES=bool(C.BASED or C.VBLK) and buffer_ops(table))
     BMS = C.BMS
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
