@@ -242,6 +242,10 @@ def test_features_fwd_bwd(name):
     check_fwd_bwd(q, k, v, REF, **kw)
 
 
+# the interpreter (numpy) warns where the padded keys' p overflows and its inf meets a zero K
+# row: the point of the test, in rows that are never stored
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 @pytest.mark.parametrize("target", [REF, INTERP])
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (5, 0)}])
 def test_backward_with_scores_far_below_zero(target, kw):
