@@ -16,6 +16,7 @@ where a test needs windows and masks to cut through several tiles at small sizes
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -696,33 +697,49 @@ def test_decode_based_loads_with_awkward_strides(target, page, d, pad, step):
     assert fp.C.BASED and fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
 
 
+def _paged_decode(seed, g_, page, lens):
+    """A bf16 decode over a paged cache (2 sequences, 2 KV heads of ``g_`` query heads, head
+    dim 64, 192 keys of capacity, ``lens`` used): its tensors, ``plan.Problem`` and the
+    launch keywords besides ``k`` and ``v``."""
+    g = gen(seed)
+    B, Hk, d, S = 2, 2, 64, 192
+    q = rand(B, 1, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g)
+    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True)  # fmt: skip
+    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
+    return SimpleNamespace(q=q, kfull=kfull, vfull=vfull, lens=lens, kc=kc, vc=vc,
+                           table=table, p=p, kw=kw)  # fmt: skip
+
+
+def _check_paged_decode(c, v, cfg, what="", **kw):
+    """``flash_attn_with_kvcache`` on ``_paged_decode``'s ``c`` with V cache ``v`` (the same
+    values as ``c.vc``, perhaps strided otherwise) against the float64 reference."""
+    ro, rl = reference.attention(c.q, c.kfull, c.vfull, causal=True, seqused_k=c.lens)
+    out, lse = flash_attn_with_kvcache(
+        c.q, c.kc, v, cache_seqlens=c.lens, block_table=c.table, causal=True,
+        return_softmax_lse=True, target=REF, config=cfg, **kw,
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[BF16], what)
+    close_lse(lse, rl)
+
+
 def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
     # strides above common.BASED_STRIDE_MAX (here lowered to 64 elements) cannot be clamped:
     # the launch drops Fwd.BASED and the view loads read the cache, with the same results;
     # prefill and tiles spanning pages never take it
-    g = gen(131)
-    B, Hk, g_, d, S, page = 2, 2, 4, 64, 192, 64
-    q = rand(B, 1, Hk * g_, d, g=g)
-    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
-    lens = torch.tensor([192, 65], dtype=torch.int32)
-    kc, vc, table = _paged(kfull, vfull, page, g)
+    c = _paged_decode(131, 4, 64, [192, 65])
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
-    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
-                     decode=True)  # fmt: skip
+    p, kw = c.p, c.kw
     fp = plan.plan_forward(p, REF, config=cfg)
-    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
-    assert fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED  # row stride 128
+    assert fp.launches(k=c.kc, v=c.vc, **kw)[0].constexprs["C"].BASED  # row stride 128
     monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)
-    assert not fp.launches(k=kc, v=vc, **kw)[0].constexprs["C"].BASED
-    one = kc[:, :, :1].contiguous()  # row stride 64
+    assert not fp.launches(k=c.kc, v=c.vc, **kw)[0].constexprs["C"].BASED
+    one = c.kc[:, :, :1].contiguous()  # row stride 64
     assert fp.launches(k=one, v=one, **kw)[0].constexprs["C"].BASED
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
-    out, lse = flash_attn_with_kvcache(
-        q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
-        return_softmax_lse=True, target=REF, config=cfg,
-    )  # fmt: skip
-    close(out, ro, OUT_TOL[BF16])
-    close_lse(lse, rl)
+    _check_paged_decode(c, c.vc, cfg)
     assert not plan.plan_forward(replace(p, page_size=16), REF, config=cfg).C.BASED
     assert not plan.plan_forward(replace(p, decode=False), REF, config=cfg).C.BASED
 
@@ -798,17 +815,10 @@ def test_decode_v_head_dim_blocks_plan_and_fallbacks(monkeypatch):
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True, vblk=32)
     odd = replace(p, head_dim=96, head_dim_v=96)  # V in two chunks (64 + 32): not blocks
     assert plan.plan_forward(odd, REF, config=cfg).C.VBLK == 0
-    g = gen(151)
-    B, Hk, g_, d, S, page = 2, 2, 4, 64, 192, 16
-    q = rand(B, 1, Hk * g_, d, g=g)
-    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
-    lens = torch.tensor([192, 65], dtype=torch.int32)
-    kc, vc, table = _paged(kfull, vfull, page, g)
-    pp = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
-                      decode=True)  # fmt: skip
-    fp = plan.plan_forward(pp, REF, config=cfg)
-    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
-    vblk = lambda v: fp.launches(k=kc, v=v, **kw)[0].constexprs["C"].VBLK  # noqa: E731
+    c = _paged_decode(151, 4, 16, [192, 65])
+    fp = plan.plan_forward(c.p, REF, config=cfg)
+    vblk = lambda v: fp.launches(k=c.kc, v=v, **c.kw)[0].constexprs["C"].VBLK  # noqa: E731
+    vc = c.vc
     assert vblk(vc) == 32
     last = (vc.shape[0] - 1) * vc.stride(0)
     monkeypatch.setattr(plan, "PAGE_OFFSET_MAX", last - 1)
@@ -817,44 +827,25 @@ def test_decode_v_head_dim_blocks_plan_and_fallbacks(monkeypatch):
     assert vblk(vc) == 32
     monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)  # V's row stride is 128
     assert vblk(vc) == 0
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
-    out, lse = flash_attn_with_kvcache(
-        q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
-        return_softmax_lse=True, target=REF, config=cfg,
-    )  # fmt: skip
-    close(out, ro, OUT_TOL[BF16])
-    close_lse(lse, rl)
+    _check_paged_decode(c, vc, cfg)
 
 
 def test_decode_v_offsets_from_k_strides_only_where_equal():
     # Fwd.VK_STRIDES: a BASED (one page per tile) or VBLK tile takes V's offsets from K's
     # stride arguments where the launch finds the strides equal, on buffer-load tables only;
     # a V cache with other strides (a padded head, a strided head dim) reads with its own
-    g = gen(157)
-    B, Hk, g_, d, S, page = 2, 2, 3, 64, 192, 64
-    q = rand(B, 1, Hk * g_, d, g=g)
-    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
-    lens = torch.tensor([150, 64], dtype=torch.int32)
-    kc, vc, table = _paged(kfull, vfull, page, g)
+    c = _paged_decode(157, 3, 64, [150, 64])
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
-    p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
-                     decode=True)  # fmt: skip
-    kw = dict(q=q, o=q, lse=lens, seqused_k=lens, block_table=table)
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    p = c.p
     for vv, same in (
-        (vc, True),
-        (_strided_cache(vc, 1, 1), False),
-        (_strided_cache(vc, 0, 2), False),
+        (c.vc, True),
+        (_strided_cache(c.vc, 1, 1), False),
+        (_strided_cache(c.vc, 0, 2), False),
     ):
         fp = plan.plan_forward(p, REF, config=cfg)
-        lc = fp.launches(k=kc, v=vv, **kw)[0].constexprs["C"]
+        lc = fp.launches(k=c.kc, v=vv, **c.kw)[0].constexprs["C"]
         assert lc.BASED and lc.VK_STRIDES is same
-        out, lse = flash_attn_with_kvcache(
-            q, kc, vv, cache_seqlens=lens, block_table=table, causal=True, num_splits=2,
-            return_softmax_lse=True, target=REF, config=cfg,
-        )  # fmt: skip
-        close(out, ro, OUT_TOL[BF16], f"same={same}")
-        close_lse(lse, rl)
+        _check_paged_decode(c, vv, cfg, f"same={same}", num_splits=2)
     assert not plan.plan_forward(p, "sm90", config=cfg).C.VK_STRIDES
     assert plan.plan_forward(p, "gfx942", config=cfg).C.VK_STRIDES
     assert not plan.plan_forward(replace(p, decode=False), REF).C.VK_STRIDES
