@@ -225,13 +225,16 @@ def test_gpu_rows_have_times_and_speedup():
     assert row["ours_us"] > 0 and row["aten_us"] > 0 and row["speedup"] > 0
 
 
-def test_installed_entry_point_lists_cases():
+def _console_script(*args):
+    """The installed ``flydsl-kernels`` run with ``args`` (skips where it is not installed)."""
     exe = Path(sys.executable).with_name("flydsl-kernels")
     if not exe.exists():
         pytest.skip(f"no {exe}: run `uv sync` to install the console script")
-    p = subprocess.run(
-        [str(exe), "report", "--list", "topk"], capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_installed_entry_point_lists_cases():
+    p = _console_script("report", "--list", "topk")
     assert p.returncode == 0, p.stderr
     assert "topk_small" in p.stdout and "moe_router_kernel" in p.stdout
 
@@ -262,11 +265,6 @@ def test_model_subcommand_ranks_one_attention_candidate(capsys):
 
 
 def test_model_subcommand_runs_without_the_runpy_warning():
-    exe = Path(sys.executable).with_name("flydsl-kernels")
-    if not exe.exists():
-        pytest.skip(f"no {exe}: run `uv sync` to install the console script")
-    p = subprocess.run(
-        [str(exe), "model", "attention", "--help"], capture_output=True, text=True, timeout=120
-    )
+    p = _console_script("model", "attention", "--help")
     assert p.returncode == 0, p.stderr
     assert "RuntimeWarning" not in p.stderr and "--check-tables" in p.stdout
