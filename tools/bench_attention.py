@@ -208,6 +208,13 @@ def main(argv=None) -> int:
     for col in ("mode", "shape", "max err", "ours", "SDPA", "speedup", "ours TFLOP/s"):
         table.add_column(col, justify="left" if col in ("mode", "shape") else "right")
     rows, bad = [], 0
+
+    def dump():  # after every row: a run stopped at its time limit keeps the rows it finished
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"device": device, "cpu_figures": cpu, "rows": rows}, f, indent=2)
+
+    dump()
     for c in todo:
         row = {"mode": c.mode, "shape": c.shape, "device": device, "cpu_figures": cpu}
         try:
@@ -222,6 +229,16 @@ def main(argv=None) -> int:
             traceback.print_exc(file=sys.stderr)
         bad += not row["ok"]
         rows.append(row)
+        dump()
+        print(
+            f"{c.mode} {c.shape}: "
+            + (
+                row["error"][:100]
+                if "error" in row
+                else f"err {row['err']:.1e}, {row['speedup'] or 0:.2f}x, {row['tflops'] or 0:.3g} TFLOP/s"
+            ),
+            flush=True,
+        )
         if "error" in row:
             table.add_row(
                 c.mode, c.shape, f"[red]{escape(row['error'][:60])}[/]", "-", "-", "-", "-"
@@ -234,9 +251,6 @@ def main(argv=None) -> int:
     Console(width=160).print(table)
     if cpu:
         print("CPU figures: FlyDSL runs on the reference backend here; these are not GPU speeds.")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": device, "cpu_figures": cpu, "rows": rows}, f, indent=2)
     return 1 if bad else 0
 
 

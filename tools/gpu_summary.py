@@ -2,10 +2,10 @@
 
     python tools/gpu_summary.py DIR
 
-Reads what the run's parts wrote (env.json, parts.json, report.json, junit.xml,
-launch.json, ops.json, gemm.json, dispatch.json; a missing file is reported as
+Reads what the run's parts wrote (env.json, parts.json, report.json, attention.json,
+junit.xml, launch.json, ops.json, gemm.json, dispatch.json; a missing file is reported as
 missing) and writes the headline figures: each goal of issue 12 with its
-measured value and met / not met, correctness and guard-buffer (canary) results,
+measured value and met / not met, attention against SDPA (issue 23's goal) row by row, correctness and guard-buffer (canary) results,
 the per-case table, and three plots (speedup vs ATen per case; % of the device's
 HBM bandwidth for the memory-bound cases; % of cuBLAS for the GEMMs). A dry run
 (``--device cpu``) gets the same files, with every goal "not measured" and the
@@ -25,6 +25,8 @@ RMSNORM_GOAL_PCT = 85.0
 TOPK_GOAL_X = 2.0
 GEMM_GOAL_X = 0.9
 LAUNCH_GOAL_US = 3.0
+#: issue 23: FlyDSL attention against F.scaled_dot_product_attention on a lent GPU
+ATTENTION_GOAL_X = 0.9
 
 
 def _load(path: Path):
@@ -128,6 +130,41 @@ def goals(report: dict | None, launch: dict | None, gpu: bool) -> list[dict]:
             else None,
         }
     )
+    return out
+
+
+def attention_lines(doc: dict | None, gpu: bool) -> list[str]:
+    """The attention section: the goal per mode (the worst speedup) and every row."""
+    if doc is None:
+        return ["attention.json: missing"]
+    rows = doc.get("rows", [])
+    measured = gpu and not doc.get("cpu_figures")
+    out = ["| mode | cases | worst speedup | geomean | status |", "|---|---|---|---|---|"]
+    for mode in ("fwd", "bwd", "decode"):
+        rs = [r for r in rows if r.get("mode") == mode]
+        sp = [r["speedup"] for r in rs if r.get("ok") and r.get("speedup")]
+        worst = min(sp, default=None)
+        # a case that failed its check (or raised) fails the goal of its mode
+        met = (len(sp) == len(rs) and worst >= ATTENTION_GOAL_X) if measured and rs else None
+        out.append(
+            f"| {mode} | {len(rs)} ({len(rs) - len(sp)} failed) | {_fmt(worst, '.2f', 'x')} | "
+            f"{_fmt(_geomean(sp), '.2f', 'x')} | {_met(met)} |"
+        )
+    out += [
+        "",
+        "| mode | shape | max err | ours ms | SDPA ms | speedup | ours TFLOP/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("error"):
+            out.append(f"| {r['mode']} | {r['shape']} | {r['error'][:80]} | - | - | - | - |")
+            continue
+        ours, sdpa = (r[k] * 1e3 if r.get(k) is not None else None for k in ("ours_s", "sdpa_s"))
+        out.append(
+            f"| {r['mode']} | {r['shape']} | {_fmt(r.get('err'), '.1e')} | "
+            f"{_fmt(ours, '.3f')} | {_fmt(sdpa, '.3f')} | "
+            f"{_fmt(r.get('speedup'), '.2f', 'x')} | {_fmt(r.get('tflops'), '.0f')} |"
+        )
     return out
 
 
@@ -259,6 +296,8 @@ def write_summary(out: Path) -> str:
         L.append(
             f"\ngeomean speedup vs ATen over {sum(1 for r in rows if r.get('speedup'))} cases: {g:.2f}x"
         )
+    L += ["", f"## Attention vs SDPA (issue 23: >= {ATTENTION_GOAL_X}x)", ""]
+    L += attention_lines(_load(out / "attention.json"), gpu)
     L += ["", "## Benchmarks", ""]
     for name, doc in (("bench_ops", ops), ("bench_gemm", gemm), ("bench_dispatch", disp)):
         if doc is None:

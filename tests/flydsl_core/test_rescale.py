@@ -200,7 +200,7 @@ def test_the_loop_finder_reads_conditional_assembly_and_local_labels():
 @pytest.mark.compile
 @pytest.mark.parametrize("target", ["gfx950", "sm90"])
 def test_reciprocal_is_one_instruction_on_the_gpu(target):
-    # fly.reciprocal: the hardware reciprocal (v_rcp_f32 / div.approx), not a division
+    # fly.reciprocal: the hardware reciprocal (v_rcp_f32 / rcp.approx.ftz), not a division
     spec = fly.TensorSpec(torch.float32, (256,))
 
     @fly.kernel
@@ -212,4 +212,5 @@ def test_reciprocal_is_one_instruction_on_the_gpu(target):
         asm = ck.stages()["amdgcn"]
         assert "v_rcp_f32" in asm and "v_div_scale" not in asm and "v_div_fmas" not in asm
     else:
-        assert "div.approx.f32" in ck.stages()["ptx"]
+        ptx = ck.stages()["ptx"]
+        assert "rcp.approx.ftz.f32" in ptx and "div.rn" not in ptx and "div.full" not in ptx

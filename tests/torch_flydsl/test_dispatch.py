@@ -60,6 +60,27 @@ def test_per_op_switch(cpu_backend):
         torch_flydsl.enable(ops=["gemm"], device="cpu")  # torch.compile only
 
 
+def test_enable_leaves_an_op_aten_has_no_kernel_for(cpu_backend, monkeypatch, caplog):
+    # torch 2.11 has aten::_scaled_mm_v2 with no CPU kernel: with nothing to fall back to, the
+    # group's other overloads are installed and that one is left to ATen's own error
+    torch_flydsl.disable()
+    real = dispatch.capture
+    monkeypatch.setattr(
+        dispatch, "capture", lambda op, key: None if op == "topk.values" else real(op, key)
+    )
+    with caplog.at_level("INFO", logger="torch_flydsl"):
+        torch_flydsl.enable(ops=["topk"], device="cpu")
+    assert "dispatch.py" in _kernel_of("topk")
+    assert "dispatch.py" not in _kernel_of("topk.values")
+    assert "ATen has no kernel for topk.values here; not overridden" in caplog.text
+    x = torch.randn(5, 37)
+    vals, idx = torch.topk(x, 3)  # ours, through the installed overload
+    ref = x.sort(-1, descending=True)
+    torch.testing.assert_close(vals, ref.values[:, :3], rtol=0, atol=0)
+    assert torch.equal(idx, ref.indices[:, :3])
+    assert _s("topk")["calls"] >= 1
+
+
 def test_disabled_context_manager(cpu_backend):
     x = torch.randn(3, 16)
     with torch_flydsl.disabled():

@@ -601,13 +601,20 @@ def test_uuid_covers_settings_and_is_stable():
     assert a.uuid().startswith("torch_flydsl:")
 
 
-def test_install_composes_with_an_existing_pass():
+@pytest.mark.parametrize("sequences", [True, False], ids=["tuple", "one-pass-torch"])
+def test_install_composes_with_an_existing_pass(sequences, monkeypatch):
+    # torch whose option takes one pass (2.11) gets both as one _Chain that runs each in turn
     from torch._inductor import config
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
+    import torch_flydsl.inductor as ind
+
+    monkeypatch.setattr(ind, "_SEQUENCES", sequences)
+    seen = []
+
     class Other(CustomGraphPass):
         def __call__(self, graph):
-            pass
+            seen.append(graph)
 
         def uuid(self):
             return "other"
@@ -617,9 +624,17 @@ def test_install_composes_with_an_existing_pass():
     try:
         config.post_grad_custom_post_pass = other
         ours = install({"gates": "open"})
-        assert config.post_grad_custom_post_pass == (other, ours) and installed()
+        now = config.post_grad_custom_post_pass
+        if sequences:
+            assert now == (other, ours)
+        else:
+            assert isinstance(now, ind._Chain) and now.passes == (other, ours)
+            assert now.uuid() == repr(("other", ours.uuid()))
+            now(torch.fx.Graph())
+            assert len(seen) == 1
+        assert installed()
         install()  # again: replaces ours, keeps the other
-        assert len(config.post_grad_custom_post_pass) == 2
+        assert len(ind._passes(config.post_grad_custom_post_pass)) == 2
         uninstall()
         assert config.post_grad_custom_post_pass is other and not installed()
     finally:

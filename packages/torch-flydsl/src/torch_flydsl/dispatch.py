@@ -235,6 +235,15 @@ def install(spec: OpSpec, ctx: EagerContext) -> Installed:
     key = _runtime.dispatch_key(ctx.device)
     ovs = tuple(o for o in spec.eager_overloads if ctx.device in o.devices)
     origs = {o.op: capture(o.op, key) for o in ovs}  # all captured before any impl
+    # an overload ATen has no kernel for on this key, and that we could not fall back from
+    # (torch 2.11's aten::_scaled_mm_v2 on the CPU), is left alone: the call raises ATen's
+    # own error, as it would without us
+    bare = [o.op for o in ovs if origs[o.op] is None and o.fallback is None]
+    if bare:
+        log.info("%s on %s: ATen has no kernel for %s here; not overridden", spec.name,
+                 ctx.device, ", ".join(bare))  # fmt: skip
+        ovs = tuple(o for o in ovs if o.op not in bare)
+        origs = {o.op: origs[o.op] for o in ovs}
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():

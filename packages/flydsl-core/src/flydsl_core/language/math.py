@@ -33,7 +33,7 @@ tanh = _float_unary("tanh")
 reciprocal = _float_unary("reciprocal")
 reciprocal.__doc__ = (
     "Elementwise 1 / x within 1 ulp: the hardware reciprocal where there is one (v_rcp_f32 on "
-    "AMD, div.approx on NVIDIA; a correctly rounded division there is about ten instructions), "
+    "AMD, rcp.approx.ftz on NVIDIA; a correctly rounded division is about ten instructions), "
     "where a result outside fp32's normal range may flush to 0 or overflow; exact on the CPU "
     "backends and in fp64."
 )

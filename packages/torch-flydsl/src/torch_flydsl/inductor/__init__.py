@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
+from torch._inductor import custom_graph_pass as _cgp
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 # registers flydsl::flex_attention(_backward): a graph served from Inductor's FX graph cache
 # calls them without running the pass that would import them
@@ -68,15 +69,45 @@ class FlyDSLPass(CustomGraphPass):
         return f"FlyDSLPass({self.settings.key()})"
 
 
+#: whether Inductor's custom-pass options take a sequence of passes (newer torch); before,
+#: they take one pass, and several go in as one ``_Chain``
+_SEQUENCES = hasattr(_cgp, "get_custom_graph_passes")
+
+
+class _Chain(CustomGraphPass):
+    """Several passes as one, for a torch whose options take one pass: each in turn."""
+
+    def __init__(self, passes):
+        self.passes = tuple(passes)
+
+    def __call__(self, graph) -> None:
+        for p in self.passes:
+            p(graph)
+
+    def uuid(self):
+        return repr(tuple(p.uuid() if hasattr(p, "uuid") else repr(p) for p in self.passes))
+
+
+def _passes(existing) -> tuple:
+    """``existing`` (None, one pass, a sequence, or a ``_Chain``) as a tuple of passes."""
+    if existing is None:
+        return ()
+    if isinstance(existing, _Chain):
+        return existing.passes
+    return tuple(existing) if isinstance(existing, (list, tuple)) else (existing,)
+
+
 def _with(existing, ours: FlyDSLPass | None):
-    """``existing`` (None, one pass or a sequence) without any FlyDSLPass, and with ``ours``
-    appended unless it is None; in the form the config takes (None, one pass or a tuple)."""
-    passes = [p for p in get_custom_graph_passes(existing) if not isinstance(p, FlyDSLPass)]
+    """``existing`` without any FlyDSLPass, and with ``ours`` appended unless it is None; in
+    the form the config takes (None, one pass, or a tuple; a ``_Chain`` on older torch)."""
+    passes = [p for p in _passes(existing) if not isinstance(p, FlyDSLPass)]
     if ours is not None:
         passes.append(ours)
     if not passes:
         return None
-    return passes[0] if len(passes) == 1 else tuple(passes)
+    if len(passes) == 1:
+        return passes[0]
+    return tuple(passes) if _SEQUENCES else _Chain(passes)
 
 
 def install(options=None) -> FlyDSLPass:
@@ -99,10 +130,7 @@ def uninstall() -> None:
 def installed() -> bool:
     from torch._inductor import config
 
-    return any(
-        isinstance(p, FlyDSLPass)
-        for p in get_custom_graph_passes(config.post_grad_custom_post_pass)
-    )
+    return any(isinstance(p, FlyDSLPass) for p in _passes(config.post_grad_custom_post_pass))
 
 
 def backend(gm, example_inputs, *, mode=None, options=None):
