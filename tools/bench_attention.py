@@ -13,7 +13,8 @@ Every output (and gradient) is checked against SDPA before it is timed: ``max |o
 (1 + max |sdpa|) <= 2e-2`` (bf16).
 
 Timing: on a GPU, CUDA events around each call, ours and SDPA interleaved rep by rep, L2
-flushed, median of ``--reps``; on the CPU, ``time.perf_counter`` medians. TFLOP/s counts
+flushed, median of ``--reps``; beside it "ours kernels", the GPU time of the kernels a call
+launches (torch.profiler), so that the rest of our time is the host's; on the CPU, ``time.perf_counter`` medians. TFLOP/s counts
 ``4 * B * H * Sq * Sk_visible * D`` for the forward (QK^T and PV; a causal mask halves the
 visible keys) and 2.5x that for the backward (its five matmuls), over our median time.
 
@@ -108,6 +109,22 @@ def _time(fn, reps: int, device: str) -> float:
     return statistics.median(times)
 
 
+def _kernel_time(fn, reps: int) -> float | None:
+    """Seconds of GPU kernel time per call of ``fn`` (torch.profiler's CUDA activity: every
+    kernel the call launches, ours and ATen's), so that the wall time over it is the host's
+    share; None where the profiler gives no device times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(getattr(e, "device_time_total", 0.0) for e in prof.key_averages())  # us
+    return total / reps / 1e6 if total > 0 else None
+
+
 def _err(a, b) -> float:
     a, b = a.float(), b.float()
     return float((a - b).abs().max() / (1 + b.abs().max())) if a.numel() else 0.0
@@ -133,9 +150,12 @@ def run_prefill(c: Case, device: str, reps: int) -> dict:
     ref = _sdpa(q, k, v, c.causal)
     err = _err(ours, ref)
     visible = c.seqlen * (c.seqlen + 1) / 2 if c.causal else c.seqlen * c.seqlen
+    kernel = None
     if c.mode == "fwd":
         t_ours = _time(lambda: flash_attn_func(q, k, v, causal=c.causal), reps, device)
         t_ref = _time(lambda: _sdpa(q, k, v, c.causal), reps, device)
+        if device == "cuda":
+            kernel = _kernel_time(lambda: flash_attn_func(q, k, v, causal=c.causal), reps)
     else:
         for t in (q, k, v):
             t.requires_grad_()
@@ -151,7 +171,17 @@ def run_prefill(c: Case, device: str, reps: int) -> dict:
         t_ref = _time(
             lambda: torch.autograd.grad(o2, (q, k, v), do, retain_graph=True), reps, device
         )
-    return {"err": err, "ours_s": t_ours, "sdpa_s": t_ref, "flops": c.flops(visible)}
+        if device == "cuda":
+            kernel = _kernel_time(
+                lambda: torch.autograd.grad(o1, (q, k, v), do, retain_graph=True), reps
+            )
+    return {
+        "err": err,
+        "ours_s": t_ours,
+        "sdpa_s": t_ref,
+        "kernel_s": kernel,
+        "flops": c.flops(visible),
+    }
 
 
 def run_decode(c: Case, device: str, reps: int) -> dict:
@@ -181,6 +211,7 @@ def run_decode(c: Case, device: str, reps: int) -> dict:
         "err": err,
         "ours_s": _time(ours, reps, device),
         "sdpa_s": _time(ref, reps, device),
+        "kernel_s": _kernel_time(ours, reps) if device == "cuda" else None,
         "flops": c.flops(float(lens.sum()) / b),
     }
 
@@ -205,7 +236,16 @@ def main(argv=None) -> int:
         else torch.cuda.get_device_name()
     )
     table = Table(title=f"FlyDSL attention vs SDPA on {where}")
-    for col in ("mode", "shape", "max err", "ours", "SDPA", "speedup", "ours TFLOP/s"):
+    for col in (
+        "mode",
+        "shape",
+        "max err",
+        "ours",
+        "ours kernels",
+        "SDPA",
+        "speedup",
+        "ours TFLOP/s",
+    ):
         table.add_column(col, justify="left" if col in ("mode", "shape") else "right")
     rows, bad = [], 0
 
@@ -241,12 +281,13 @@ def main(argv=None) -> int:
         )
         if "error" in row:
             table.add_row(
-                c.mode, c.shape, f"[red]{escape(row['error'][:60])}[/]", "-", "-", "-", "-"
+                c.mode, c.shape, f"[red]{escape(row['error'][:60])}[/]", "-", "-", "-", "-", "-"
             )
         else:
             table.add_row(
-                c.mode, c.shape, f"{row['err']:.2e}", f"{row['ours_s'] * 1e3:.2f} ms",
-                f"{row['sdpa_s'] * 1e3:.2f} ms", f"{row['speedup']:.2f}x", f"{row['tflops']:.3g}",
+                c.mode, c.shape, f"{row['err']:.2e}", f"{row['ours_s'] * 1e3:.3f} ms",
+                "-" if row["kernel_s"] is None else f"{row['kernel_s'] * 1e3:.3f} ms",
+                f"{row['sdpa_s'] * 1e3:.3f} ms", f"{row['speedup']:.2f}x", f"{row['tflops']:.3g}",
             )  # fmt: skip
     Console(width=160).print(table)
     if cpu:

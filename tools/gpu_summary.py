@@ -152,17 +152,19 @@ def attention_lines(doc: dict | None, gpu: bool) -> list[str]:
         )
     out += [
         "",
-        "| mode | shape | max err | ours ms | SDPA ms | speedup | ours TFLOP/s |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | shape | max err | ours ms | ours kernels ms | SDPA ms | speedup | ours TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("error"):
-            out.append(f"| {r['mode']} | {r['shape']} | {r['error'][:80]} | - | - | - | - |")
+            out.append(f"| {r['mode']} | {r['shape']} | {r['error'][:80]} | - | - | - | - | - |")
             continue
-        ours, sdpa = (r[k] * 1e3 if r.get(k) is not None else None for k in ("ours_s", "sdpa_s"))
+        ours, kern, sdpa = (
+            r[k] * 1e3 if r.get(k) is not None else None for k in ("ours_s", "kernel_s", "sdpa_s")
+        )
         out.append(
             f"| {r['mode']} | {r['shape']} | {_fmt(r.get('err'), '.1e')} | "
-            f"{_fmt(ours, '.3f')} | {_fmt(sdpa, '.3f')} | "
+            f"{_fmt(ours, '.3f')} | {_fmt(kern, '.3f')} | {_fmt(sdpa, '.3f')} | "
             f"{_fmt(r.get('speedup'), '.2f', 'x')} | {_fmt(r.get('tflops'), '.0f')} |"
         )
     return out

@@ -318,3 +318,24 @@ def test_gemm_and_grouped_write_into_out():
     dst = torch.empty(13, 24, dtype=BF16)
     assert api.grouped_mm(x, w, offs, config=SMALL, out=dst) is dst
     close(dst, reference.grouped_mm(x, w, offs))
+
+
+@pytest.mark.cpu
+def test_check_tolerance_covers_fp32_accumulation_at_full_k_and_not_a_dropped_block():
+    # the GPU checks run at full K (4096 and up) against a float64 reference: an fp32 sum
+    # in another order passes, one K block of 64 left out does not
+    from flydsl_kernels.gemm.cases import _err, _spread
+
+    g = torch.Generator().manual_seed(7)
+    m, n, k, bk = 48, 80, 4096, 64
+    a = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(k, n, generator=g).to(torch.bfloat16)
+    parts = [a[:, i : i + bk].float() @ b[i : i + bk].float() for i in range(0, k, bk)]
+    out = torch.zeros(m, n)
+    for p in reversed(parts):  # fp32, blocked and reversed: another order than the reference
+        out += p
+    ref = reference.gemm(a, b, out_dtype=torch.float64, acc_dtype=torch.float64)
+    absp = reference.gemm(a.abs(), b.abs(), out_dtype=torch.float64, acc_dtype=torch.float64)
+    assert (out.double() - ref).abs().max() > 0  # the orders do differ
+    assert _err(out, ref, _spread(absp, k)) <= 1.0
+    assert _err(out - parts[17], ref, _spread(absp, k)) > 50

@@ -182,3 +182,22 @@ def test_paged_kvcache_hostile_indices_raise_before_any_write(call, what, kw, ex
             flash_attn_with_kvcache, q, kp, vp, kn, vn, cache_seqlens=i32(a["cache_seqlens"]),
             block_table=i32(a["block_table"]), guard_inputs=True,
         )  # fmt: skip
+
+
+def test_big_padded_block_table_is_checked_on_its_device(call):
+    """A table of more than 4096 entries, padded with -1 past each row's pages, takes the
+    validation's tensor path (not a Python loop); on a GPU it runs where the table lives."""
+    g = torch.Generator().manual_seed(6)
+    kp, vp = rand(4, 16, 2, 64, g=g), rand(4, 16, 2, 64, g=g)
+    table = torch.full((2, 2100), -1, dtype=torch.int32)
+    table[0, :2], table[1, :1] = i32([3, 0]), i32([2])
+    lens = [20, 5]
+    q = rand(2, 1, 4, 64, g=g)
+    out = call(flash_attn_with_kvcache, q, kp, vp, cache_seqlens=i32(lens), block_table=table)
+    for b, n in enumerate(lens):
+        rows = table[b, : -(-n // 16)].long()
+        ks, vs = kp[rows].flatten(0, 1)[None, :n], vp[rows].flatten(0, 1)[None, :n]
+        close(out[b : b + 1], reference.attention(q[b : b + 1], ks, vs)[0])
+    table[1, 0] = 9  # past the pool of 4 pages
+    with pytest.raises(IndexError, match=r"block_table\[1, 0\] = 9 is not a page"):
+        call(flash_attn_with_kvcache, q, kp, vp, cache_seqlens=i32(lens), block_table=table)

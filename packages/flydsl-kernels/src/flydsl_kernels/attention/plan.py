@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 from flydsl_core import cdiv
@@ -194,7 +195,8 @@ class FwdPlan:
         if C.VK_STRIDES:
             ks, vs = _strides(k), _strides(v)
             same = ks is not None and None not in ks and tuple(ks) == tuple(vs)
-            C = replace(C, VK_STRIDES=same and bool(C.BASED or C.VBLK))
+            if not (same and (C.BASED or C.VBLK)):  # a replace only where it changes
+                C = replace(C, VK_STRIDES=False)
         out = [Launch(attn_fwd_kernel, self.grid, args, {"C": C}, self.options)]
         if self.splits > 1:
             rows = sq_rows if sq_rows is not None else p.seqlen_q
@@ -248,6 +250,39 @@ def plan_forward(
     GP = next_gp(G) if kind == "decode" else 1
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
+    # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
+    # costs about 15 us, and a decode call plans on every call (9 of them were 140 us of a
+    # B1 decode's 210 us on the host)
+    BMS = BM // GP
+    # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
+    # drops it for strides above common.BASED_STRIDE_MAX)
+    based = kind == "decode" and (p.page_size == 0 or p.page_size >= cfg.BN)
+    # decode tiles spanning pages of whole MFMA key blocks load V in head-dim blocks where the
+    # table says so (Config.vblk, Fwd.VBLK; the launch drops it for strides or page offsets
+    # above common's bounds)
+    whole = bool(klanes) and p.page_size % cfg.nonkdim == 0
+    vblk = cfg.vblk if kind == "decode" and whole else 0
+    if vblk and not vblk_ok(
+        SimpleNamespace(VBLK=vblk, PAGE=p.page_size, BN=cfg.BN, DV=p.head_dim_v)
+    ):
+        vblk = 0
+    NG = cdiv(G, GP)
+    mblocks = cdiv(p.seqlen_q, BMS)
+    programs = p.batch * p.heads_k * NG * mblocks
+    cus = configs.num_cus(table)
+    kv_blocks = cdiv(p.seqlen_k, cfg.BN)
+    keys = p.seqlen_k if band(p) is None else min(p.seqlen_k, band(p) + BMS - 1)
+    s = splits if splits is not None else configs.splits_for(programs, keys, cus)
+    s = max(1, min(int(s), max(kv_blocks, 1)))
+    if sparse:
+        s = 1  # a block list is one program's walk: no split-KV
+    pers = 0
+    if s == 1:
+        if persistent is None:
+            # causal tiles cost unevenly only across m-blocks: one m-block (decode) is even
+            pers = configs.persistent_programs(programs, cus, uneven=p.causal and mblocks > 1)
+        else:
+            pers = int(persistent)
     C = Fwd(
         BM=BM,
         BN=cfg.BN,
@@ -273,51 +308,24 @@ def plan_forward(
         SPARSE_KV=p.sparse[1],
         SPARSE_FULL=p.sparse_full,
         FOLD_SCALE=scale_of(p) > 0,
-    )
-    C = replace(C, NARROW=narrow_band(p, C.BMS, cfg.BN, "fwd"), KLANES=klanes, KROWS=cfg.nonkdim)
-    C = replace(C, LANE_SUMS=cfg.lane_sums and C.BN % 16 == 0)  # forward.LANE_SUM_N
-    C = replace(
-        C,
+        NARROW=narrow_band(p, BMS, cfg.BN, "fwd"),
+        KLANES=klanes,
+        KROWS=cfg.nonkdim,
+        LANE_SUMS=cfg.lane_sums and cfg.BN % 16 == 0,  # forward.LANE_SUM_N
         KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
         SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
+        KT=cfg.k_t and not p.page_size and not klanes,
+        BASED=based,
+        VBLK=vblk,
+        # where the launch finds V's strides equal to K's, V's offsets take K's (Fwd.VK_STRIDES):
+        # on the buffer-load tables only (sm90's d64 page256 decode went 80 -> 89 registers)
+        VK_STRIDES=bool(based or vblk) and buffer_ops(table),
+        SPLITS=s if s > 1 else 1,
+        PERSIST=s == 1 and bool(pers),
     )
-    C = replace(C, KT=cfg.k_t and not p.page_size and not C.KLANES)
-    # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
-    # drops it for strides above common.BASED_STRIDE_MAX)
-    C = replace(C, BASED=kind == "decode" and (C.PAGE == 0 or C.PAGE >= C.BN))
-    # decode tiles spanning pages of whole MFMA key blocks load V in head-dim blocks where the
-    # table says so (Config.vblk, Fwd.VBLK; the launch drops it for strides or page offsets
-    # above common's bounds)
-    whole = bool(klanes) and C.PAGE % cfg.nonkdim == 0
-    C = replace(C, VBLK=cfg.vblk if kind == "decode" and whole else 0)
-    if not vblk_ok(C):
-        C = replace(C, VBLK=0)
-    # where the launch finds V's strides equal to K's, V's offsets take K's (Fwd.VK_STRIDES):
-    # on the buffer-load tables only (sm90's d64 page256 decode went 80 -> 89 registers)
-    C = replace(C, VK_STRIDES=bool(C.BASED or C.VBLK) and buffer_ops(table))
-    BMS = C.BMS
-    NG = cdiv(G, GP)
-    mblocks = cdiv(p.seqlen_q, BMS)
-    programs = p.batch * p.heads_k * NG * mblocks
-    cus = configs.num_cus(table)
-    kv_blocks = cdiv(p.seqlen_k, cfg.BN)
-    keys = p.seqlen_k if band(p) is None else min(p.seqlen_k, band(p) + BMS - 1)
-    s = splits if splits is not None else configs.splits_for(programs, keys, cus)
-    s = max(1, min(int(s), max(kv_blocks, 1)))
-    if sparse:
-        s = 1  # a block list is one program's walk: no split-KV
-    pers = 0
-    if s == 1:
-        if persistent is None:
-            # causal tiles cost unevenly only across m-blocks: one m-block (decode) is even
-            pers = configs.persistent_programs(programs, cus, uneven=p.causal and mblocks > 1)
-        else:
-            pers = int(persistent)
     if s > 1:
-        C = replace(C, SPLITS=s)
         grid = (mblocks, p.batch * p.heads_k * NG, s)
     elif pers:
-        C = replace(C, PERSIST=True)
         grid = (min(pers, max(programs, 1)), 1, 1)
     else:
         grid = (mblocks, p.batch * p.heads_k * NG, 1)

@@ -367,7 +367,10 @@ def _pages_host(bt: torch.Tensor, lens: list, page: int, pool: int, what: str) -
             None,
         )
     else:  # a big padded table: a handful of tensor ops instead of a Python loop over it
-        cols = torch.arange(bt.shape[1])[None, :] < torch.tensor(need)[:, None]
+        dev = bt.device  # the table's (a GPU's): a CPU index would not mix with it
+        cols = (
+            torch.arange(bt.shape[1], device=dev)[None, :] < torch.tensor(need, device=dev)[:, None]
+        )
         bad = (cols & ((bt < 0) | (bt >= pool))).nonzero()
         hit = tuple(bad[0].tolist()) if bad.numel() else None
     if hit is not None:

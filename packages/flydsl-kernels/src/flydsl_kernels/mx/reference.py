@@ -61,7 +61,7 @@ def _encode(mag: torch.Tensor, negative: torch.Tensor, fmt) -> torch.Tensor:
     if fmt.per_byte == 1:
         bits = mag.to(torch.float32).to(fmt.torch_dtype).view(torch.uint8).to(torch.int32)
     else:
-        table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+        table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=mag.device)
         bits = torch.searchsorted(table, mag.contiguous()).to(torch.int32)
     return (bits | (negative.to(torch.int32) << fmt.sign_shift)).to(torch.uint8)
 
@@ -101,7 +101,7 @@ def decode_elems(q: torch.Tensor, elem_dtype) -> torch.Tensor:
     if fmt.per_byte == 1:
         return u.view(fmt.torch_dtype).to(torch.float64)
     nib = torch.stack([u & 0xF, u >> 4], dim=-1).reshape(*u.shape[:-1], u.shape[-1] * 2)
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=q.device)  # q's: a GPU too
     mag = table[(nib & 7).long()]
     return torch.where(nib >= 8, -mag, mag)
 
