@@ -452,7 +452,8 @@ def _known_list() -> str:
 
 def lookup_target(name: str) -> Target | None:
     """The target a name or alias denotes, or None."""
-    return _BY_KEY.get(_norm(name))
+    # a canonical name as given first: every API call resolves its target several times
+    return _BY_KEY.get(name) or _BY_KEY.get(_norm(name))
 
 
 def get_target(name_or_target: str | Target) -> Target:

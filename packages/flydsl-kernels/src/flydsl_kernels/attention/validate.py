@@ -39,6 +39,8 @@ from flydsl_core import cdiv
 
 from .. import supported
 from . import configs
+from .index_check import BLOCK as INDEX_BLOCK
+from .index_check import paged_index_check_kernel
 from .mods import MAX_MOD_TENSORS, as_mask_mod, as_score_mod
 
 SUPPORTED_DTYPES = supported.ATTENTION
@@ -508,6 +510,30 @@ def kvcache(
     if not isinstance(probe, torch.Tensor) or _on_host(probe):
         host()
         return
+
+    def recheck():
+        cpu = lambda t: t.cpu() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        host(cpu(seqlens), cpu(block_table), cpu(batch_idx))
+
+    if (
+        paged
+        and batch_idx is None
+        and isinstance(seqlens, torch.Tensor)
+        and seqlens.numel()
+        and cap + page <= _INT32_MAX
+        and not (probe.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        # one launch and the one sync (index_check's module doc); under a graph capture, the
+        # torch ops below assert on the device instead
+        bad = torch.empty(seqlens.shape[0], dtype=torch.int32, device=seqlens.device)
+        paged_index_check_kernel[(seqlens.shape[0],)](
+            seqlens, block_table, bad, block_table.shape[1], cap - snew, snew, page, pool,
+            BLOCK=INDEX_BLOCK,
+        )  # fmt: skip
+        if any(bad.tolist()):
+            recheck()
+            raise AssertionError("unreachable: the device and host checks disagree")
+        return
     flags: list = []
     if isinstance(seqlens, int):
         if batch:
@@ -520,9 +546,4 @@ def kvcache(
     if batch_idx is not None and batch_idx.numel():
         lo, hi = torch.aminmax(batch_idx)
         flags += [lo < 0, hi >= batch_cache]
-
-    def recheck():
-        cpu = lambda t: t.cpu() if isinstance(t, torch.Tensor) else t  # noqa: E731
-        host(cpu(seqlens), cpu(block_table), cpu(batch_idx))
-
     _settle(flags, paged, recheck, what)
