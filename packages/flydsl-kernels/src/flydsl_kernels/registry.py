@@ -63,3 +63,13 @@ class Family:
     cases: Callable[[], Iterator[ReportCase]]
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def gen(device, seed: int):
+    """A seeded generator on ``device``, for a case's inputs made where they are used: on a GPU
+    the H200 run's report spent most of its time making full-shape inputs on the CPU (a 402M
+    element expert weight, say) and copying them over. On the CPU the values are the same as
+    ever; on a GPU they are the device generator's."""
+    import torch
+
+    return torch.Generator(device=device).manual_seed(seed)

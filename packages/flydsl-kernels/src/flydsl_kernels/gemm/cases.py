@@ -13,6 +13,7 @@ import torch
 
 from .. import registry
 from .._target import check_target as _check_target
+from ..registry import gen
 from . import configs, reference
 from .api import gemm, grouped_mm, swiglu
 from .kernels import KERNELS, RAGGED_M
@@ -55,9 +56,9 @@ def _cpu(device) -> bool:
 
 
 def _nt(m, n, k, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=g).to(torch.bfloat16).to(device)
-    w = torch.randn(n, k, generator=g).to(torch.bfloat16).to(device)
+    g = gen(device, seed)
+    a = torch.randn(m, k, generator=g, device=device).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=g, device=device).to(torch.bfloat16)
     return a, w.t()  # F.linear's weight: b = W^T, the NT layout
 
 
@@ -128,10 +129,10 @@ def _swiglu_case(m, n, k, model):
         return plan_swiglu(a, b, b, o, config=cfg_of(target), target=target).compile(target)
 
     def inputs(device, mm, nn, kk, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        a = torch.randn(mm, kk, generator=g).to(torch.bfloat16).to(device)
-        wg = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
-        wu = torch.randn(nn, kk, generator=g).to(torch.bfloat16).to(device)
+        g = gen(device, seed)
+        a = torch.randn(mm, kk, generator=g, device=device).to(torch.bfloat16)
+        wg = torch.randn(nn, kk, generator=g, device=device).to(torch.bfloat16)
+        wu = torch.randn(nn, kk, generator=g, device=device).to(torch.bfloat16)
         return a, wg.t(), wu.t()
 
     def check(device, target=None):
@@ -183,12 +184,12 @@ def _grouped_case(tokens, experts, n, k, model):
         return configs.select("grouped", max(1, tokens // experts), n, k, target=target)
 
     def inputs(device, t, e, nn, kk, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        a = torch.randn(t, kk, generator=g).to(torch.bfloat16).to(device)
-        w = torch.randn(e, nn, kk, generator=g).to(torch.bfloat16).to(device).transpose(1, 2)
+        g = gen(device, seed)
+        a = torch.randn(t, kk, generator=g, device=device).to(torch.bfloat16)
+        w = torch.randn(e, nn, kk, generator=g, device=device).to(torch.bfloat16).transpose(1, 2)
         # ragged routing: expert sizes from a seeded multinomial, some empty
-        counts = torch.bincount(torch.randint(0, e, (t,), generator=g), minlength=e)
-        offs = counts.cumsum(0).to(torch.int32).to(device)
+        counts = torch.bincount(torch.randint(0, e, (t,), generator=g, device=device), minlength=e)
+        offs = counts.cumsum(0).to(torch.int32)
         return a, w, offs
 
     def compile_(target):

@@ -14,6 +14,7 @@ import torch
 from .. import registry
 from .._target import check_device as _dev
 from .._target import check_target as _check_target
+from ..registry import gen
 from . import baseline, configs, reference
 from .api import from_mx, mx_gemm, mx_grouped_mm, to_mx
 from .formats import BLOCK, SCALE_DTYPE, elem_format
@@ -30,7 +31,7 @@ _CHECK_GROUPED = (24, 5, 40, 160)
 
 
 def _randn(shape, device, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    return torch.randn(*shape, generator=gen(device, seed), device=device)
 
 
 def _emulated(target) -> str | None:
@@ -190,9 +191,9 @@ def _grouped_case(tokens, top, experts, n, k, fa, fb, model):
     def inputs(device, rows, experts, nn, kk, seed):
         ops = _mx_operands((rows, kk), (experts, nn, kk), fa, fb, device, seed)
         # ragged routing: expert sizes from a seeded multinomial, some empty
-        g = torch.Generator().manual_seed(seed)
-        counts = torch.bincount(torch.randint(0, experts, (rows,), generator=g), minlength=experts)
-        return ops, counts.cumsum(0).to(torch.int32).to(device)
+        g = gen(device, seed)
+        counts = torch.randint(0, experts, (rows,), generator=g, device=device)
+        return ops, torch.bincount(counts, minlength=experts).cumsum(0).to(torch.int32)
 
     def check(device, target=None):
         cpu = _dev(device) == "cpu"
