@@ -1,6 +1,6 @@
 """One prepared GPU run: everything worth measuring on a GPU, in one command, within a budget.
 
-    python tools/gpu_run.py --out DIR [--device cuda|cpu] [--budget 480] [--pack]
+    python tools/gpu_run.py --out DIR [--device cuda|cpu] [--budget 510] [--pack]
 
 ``tools/gpu_run.sh`` is the entry point (it picks the interpreter and sets the import path);
 docs/gpu-results.md says how to run it on the lent H200 and where its figures go.
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default $OUT)")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    ap.add_argument("--budget", type=float, default=None, help="seconds (default 480; dry run 300)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds (default 510; dry run 300)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel warm-up processes")
     ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument(
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dry = device == "cpu"
-    budget = args.budget or (300.0 if dry else 480.0)
+    budget = args.budget or (300.0 if dry else 510.0)
     pack = (
         args.pack
         if args.pack is not None
@@ -368,7 +368,7 @@ def main(argv=None) -> int:
             "--json",
             str(out / "attention.json"),
         ],
-        45 if dry else 150,
+        45 if dry else 120,
     )
     # 5. the GPU tier
     pyt = [
@@ -427,7 +427,7 @@ def main(argv=None) -> int:
             "--json",
             str(out / "ops.json"),
         ],
-        40 if dry else 75,
+        40 if dry else 45,
     )
     run.part(
         "gemm",
@@ -440,7 +440,7 @@ def main(argv=None) -> int:
             "--json",
             str(out / "gemm.json"),
         ],
-        60 if dry else 75,
+        60 if dry else 45,
     )
     disp = ["--rounds", "3", "--calls", "200"] if dry else ["--rounds", "11", "--calls", "1000"]
     run.part(

@@ -13,7 +13,7 @@
 # the machine's python3 with the four workspace packages put on PYTHONPATH from packages/*/src
 # (pure Python: nothing to build or download). The device tool's call, as one line:
 #
-#   run(command="bash tools/gpu_run.sh", timeout_s=570)
+#   run(command="bash tools/gpu_run.sh", timeout_s=560)
 #
 # after `git rev-parse HEAD > COMMIT` here (the copy that travels may have no .git; env.json
 # reads COMMIT then),
