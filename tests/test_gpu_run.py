@@ -23,15 +23,18 @@ def test_dry_run_writes_every_file(tool, tmp_path, monkeypatch):
     out = tmp_path / "run"
     rc = gpu_run.main(["--out", str(out), "--device", "cpu", "--in-process", "--pack"])
     kept = sorted(p.name for p in out.iterdir())
-    assert kept == sorted(gpu_run.KEEP), kept  # at most 8 files come back from the device
+    # at most 8 files come back from the device; tune.json only from a run that names the part
+    assert kept == sorted(k for k in gpu_run.KEEP if k != "tune.json"), kept
+    assert len(gpu_run.KEEP) <= 8
     with tarfile.open(out / "gpu-run.tar.gz") as tar:
         names = set(tar.getnames())
     for f in ("env.json", "parts.json", "junit.xml", "launch.json", "ops.json", "gemm.json",
               "dispatch.json", "attention.json", "warm-0.json", "report.log", "pytest.log"):  # fmt: skip
         assert f in names, (f, sorted(names))
     parts = json.loads(tar_read(out / "gpu-run.tar.gz", "parts.json"))["parts"]
-    assert [p["part"] for p in parts] == ["env", "warm", "report", "attention", "pytest", "launch", "ops", "gemm", "dispatch", "summary"]  # fmt: skip
-    assert all(p["status"] == "ok" for p in parts), parts
+    assert [p["part"] for p in parts] == ["env", "warm", "report", "attention", "pytest", "launch", "ops", "gemm", "dispatch", "tune", "summary"]  # fmt: skip
+    assert all(p["status"] == "ok" for p in parts if p["part"] != "tune"), parts
+    assert parts[-2]["status"] == "not run"  # the sweep runs only when named
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert len(report["rows"]) == len(gpu_run.DRY_SELECT)
@@ -100,3 +103,22 @@ def test_summary_goals_and_plots_from_gpu_figures(tool, tmp_path):
     assert "**met**" in text and "**not met**" in text
     assert "1 with an out-of-bounds write" in text and "mx/x/y" in text
     assert (tmp_path / "plots.png").stat().st_size > 1000
+
+
+@pytest.mark.compile
+def test_tune_part_and_its_summary(tool, tmp_path, monkeypatch):
+    """``--only tune``: the attention sweep's dry run (two candidates of each kind on the
+    reference backend), its JSON and its summary section."""
+    monkeypatch.delenv("OUT", raising=False)
+    gpu_run = tool("gpu_run")
+    out = tmp_path / "run"
+    rc = gpu_run.main(["--out", str(out), "--device", "cpu", "--in-process", "--only", "tune"])
+    assert rc == 0
+    doc = json.loads((out / "tune.json").read_text())
+    assert doc["cpu_figures"]
+    kinds = [r["kind"] for r in doc["rows"]]
+    assert kinds == ["fwd", "fwd", "bwd_dkdv", "bwd_dkdv", "bwd_dq", "bwd_dq", "decode", "decode"]
+    assert all(r["ok"] and r["s"] > 0 for r in doc["rows"]), doc["rows"]
+    assert [r["shipped"] for r in doc["rows"][:2]] == [True, False]
+    summary = (out / "summary.md").read_text()
+    assert "## Attention config sweep" in summary and "| bwd_dq | 2 | 2 |" in summary

@@ -110,6 +110,7 @@ COMMANDS: dict[str, tuple] = {
     "tools/bench_compile.py": ("run", ["tools/bench_compile.py", "--targets", "gfx950", "--examples", "vector_add"]),
     "tools/bench_launch.py": ("test", DRY_RUN),
     "tools/bench_attention.py": ("test", DRY_RUN),
+    "tools/tune_attention.py": ("test", "tests/test_gpu_run.py::test_tune_part_and_its_summary"),
     "uv run python tools/loop_mix.py gpt-oss": (
         "test",
         "tests/test_loop_mix.py::test_loop_mix_matches_the_report",

@@ -26,7 +26,9 @@ a failing or timed-out part is recorded and the run goes on:
 6. ``launch``: launch overhead on the real driver, ours vs Triton's ``@triton.jit`` launch of
    the same generated kernel vs ATen, in one process (``launch.json``);
 7. ``ops``, ``gemm``, ``dispatch``: the benchmarks under tools/ with their JSON;
-8. ``summary``: ``summary.md`` with the headline figures, each issue goal met / not met, and
+8. ``tune`` (only when ``--only`` names it): ``tools/tune_attention.py``, the timed sweep of
+   the attention configs against the shipped table (``tune.json``);
+9. ``summary``: ``summary.md`` with the headline figures, each issue goal met / not met, and
    ``plots.png`` (speedup per case, % of HBM bandwidth of the memory-bound cases, % of cuBLAS
    of the GEMMs), made by ``tools/gpu_summary.py``.
 
@@ -60,10 +62,13 @@ DRY_SELECT = [
 ]
 #: seconds a part stopped at its limit gets between SIGINT and SIGKILL
 GRACE_S = 8.0
-#: the parts, in order (``--only`` runs a subset)
-PARTS = ("env", "warm", "report", "attention", "pytest", "launch", "ops", "gemm", "dispatch")
+#: the parts, in order (``--only`` runs a subset); ``tune`` only when named
+PARTS = (
+    "env", "warm", "report", "attention", "pytest", "launch", "ops", "gemm", "dispatch", "tune"
+)  # fmt: skip
+DEFAULT_PARTS = PARTS[:-1]
 #: files left in DIR by --pack (all the rest goes into gpu-run.tar.gz)
-KEEP = ("summary.md", "plots.png", "report.json", "attention.json", "gpu-run.tar.gz")
+KEEP = ("summary.md", "plots.png", "report.json", "attention.json", "tune.json", "gpu-run.tar.gz")
 
 
 def _in_process(argv: list[str], log: Path):
@@ -263,8 +268,9 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--only",
         type=lambda t: t.split(","),
-        default=list(PARTS),
-        help=f"comma-separated parts to run (default all: {','.join(PARTS)})",
+        default=list(DEFAULT_PARTS),
+        help=f"comma-separated parts to run (default {','.join(DEFAULT_PARTS)}; also: tune, "
+        "tools/tune_attention.py's timed sweep of the attention configs)",
     )
     ap.add_argument(
         "--select",
@@ -448,10 +454,18 @@ def main(argv=None) -> int:
         [py, str(TOOLS / "bench_dispatch.py"), *disp, "--json", str(out / "dispatch.json")],
         30,
     )
+    # 8. (named only) the timed sweep of the attention configs, compiled in `jobs` processes
+    tune = ["--limit", "2", "--jobs", "2"] if dry else ["--jobs", str(jobs)]
+    run.part(
+        "tune",
+        [py, str(TOOLS / "tune_attention.py"), "--device", device, *tune,
+         "--json", str(out / "tune.json")],
+        60 if dry else 400,
+    )  # fmt: skip
     (out / "parts.json").write_text(
         json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n"
     )
-    # 8. the summary (in-process: it must run whatever happened before)
+    # 9. the summary (in-process: it must run whatever happened before)
     sys.path.insert(0, str(TOOLS))
     from gpu_summary import write_summary
 
@@ -472,7 +486,7 @@ def main(argv=None) -> int:
     if pack:
         _pack(out)
     print((out / "summary.md").read_text(), flush=True)
-    return 0 if all(p["status"] == "ok" for p in run.parts) else 1
+    return 0 if all(p["status"] in ("ok", "not run") for p in run.parts) else 1
 
 
 def merge_checks(out: Path, jobs: int) -> None:

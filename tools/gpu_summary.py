@@ -170,6 +170,27 @@ def attention_lines(doc: dict | None, gpu: bool) -> list[str]:
     return out
 
 
+def tune_lines(doc: dict) -> list[str]:
+    """Per kind: the shipped entry's time, the fastest candidate and its gain."""
+    out = ["| kind | candidates | timed | shipped ms | best ms | best vs shipped | best config |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = doc.get("rows", [])
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        rs = [r for r in rows if r["kind"] == kind]
+        timed = sorted((r for r in rs if r.get("s")), key=lambda r: r["s"])
+        ship = next((r for r in rs if r.get("shipped")), {})
+        best = timed[0] if timed else {}
+        out.append(
+            f"| {kind} | {len(rs)} | {len(timed)} | "
+            f"{_fmt(ship.get('s') and ship['s'] * 1e3, '.3f')} | "
+            f"{_fmt(best.get('s') and best['s'] * 1e3, '.3f')} | "
+            f"{_fmt(best.get('vs_shipped'), '.2f', 'x')} | {best.get('config', '-')} |"
+        )
+    if doc.get("cpu_figures"):
+        out.append("\nCPU figures: the sweep's dry run on the reference backend, not speeds.")
+    return out
+
+
 def _met(m) -> str:
     return "not measured" if m is None else ("**met**" if m else "**not met**")
 
@@ -300,6 +321,10 @@ def write_summary(out: Path) -> str:
         )
     L += ["", f"## Attention vs SDPA (issue 23: >= {ATTENTION_GOAL_X}x)", ""]
     L += attention_lines(_load(out / "attention.json"), gpu)
+    tune = _load(out / "tune.json")
+    if tune is not None:
+        L += ["", "## Attention config sweep (tools/tune_attention.py)", ""]
+        L += tune_lines(tune)
     L += ["", "## Benchmarks", ""]
     for name, doc in (("bench_ops", ops), ("bench_gemm", gemm), ("bench_dispatch", disp)):
         if doc is None:
