@@ -122,3 +122,37 @@ def test_tune_part_and_its_summary(tool, tmp_path, monkeypatch):
     assert [r["shipped"] for r in doc["rows"][:2]] == [True, False]
     summary = (out / "summary.md").read_text()
     assert "## Attention config sweep" in summary and "| bwd_dq | 2 | 2 |" in summary
+
+
+@pytest.mark.cpu
+def test_merge_checks_takes_the_warm_parts_results(tool, tmp_path):
+    """The report part times only; the warm shards' check results go into report.json by case
+    key, a case only a shard reached is added without its (shared-GPU) times, and with no
+    report.json at all the shards' rows are the report."""
+    gpu_run = tool("gpu_run")
+
+    def row(key, **kw):
+        base = dict(key=key, check_device=None, check_error=None, ok=None, error=None)
+        base.update(ours_us=None, aten_us=None, speedup=None, tflops=None, gbps=None)
+        return {**base, "hbm_pct": None, **kw}
+
+    warm = [
+        [row("a", check_device="cuda", check_error=0.5, ok=True, ours_us=9.0, speedup=3.0)],
+        [row("b", check_device="cuda", check_error=2.0, ok=False, ours_us=8.0),
+         row("c", check_device="cuda", check_error=0.1, ok=True, ours_us=7.0, speedup=2.0)],
+    ]  # fmt: skip
+    for i, rows in enumerate(warm):
+        (tmp_path / f"warm-{i}.json").write_text(json.dumps({"gpu": True, "rows": rows}))
+    report = {"gpu": True, "device": "cuda", "rows": [row("a", ours_us=4.0, speedup=1.5),
+                                                      row("b", ours_us=5.0, speedup=0.5)]}  # fmt: skip
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    gpu_run.merge_checks(tmp_path, 2)
+    got = {r["key"]: r for r in json.loads((tmp_path / "report.json").read_text())["rows"]}
+    assert (got["a"]["ok"], got["a"]["check_error"], got["a"]["ours_us"]) == (True, 0.5, 4.0)
+    assert (got["b"]["ok"], got["b"]["check_error"], got["b"]["speedup"]) == (False, 2.0, 0.5)
+    assert got["c"]["ok"] is True and got["c"]["ours_us"] is None and got["c"]["speedup"] is None
+    (tmp_path / "report.json").unlink()
+    gpu_run.merge_checks(tmp_path, 2)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["checks_from"].startswith("warm") and len(doc["rows"]) == 3
+    assert all(r["ours_us"] is None for r in doc["rows"])
