@@ -109,6 +109,7 @@ COMMANDS: dict[str, tuple] = {
     "uv run python tools/bench_reference.py": ("run", ["tools/bench_reference.py", "--repeats", "1", "--skip-budget"]),
     "tools/bench_compile.py": ("run", ["tools/bench_compile.py", "--targets", "gfx950", "--examples", "vector_add"]),
     "tools/bench_launch.py": ("test", DRY_RUN),
+    "tools/bench_host.py": ("test", "tests/test_bench_host.py::test_host_rows_and_the_ops_besides_our_kernels"),
     "tools/bench_attention.py": ("test", DRY_RUN),
     "tools/tune_attention.py": ("test", "tests/test_gpu_run.py::test_tune_part_and_its_summary"),
     "uv run python tools/loop_mix.py gpt-oss": (
