@@ -28,11 +28,11 @@ def test_dry_run_writes_every_file(tool, tmp_path, monkeypatch):
     assert len(gpu_run.KEEP) <= 8
     with tarfile.open(out / "gpu-run.tar.gz") as tar:
         names = set(tar.getnames())
-    for f in ("env.json", "parts.json", "junit.xml", "launch.json", "ops.json", "gemm.json",
+    for f in ("env.json", "parts.json", "junit.xml", "launch.json", "host.json", "ops.json", "gemm.json",
               "dispatch.json", "attention.json", "warm-0.json", "report.log", "pytest.log"):  # fmt: skip
         assert f in names, (f, sorted(names))
     parts = json.loads(tar_read(out / "gpu-run.tar.gz", "parts.json"))["parts"]
-    assert [p["part"] for p in parts] == ["env", "warm", "report", "attention", "pytest", "launch", "ops", "gemm", "dispatch", "tune", "summary"]  # fmt: skip
+    assert [p["part"] for p in parts] == ["env", "warm", "report", "attention", "pytest", "launch", "host", "ops", "gemm", "dispatch", "tune", "summary"]  # fmt: skip
     assert all(p["status"] == "ok" for p in parts if p["part"] != "tune"), parts
     assert parts[-2]["status"] == "not run"  # the sweep runs only when named
     assert rc == 0

@@ -24,7 +24,8 @@ a failing or timed-out part is recorded and the run goes on:
    rows it finished);
 5. ``pytest``: ``pytest -m gpu`` with a JUnit XML (``junit.xml``);
 6. ``launch``: launch overhead on the real driver, ours vs Triton's ``@triton.jit`` launch of
-   the same generated kernel vs ATen, in one process (``launch.json``);
+   the same generated kernel vs ATen, in one process (``launch.json``); ``host``: each API
+   call's host work with the kernels stubbed, on this machine's CPU (``host.json``);
 7. ``ops``, ``gemm``, ``dispatch``: the benchmarks under tools/ with their JSON;
 8. ``tune`` (only when ``--only`` names it): ``tools/tune_attention.py``, the timed sweep of
    the attention configs against the shipped table (``tune.json``);
@@ -64,7 +65,8 @@ DRY_SELECT = [
 GRACE_S = 8.0
 #: the parts, in order (``--only`` runs a subset); ``tune`` only when named
 PARTS = (
-    "env", "warm", "report", "attention", "pytest", "launch", "ops", "gemm", "dispatch", "tune"
+    "env", "warm", "report", "attention", "pytest", "launch", "host", "ops", "gemm", "dispatch",
+    "tune",
 )  # fmt: skip
 DEFAULT_PARTS = PARTS[:-1]
 #: files left in DIR by --pack (all the rest goes into gpu-run.tar.gz)
@@ -417,6 +419,14 @@ def main(argv=None) -> int:
             str(out / "launch.json"),
         ],
         40,
+    )
+    # the APIs' host work with the kernels stubbed, on this machine's CPU: the share of a
+    # small call's time on this GPU that is Python
+    hcalls = ["--calls", "3", "--rounds", "1"] if dry else ["--calls", "100", "--rounds", "5"]
+    run.part(
+        "host",
+        [py, str(TOOLS / "bench_host.py"), *hcalls, "--json", str(out / "host.json")],
+        30,
     )
     # 7. the benchmarks
     quick = ["--quick", "--reps", "1"] if dry else []

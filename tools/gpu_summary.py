@@ -336,6 +336,16 @@ def write_summary(out: Path) -> str:
             f"- {name}: {len(rs)} rows on {doc.get('device')}"
             + (f", geomean speedup {gm:.2f}x" if gm else "")
         )
+    host = _load(out / "host.json")
+    if host is not None:
+        L.append(
+            "- host work per API call, kernels stubbed (this machine's CPU): "
+            + ", ".join(
+                f"{r['api']} {r['host_us']:.0f} us ({r['launches']} launches, "
+                f"{r['torch_ops']} torch ops)"
+                for r in host.get("rows", [])
+            )
+        )
     if launch:
         L.append(
             f"- launch ({'real driver' if launch.get('real_driver') else 'CPU, no-op device call'}): "
