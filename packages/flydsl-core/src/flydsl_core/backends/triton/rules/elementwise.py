@@ -181,9 +181,10 @@ def _fly_tanh(x):
 #: the reciprocal each GPU backend computes in one instruction: ``v_rcp_f32`` (1 ulp) on AMD,
 #: ``rcp.approx.ftz.f32`` (1 ulp, one ``MUFU.RCP``) on NVIDIA, as inline asm on both (Triton
 #: 3.6, the H200 image's, has no ``tl.math.fdiv(..., approx=True)``). On AMD a ``/`` is the
-#: correctly rounded division sequence (``v_div_scale``, ``v_div_fmas``, ``v_div_fixup``: about ten instructions) and LLVM's own
-#: approximate reciprocal scales for denormal results (``v_frexp`` / ``v_ldexp``: five); the
-#: formula's denominators lie in [2, 2^47], so the bare instruction is exact to its 1 ulp.
+#: correctly rounded division sequence (``v_div_scale``, ``v_div_fmas``, ``v_div_fixup``: about
+#: ten instructions) and LLVM's own approximate reciprocal scales for denormal results
+#: (``v_frexp`` / ``v_ldexp``: five); the formula's denominators lie in [2, 2^47], so the bare
+#: instruction is exact to its 1 ulp.
 _RCP = {
     "hip": 'tl.inline_asm_elementwise("v_rcp_f32 $0, $1", "=v,v", [{d}], dtype=tl.float32, '
     "is_pure=True, pack=1)",
