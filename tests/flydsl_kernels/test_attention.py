@@ -488,6 +488,20 @@ def test_varlen_sinks_alibi_and_a_zero_key_sequence():
 # -- decode: KV cache -----------------------------------------------------------------------------------------
 
 
+def _check_decode_splits(q, kfull, vfull, kc, vc, lens, table, cfg, target, splits=(1, 3),
+                         sinks=None, tol=OUT_TOL[BF16]):  # fmt: skip
+    """``flash_attn_with_kvcache`` over the cache ``kc`` / ``vc`` (``table``: paged) with each of
+    ``splits``, output and LSE against the float64 reference of the dense ``kfull`` / ``vfull``."""
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, sinks=sinks)
+    for splits_ in splits:
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits_,
+            return_softmax_lse=True, sinks=sinks, target=target, config=cfg,
+        )  # fmt: skip
+        close(out, ro, tol, f"splits={splits_}")
+        close_lse(lse, rl)
+
+
 def _paged(kfull, vfull, page, g):
     """A paged copy of a dense ``(B, S, Hk, D)`` cache with pages in a random order."""
     B, S = kfull.shape[:2]
@@ -600,14 +614,7 @@ def test_decode_k_in_lane_order_and_tiles_over_pages(target, page, d, g_, klanes
     else:
         kc, vc, table = kfull, vfull, None
     cfg = configs.Config(16, 64, 1, 1, 16, klanes=klanes)
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
-    for splits in (1, 3):
-        out, lse = flash_attn_with_kvcache(
-            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
-            return_softmax_lse=True, target=target, config=cfg,
-        )  # fmt: skip
-        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
-        close_lse(lse, rl)
+    _check_decode_splits(q, kfull, vfull, kc, vc, lens, table, cfg, target)
     p = plan.Problem(B, sq, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target, config=cfg)
@@ -641,14 +648,8 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
     else:
         kc, vc, table = kfull, vfull, None
     cfg = configs.Config(16, bn, 1, 1, 16, lazy=lazy, klanes=8, lane_sums=True)
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, sinks=sk)
-    for splits in (1, 3):
-        out, lse = flash_attn_with_kvcache(
-            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
-            return_softmax_lse=True, sinks=sk, target=target, config=cfg,
-        )  # fmt: skip
-        close(out, ro, OUT_TOL[dtype], f"splits={splits}")
-        close_lse(lse, rl)
+    _check_decode_splits(q, kfull, vfull, kc, vc, lens, table, cfg, target, sinks=sk,
+                         tol=OUT_TOL[dtype])  # fmt: skip
     p = plan.Problem(B, 1, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True, dtype="bf16" if dtype == BF16 else "fp16")  # fmt: skip
     assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
@@ -682,14 +683,7 @@ def test_decode_based_loads_with_awkward_strides(target, page, d, pad, step):
         kc, vc, table = kfull, vfull, None
     kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, pad, step)
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
-    for splits in (1, 2):
-        out, lse = flash_attn_with_kvcache(
-            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
-            return_softmax_lse=True, target=target, config=cfg,
-        )  # fmt: skip
-        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
-        close_lse(lse, rl)
+    _check_decode_splits(q, kfull, vfull, kc, vc, lens, table, cfg, target, splits=(1, 2))
     p = plan.Problem(B, 1, S, Hk * g_, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target, config=cfg)
@@ -778,14 +772,7 @@ def test_decode_v_head_dim_blocks_over_pages(
         ]
     kc, vc = _strided_cache(kc, pad, step), _strided_cache(vc, vpad, step)
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=lazy, klanes=8, lane_sums=ls, vblk=32)
-    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, sinks=sk)
-    for splits in (1, 3):
-        out, lse = flash_attn_with_kvcache(
-            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
-            return_softmax_lse=True, sinks=sk, target=target, config=cfg,
-        )  # fmt: skip
-        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
-        close_lse(lse, rl)
+    _check_decode_splits(q, kfull, vfull, kc, vc, lens, table, cfg, target, sinks=sk)
     p = plan.Problem(B, sq, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
                      decode=True)  # fmt: skip
     fp = plan.plan_forward(p, target, config=cfg)
