@@ -244,9 +244,16 @@ def main(argv=None) -> int:
     )  # fmt: skip
     out, failed = [], 0
     console = Console(width=160)
+
+    def dump():  # after every kind: a sweep stopped at its time limit keeps the kinds it finished
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"device": device, "cpu_figures": cpu, "rows": out}, f, indent=2)
+
     for kind in kinds:
         rows = tune(kind, a.dclass, device, stages, a.limit, reps)
         out += rows
+        dump()
         timed = sorted((r for r in rows if r.get("s")), key=lambda r: r["s"])
         failed += not timed
         t = Table(title=f"attention {kind} {a.dclass} configs on {where}")
@@ -265,9 +272,6 @@ def main(argv=None) -> int:
         if timed and not cpu:
             c = timed[0]["config"]
             print(f"best {kind} {a.dclass}: {c} ({timed[0].get('vs_shipped') or 1:.2f}x shipped)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": device, "cpu_figures": cpu, "rows": out}, f, indent=2)
     return 1 if failed else 0
 
 
