@@ -122,6 +122,20 @@ def test_tune_part_and_its_summary(tool, tmp_path, monkeypatch):
     assert [r["shipped"] for r in doc["rows"][:2]] == [True, False]
     summary = (out / "summary.md").read_text()
     assert "## Attention config sweep" in summary and "| bwd_dq | 2 | 2 |" in summary
+    assert "Dry run on the CPU" in summary
+
+
+@pytest.mark.cpu
+def test_summary_of_a_gpu_run_without_the_report_is_no_dry_run(tool, tmp_path):
+    """``--only attention,tune`` on a GPU writes no report.json; env.json names the GPU, and
+    the summary must not call the run a dry run nor its figures unmeasured."""
+    (tmp_path / "env.json").write_text(json.dumps({"gpu": "test GPU", "device": "cuda"}))
+    att = [{"mode": "fwd", "shape": "B4 S4096", "ok": True, "err": 1e-3, "ours_s": 1e-3,
+            "sdpa_s": 0.5e-3, "speedup": 0.5, "tflops": 500.0}]  # invented, not a measurement
+    (tmp_path / "attention.json").write_text(json.dumps({"cpu_figures": False, "rows": att}))
+    text = tool("gpu_summary").write_summary(tmp_path)
+    assert "Dry run on the CPU" not in text
+    assert "| fwd | 1 (0 failed) | 0.50x" in text and "**not met**" in text
 
 
 @pytest.mark.cpu

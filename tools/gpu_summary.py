@@ -259,7 +259,11 @@ def write_summary(out: Path) -> str:
     launch = _load(out / "launch.json")
     ops, gemm, disp = (_load(out / f) for f in ("ops.json", "gemm.json", "dispatch.json"))
     junit = _junit(out / "junit.xml")
-    gpu = bool(report and report.get("gpu") and report.get("device") == "cuda")
+    # a GPU run is one whose env part saw a GPU (it always runs), or whose report ran on one:
+    # a run of a few parts without the report (``--only attention,tune``) is no dry run
+    gpu = bool(env.get("gpu")) or bool(
+        report and report.get("gpu") and report.get("device") == "cuda"
+    )
     what = env.get("gpu") or "CPU (dry run: CPU figures, no GPU speed)"
     L = [f"# FlyDSL GPU run: {what}", ""]
     L.append(

@@ -242,22 +242,28 @@ _GFX950 = {
     ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 244, 293, 9.16),
     ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 252, 198, 8.25, sched=ILP),
 }
-#: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v):
-#: prefill 128x64 with 8 warps and cp.async double buffering, decode with 4 warps (a warp is 32
-#: threads there), dK/dV 16 query rows per step; untimed
+#: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
+#: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
+#: (docs/gpu-results.md, run 3; the model problem B4 S4096 H32/8 causal, decode B64 ctx8192
+#: page 64): forward 64x64 with 4 warps and 3 stages, 1.25x the earlier 128x64 / 8 warps / 2
+#: stages; dQ 64x64 1.09x; decode with 2 warps (a warp is 32 threads there) and 2 stages
+#: 1.35x. dK/dV keeps 16 query rows and 1 stage: every faster tile of the sweep (32x64 with 3
+#: stages 1.31x, 64x64 1.29x, 16x64 with 3 stages 1.21x) spills 60 to 1072 B on sm90 under
+#: Triton 3.9 (dK and dV alone are 128 fp32 registers a thread at 4 warps). The other head dims
+#: are untimed: prefill 128x64 with 8 warps and cp.async double buffering, decode 4 warps
 _SM90 = {
     **_GFX950,
     ("fwd", "d64"): _c(128, 64, 8, 2, 32, False),
-    ("fwd", "d128"): _c(128, 64, 8, 2, 32, False),
+    ("fwd", "d128"): _c(64, 64, 4, 3, 32, False),
     ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
     ("decode", "d64"): _c(16, 64, 4, 1, 16, False),
-    ("decode", "d128"): _c(16, 64, 4, 1, 16, False),
+    ("decode", "d128"): _c(16, 64, 2, 2, 16, False),
     ("decode", "d256"): _c(16, 32, 8, 1, 16, False),
     ("bwd_dkdv", "d64"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 8, 1, 16, True),
     ("bwd_dq", "d64"): _c(64, 32, 4, 1, 32, True),
-    ("bwd_dq", "d128"): _c(64, 32, 4, 1, 32, True),
+    ("bwd_dq", "d128"): _c(64, 64, 4, 2, 32, True),
     ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
 }
 for _k in ("fwd", "decode", "bwd_dkdv", "bwd_dq"):  # MLA heads: the d256 tiles there
