@@ -131,7 +131,7 @@ def test_summary_of_a_gpu_run_without_the_report_is_no_dry_run(tool, tmp_path):
     the summary must not call the run a dry run nor its figures unmeasured."""
     (tmp_path / "env.json").write_text(json.dumps({"gpu": "test GPU", "device": "cuda"}))
     att = [{"mode": "fwd", "shape": "B4 S4096", "ok": True, "err": 1e-3, "ours_s": 1e-3,
-            "sdpa_s": 0.5e-3, "speedup": 0.5, "tflops": 500.0}]  # invented, not a measurement
+            "sdpa_s": 0.5e-3, "speedup": 0.5, "tflops": 500.0}]  # invented, not a measurement  # fmt: skip
     (tmp_path / "attention.json").write_text(json.dumps({"cpu_figures": False, "rows": att}))
     text = tool("gpu_summary").write_summary(tmp_path)
     assert "Dry run on the CPU" not in text
