@@ -33,6 +33,14 @@ if [[ -x "$ROOT/.venv/bin/python" ]] && "$ROOT/.venv/bin/python" -c "import torc
 else
   PY="$(command -v python3 || command -v python)"
   export PYTHONPATH="$ROOT/packages/flydsl-core/src:$ROOT/packages/flydsl-kernels/src:$ROOT/packages/torch-flydsl/src:$ROOT/packages/flydsl-models/src${PYTHONPATH:+:$PYTHONPATH}"
+  # and their entry points (torch.compile's backend="flydsl", the settings, the exports), which
+  # only an install declares: the second H200 run's compile tests found no "flydsl" backend
+  META="$(mktemp -d)"
+  if "$PY" "$ROOT/tools/dev_metadata.py" "$META" >/dev/null; then
+    export PYTHONPATH="$PYTHONPATH:$META"
+  else
+    echo "tools/dev_metadata.py failed: no entry points (backend=\"flydsl\" will not be found)" >&2
+  fi
 fi
 echo "python: $PY ($("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1))"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flydsl_kernels.attention import validate
+from flydsl_kernels.attention import flash_attn_with_kvcache, validate
 from flydsl_kernels.attention.index_check import BLOCK, paged_index_check_kernel
 
 pytestmark = pytest.mark.cpu
@@ -98,3 +98,31 @@ def test_device_path_is_one_launch_then_one_read_back(monkeypatch):
     with pytest.raises(IndexError, match=r"block_table\[0, 1\] = 4 is not a page"):
         validate.kvcache(lens, 1, 48, "f", block_table=table, page=16, pool=4)
     assert len(launches) == 2
+
+
+def test_the_check_runs_on_the_calls_target_not_the_machines_default(monkeypatch):
+    """On a machine whose default target is a GPU's (here ``$FLYDSL_TARGET=sm90``), a call on
+    CPU tensors with ``target="cpu-reference"`` checks its indices on that target too: the
+    first H200 run of ``tools/bench_host.py`` launched the check for the GPU with CPU tensors."""
+    monkeypatch.setenv("FLYDSL_TARGET", "sm90")
+    monkeypatch.setattr(validate, "HOST_VALUES", False)  # CPU tensors take the device path
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 1, 4, 16, generator=g)
+    kc, vc = torch.randn(5, 16, 2, 16, generator=g), torch.randn(5, 16, 2, 16, generator=g)
+    table = torch.tensor([[0, 3, -1], [1, 4, 2]], dtype=torch.int32)
+    lens = torch.tensor([20, 37], dtype=torch.int32)
+    got = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                  target="cpu-reference")  # fmt: skip
+    for b in range(2):
+        n = int(lens[b])
+        pages = [int(p) for p in table[b, : -(-n // 16)]]
+        k = torch.cat([kc[p] for p in pages])[:n].repeat_interleave(2, 1)
+        v = torch.cat([vc[p] for p in pages])[:n].repeat_interleave(2, 1)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[b].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        ).transpose(0, 1)
+        torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5)
+    table[1, 1] = 5  # past the pool: still the host's exact message
+    with pytest.raises(IndexError, match=r"block_table\[1, 1\] = 5 is not a page"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                target="cpu-reference")  # fmt: skip

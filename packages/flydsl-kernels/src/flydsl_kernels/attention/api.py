@@ -651,6 +651,7 @@ def flash_attn_with_kvcache(
         batch_idx=bidx,
         batch_cache=k_cache.shape[0],
         batch=B,
+        target=target,
     )
     G, Dv = H // Hk, v_cache.shape[-1]
     tgt, tbl = tensor_target(q, _meta(q, target)), _table(q, target, table)

@@ -249,20 +249,22 @@ _GFX950 = {
 #: stages; dQ 64x64 1.09x; decode with 2 warps (a warp is 32 threads there) and 2 stages
 #: 1.35x. dK/dV keeps 16 query rows and 1 stage: every faster tile of the sweep (32x64 with 3
 #: stages 1.31x, 64x64 1.29x, 16x64 with 3 stages 1.21x) spills 60 to 1072 B on sm90 under
-#: Triton 3.9 (dK and dV alone are 128 fp32 registers a thread at 4 warps). The other head dims
-#: are untimed: prefill 128x64 with 8 warps and cp.async double buffering, decode 4 warps
+#: Triton 3.9 (dK and dV alone are 128 fp32 registers a thread at 4 warps). d64 (run 4, the
+#: same problem at d64): forward 3 stages 1.14x, dQ 64x64 with 3 stages 1.12x, decode 2 warps
+#: and 3 stages 1.15x; dK/dV 32x64 with 1 stage 1.13x, the fastest that does not spill at
+#: gpt-oss's window (64x64 with 3 stages, 1.18x, spills 316 B). d192 / d256 are untimed
 _SM90 = {
     **_GFX950,
-    ("fwd", "d64"): _c(128, 64, 8, 2, 32, False),
+    ("fwd", "d64"): _c(128, 64, 8, 3, 32, False),
     ("fwd", "d128"): _c(64, 64, 4, 3, 32, False),
     ("fwd", "d256"): _c(64, 32, 4, 2, 32, False),
-    ("decode", "d64"): _c(16, 64, 4, 1, 16, False),
+    ("decode", "d64"): _c(16, 64, 2, 3, 16, False),
     ("decode", "d128"): _c(16, 64, 2, 2, 16, False),
     ("decode", "d256"): _c(16, 32, 8, 1, 16, False),
-    ("bwd_dkdv", "d64"): _c(16, 64, 4, 1, 16, True),
+    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 8, 1, 16, True),
-    ("bwd_dq", "d64"): _c(64, 32, 4, 1, 32, True),
+    ("bwd_dq", "d64"): _c(64, 64, 4, 3, 32, True),
     ("bwd_dq", "d128"): _c(64, 64, 4, 2, 32, True),
     ("bwd_dq", "d256"): _c(64, 16, 4, 1, 16, True),
 }
@@ -327,7 +329,7 @@ _GFX942 = {
     # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
     # waves; 19.06 against 15.03 loop instructions per 32x32x8 MFMA), 3 waves at the model
     # problem too (37.88 against 35.25)
-    ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
+    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     # the static model's pick (``flydsl-kernels model attention --target gfx942 --kind bwd_dq
@@ -362,7 +364,7 @@ _GFX1250 = {
     ("decode", "d256"): _c(16, 16, 2, 1, 16, False),
     # 32 query rows per step: gfx950's 64, shrunk to 64 keys under gpt-oss's window
     # (band_config), spilled 25 SGPRs here
-    ("bwd_dkdv", "d64"): _c(32, 128, 8, 1, 16, True),
+    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True),
     # the static model's pick (2 waves per SIMD; 456 VGPRs, 22.21 loop instructions per
     # 32x32x16-equivalent): 128 x 32 with 4 warps took 553 VGPRs, one wave (15.79), and
     # gfx950's 256 x 32 with 8 warps spilled 6 VGPRs

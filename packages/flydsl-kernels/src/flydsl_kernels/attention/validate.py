@@ -488,11 +488,14 @@ def kvcache(
     batch_idx=None,
     batch_cache=0,
     batch=0,
+    target=None,
 ) -> None:
     """``cache_seqlens`` (a validated ``(B,)`` int32 tensor, or one int for every sequence of
     the ``batch``): >= 0 and, with ``snew`` appended tokens, within ``cap`` positions; the pages
     those positions read (paged) and the ``cache_batch_idx`` entries (dense) in range. A paged
-    cache on a GPU syncs once, as flash-attn does."""
+    cache on a GPU syncs once, as flash-attn does. ``target`` is the call's: the check's kernel
+    runs where the attention kernels do (the default target of a machine with a GPU is the
+    GPU's, wrong for index tensors on the CPU)."""
     paged = block_table is not None
     probe = block_table if paged else batch_idx if batch_idx is not None else seqlens
     if isinstance(probe, torch.Tensor) and not _has_values(probe):
@@ -528,7 +531,7 @@ def kvcache(
         bad = torch.empty(seqlens.shape[0], dtype=torch.int32, device=seqlens.device)
         paged_index_check_kernel[(seqlens.shape[0],)](
             seqlens, block_table, bad, block_table.shape[1], cap - snew, snew, page, pool,
-            BLOCK=INDEX_BLOCK,
+            BLOCK=INDEX_BLOCK, target=target,
         )  # fmt: skip
         if any(bad.tolist()):
             recheck()
