@@ -92,12 +92,17 @@ def test_summary_goals_and_plots_from_gpu_figures(tool, tmp_path):
         {"mode": "bwd", "shape": "B4 S4096", "ok": False, "err": 0.5, "ours_s": 1e-3,
          "sdpa_s": 1e-3, "speedup": 1.0, "tflops": 400.0},
         {"mode": "decode", "shape": "B1 ctx1024", "ok": True, "err": 1e-3, "ours_s": 2e-5,
-         "sdpa_s": 1e-5, "speedup": 0.5, "tflops": 1.0},
+         "sdpa_s": 1e-5, "speedup": 0.5, "tflops": 1.0, "graph_s": 1e-5, "sdpa_graph_s": 1.2e-5,
+         "graph_speedup": 1.2, "graph_err": 1e-3},
+        {"mode": "decode", "shape": "B8 ctx1024", "ok": True, "err": 1e-3, "ours_s": 2e-5,
+         "sdpa_s": 1e-5, "speedup": 0.5, "tflops": 1.0, "graph_error": "RuntimeError: capture"},
     ]  # fmt: skip
     lines = summary.attention_lines({"cpu_figures": False, "rows": att}, True)
     assert lines[2].startswith("| fwd | 1 (0 failed) | 1.10x") and lines[2].endswith("**met** |")
     assert "| bwd | 1 (1 failed) | - |" in lines[3] and lines[3].endswith("**not met** |")
-    assert lines[4].startswith("| decode | 1 (0 failed) | 0.50x") and "**not met**" in lines[4]
+    assert lines[4].startswith("| decode | 2 (0 failed) | 0.50x") and "**not met**" in lines[4]
+    assert "| B1 ctx1024 | 0.010 | 0.012 | 1.20x | 1.0e-03 |" in lines
+    assert "| B8 ctx1024 | RuntimeError: capture | - | - | - |" in lines
     assert summary.attention_lines(None, True) == ["attention.json: missing"]
     text = summary.write_summary(tmp_path)
     assert "**met**" in text and "**not met**" in text

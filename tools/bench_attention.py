@@ -14,7 +14,9 @@ Every output (and gradient) is checked against SDPA before it is timed: ``max |o
 
 Timing: on a GPU, CUDA events around each call, ours and SDPA interleaved rep by rep, L2
 flushed, median of ``--reps``; beside it "ours kernels", the GPU time of the kernels a call
-launches (torch.profiler), so that the rest of our time is the host's; on the CPU, ``time.perf_counter`` medians. TFLOP/s counts
+launches (torch.profiler), so that the rest of our time is the host's; and for decode, both
+calls captured in CUDA graphs and replayed (``graph_s``, ``sdpa_graph_s``: how serving stacks
+run decode steps, with no host work a call). On the CPU, ``time.perf_counter`` medians. TFLOP/s counts
 ``4 * B * H * Sq * Sk_visible * D`` for the forward (QK^T and PV; a causal mask halves the
 visible keys) and 2.5x that for the backward (its five matmuls), over our median time.
 
@@ -125,6 +127,39 @@ def _kernel_time(fn, reps: int) -> float | None:
     return total / reps / 1e6 if total > 0 else None
 
 
+def _graphed(fn):
+    """``fn`` captured once in a CUDA graph: ``(replay, the captured call's output)``.
+
+    Serving stacks run decode steps this way (one replay a step, no host work a call), so a
+    decode row also times the replay of ours and of SDPA: the figure without the host. Under
+    capture our index checks assert on the device instead of reading back (``validate``)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm: compiles and allocator pools outside the capture
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+def _graph_times(ours, ref, want, reps: int) -> dict:
+    """``graph_s`` / ``sdpa_graph_s``: median replay times; ``graph_err`` the replayed output's
+    error; a capture that fails is ``graph_error``, not a failed row."""
+    try:
+        replay, out = _graphed(ours)
+        replay()
+        torch.cuda.synchronize()
+        got = {"graph_err": _err(out, want), "graph_s": _time(replay, reps, "cuda")}
+        replay_ref, _ = _graphed(ref)
+        got["sdpa_graph_s"] = _time(replay_ref, reps, "cuda")
+        return got
+    except Exception as e:  # a capture problem is this column's, the eager figures stand
+        return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+
+
 def _err(a, b) -> float:
     a, b = a.float(), b.float()
     return float((a - b).abs().max() / (1 + b.abs().max())) if a.numel() else 0.0
@@ -206,14 +241,18 @@ def run_decode(c: Case, device: str, reps: int) -> dict:
     def ref():
         return _sdpa(q, kd, vd, False, mask)
 
-    err = _err(ours(), ref())
-    return {
+    want = ref()
+    err = _err(ours(), want)
+    got = {
         "err": err,
         "ours_s": _time(ours, reps, device),
         "sdpa_s": _time(ref, reps, device),
         "kernel_s": _kernel_time(ours, reps) if device == "cuda" else None,
         "flops": c.flops(float(lens.sum()) / b),
     }
+    if device == "cuda":
+        got.update(_graph_times(ours, ref, want, reps))
+    return got
 
 
 def main(argv=None) -> int:
@@ -262,6 +301,9 @@ def main(argv=None) -> int:
             row.update(r)
             row["ok"] = r["err"] <= TOL
             row["speedup"] = r["sdpa_s"] / r["ours_s"] if r["ours_s"] > 0 else None
+            if r.get("graph_s"):  # both replayed from CUDA graphs: no host work in either
+                row["graph_speedup"] = r["sdpa_graph_s"] / r["graph_s"]
+                row["ok"] = row["ok"] and r["graph_err"] <= TOL
             row["tflops"] = r["flops"] / r["ours_s"] / 1e12 if r["ours_s"] > 0 else None
         except Exception as e:  # a failing case is a row, not a crash
             row["ok"] = False
@@ -276,6 +318,13 @@ def main(argv=None) -> int:
                 row["error"][:100]
                 if "error" in row
                 else f"err {row['err']:.1e}, {row['speedup'] or 0:.2f}x, {row['tflops'] or 0:.3g} TFLOP/s"
+                + (
+                    f"; CUDA graphs {row['graph_s'] * 1e3:.3f} ms vs SDPA "
+                    f"{row['sdpa_graph_s'] * 1e3:.3f} ms, {row['graph_speedup']:.2f}x"
+                    if row.get("graph_speedup")
+                    else ""
+                )
+                + (f"; graph capture failed: {row['graph_error']}" if "graph_error" in row else "")
             ),
             flush=True,
         )

@@ -167,6 +167,23 @@ def attention_lines(doc: dict | None, gpu: bool) -> list[str]:
             f"{_fmt(ours, '.3f')} | {_fmt(kern, '.3f')} | {_fmt(sdpa, '.3f')} | "
             f"{_fmt(r.get('speedup'), '.2f', 'x')} | {_fmt(r.get('tflops'), '.0f')} |"
         )
+    graphed = [r for r in rows if r.get("graph_s") or r.get("graph_error")]
+    if graphed:  # decode replayed from CUDA graphs, ours and SDPA: no host work in either
+        out += [
+            "",
+            "Decode replayed from CUDA graphs (no host work a call, as serving stacks run it):",
+            "",
+            "| shape | ours ms | SDPA ms | speedup | max err |",
+            "|---|---|---|---|---|",
+        ]
+        for r in graphed:
+            if r.get("graph_error"):
+                out.append(f"| {r['shape']} | {r['graph_error'][:80]} | - | - | - |")
+                continue
+            out.append(
+                f"| {r['shape']} | {r['graph_s'] * 1e3:.3f} | {r['sdpa_graph_s'] * 1e3:.3f} | "
+                f"{_fmt(r.get('graph_speedup'), '.2f', 'x')} | {_fmt(r.get('graph_err'), '.1e')} |"
+            )
     return out
 
 

@@ -103,6 +103,33 @@ def test_generated_and_generic_keys_agree_on_equality():
     assert (g[0] != g[2]) and (p[0] != p[2])
 
 
+def test_unannotated_parameters_key_as_the_generic_key_does():
+    """Unannotated parameters (attention's kernels have 30) take an inline key for None,
+    tensors, ints and floats: two calls share a key exactly when the generic key says so."""
+
+    @fly.kernel
+    def anything(x, y, n, a, flag, BLOCK: fly.constexpr):
+        pass
+
+    gen = make_key_fn(anything)
+    x, o = torch.randn(64), torch.empty(64)
+    param = torch.nn.Parameter(torch.randn(64))  # a subclass: the generic part, same facts
+    values = [
+        (x, None, 64, 2.0, True), (x, None, 64, 3.0, True), (x, o, 64, 2.0, True),
+        (x, None, 63, 2.0, True), (x, None, 64, 2, True), (x, None, 64, 2.0, 1),
+        (x, None, 64, 2.0, False), (x[1:], None, 64, 2.0, True), (x.double(), None, 64, 2.0, True),
+        (param, None, 64, 2.0, True), (x, None, 1, 2.0, True), (x, None, 2**31, 2.0, True),
+        (x, (1, 2), 64, 2.0, True), (x, "s", 64, 2.0, True),
+    ]  # fmt: skip
+    g = [gen(*v, BLOCK=16) for v in values]
+    p = [generic_key(anything, v, {"BLOCK": 16}) for v in values]
+    for i in range(len(values)):
+        for j in range(len(values)):
+            assert (g[i] == g[j]) == (p[i] == p[j]), (values[i], values[j])
+    assert g[0] == g[1] and g[0] != g[2] and g[0] != g[4]  # floats share one key; 2 is an int
+    assert "_generic(" in gen.__flydsl_source__ and "_NONE if x is None" in gen.__flydsl_source__
+
+
 def test_a_kernel_without_parameters_binds_and_launches(rec):
     """The generated binder has no empty argument list to trip on (``def key(, **_kw)`` was a
     SyntaxError at decoration)."""
