@@ -248,6 +248,14 @@ def test_launch_sink_takes_launches_over(rec):
     assert rec.compiles == 0 and rec.launches == []  # nothing compiled or run
     k[(1,)](x, x, 8, 2.0, BLOCK=4, target="recorder")
     assert rec.compiles == 1 and len(rec.launches) == 1  # no sink: the usual path
+    # a sink is its thread's: a launch on another thread meanwhile takes the usual path
+    import threading
+
+    with launch_sink(lambda *a: seen.append(a)):
+        t = threading.Thread(target=lambda: k[(5,)](x, x, 8, 2.0, BLOCK=4, target="recorder"))
+        t.start()
+        t.join()
+    assert len(rec.launches) == 2 and rec.launches[-1][0] == (5, 1, 1) and len(seen) == 2
 
 
 def test_triton_function_generates_without_compiling():
