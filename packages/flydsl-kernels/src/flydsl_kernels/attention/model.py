@@ -198,7 +198,19 @@ TILES = {
         (16, 64, 4),
         (16, 128, 4),
     ],
-    "bwd_dkdv": [(32, 64, 4), (64, 64, 4), (32, 128, 4), (64, 128, 8), (16, 64, 4), (32, 32, 4)],
+    # 8 warps at 32 query rows: on sm90 (warps of 32 lanes) every 4-warp tile past 16 rows
+    # spills at d128 (the H200's sweep found them the fastest, 1.2-1.3x), and 32x64 with 8
+    # warps and 2 stages is the one that compiles clean there (252 registers); not yet timed
+    "bwd_dkdv": [
+        (32, 64, 4),
+        (64, 64, 4),
+        (32, 128, 4),
+        (64, 128, 8),
+        (16, 64, 4),
+        (32, 32, 4),
+        (32, 64, 8),
+        (32, 128, 8),
+    ],
     "bwd_dq": [(64, 32, 4), (64, 64, 4), (128, 32, 4), (128, 64, 8), (32, 32, 4), (256, 32, 8)],
 }
 
