@@ -55,6 +55,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
+sys.path.insert(0, str(TOOLS))  # the sibling tools import as modules (gpu_summary)
+from gpu_summary import load_json, write_summary  # noqa: E402
+
 #: report cases of the dry run: one quick case per family, covering rows / row / GEMM / MX
 DRY_SELECT = [
     "rmsnorm_fwd_rows/65536x128",
@@ -476,9 +479,6 @@ def main(argv=None) -> int:
         json.dumps({"device": device, "budget_s": budget, "parts": run.parts}, indent=2) + "\n"
     )
     # 9. the summary (in-process: it must run whatever happened before)
-    sys.path.insert(0, str(TOOLS))
-    from gpu_summary import write_summary
-
     t = time.monotonic()
     try:
         write_summary(out)
@@ -505,12 +505,12 @@ def merge_checks(out: Path, jobs: int) -> None:
     warm part left it. Without report.json (the part stopped) the warm rows are the report."""
     warm = {}
     for i in range(jobs):
-        doc = _read_json(out / f"warm-{i}.json")
+        doc = load_json(out / f"warm-{i}.json")
         for r in (doc or {}).get("rows", []):
             warm[r["key"]] = (r, doc)
     if not warm:
         return
-    rep = _read_json(out / "report.json")
+    rep = load_json(out / "report.json")
     if rep is None:
         first = next(iter(warm.values()))[1]
         rep = {k: v for k, v in first.items() if k != "rows"}
@@ -529,13 +529,6 @@ def merge_checks(out: Path, jobs: int) -> None:
     timed = ("ours_us", "aten_us", "speedup", "tflops", "gbps", "hbm_pct")
     rep["rows"] += [{**w, **dict.fromkeys(timed)} for k, (w, _) in warm.items() if k not in seen]
     (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _pack(out: Path) -> None:

@@ -29,7 +29,8 @@ LAUNCH_GOAL_US = 3.0
 ATTENTION_GOAL_X = 0.9
 
 
-def _load(path: Path):
+def load_json(path: Path):
+    """The JSON document at ``path``, or None where it is missing or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -270,11 +271,11 @@ def plots(report: dict | None, path: Path, title: str) -> bool:
 
 def write_summary(out: Path) -> str:
     out = Path(out)
-    env = _load(out / "env.json") or {}
-    parts = (_load(out / "parts.json") or {}).get("parts", [])
-    report = _load(out / "report.json")
-    launch = _load(out / "launch.json")
-    ops, gemm, disp = (_load(out / f) for f in ("ops.json", "gemm.json", "dispatch.json"))
+    env = load_json(out / "env.json") or {}
+    parts = (load_json(out / "parts.json") or {}).get("parts", [])
+    report = load_json(out / "report.json")
+    launch = load_json(out / "launch.json")
+    ops, gemm, disp = (load_json(out / f) for f in ("ops.json", "gemm.json", "dispatch.json"))
     junit = _junit(out / "junit.xml")
     # a GPU run is one whose env part saw a GPU (it always runs), or whose report ran on one:
     # a run of a few parts without the report (``--only attention,tune``) is no dry run
@@ -341,8 +342,8 @@ def write_summary(out: Path) -> str:
             f"\ngeomean speedup vs ATen over {sum(1 for r in rows if r.get('speedup'))} cases: {g:.2f}x"
         )
     L += ["", f"## Attention vs SDPA (issue 23: >= {ATTENTION_GOAL_X}x)", ""]
-    L += attention_lines(_load(out / "attention.json"), gpu)
-    tune = _load(out / "tune.json")
+    L += attention_lines(load_json(out / "attention.json"), gpu)
+    tune = load_json(out / "tune.json")
     if tune is not None:
         L += ["", "## Attention config sweep (tools/tune_attention.py)", ""]
         L += tune_lines(tune)
@@ -357,7 +358,7 @@ def write_summary(out: Path) -> str:
             f"- {name}: {len(rs)} rows on {doc.get('device')}"
             + (f", geomean speedup {gm:.2f}x" if gm else "")
         )
-    host = _load(out / "host.json")
+    host = load_json(out / "host.json")
     if host is not None:
         L.append(
             "- host work per API call, kernels stubbed (this machine's CPU): "
