@@ -43,8 +43,26 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+#: element bytes by dtype object, filled by ``elem_bytes`` (a torch dtype's ``str`` is about a
+#: microsecond, and every forward call asks three times)
+_ELEM_BYTES: dict = {}
+
+
 def elem_bytes(dtype) -> int:
     """2 for bf16/fp16, 4 for fp32 (a torch dtype, a FlyDSL dtype or its name)."""
+    try:
+        return _ELEM_BYTES[dtype]
+    except (KeyError, TypeError):  # first sight, or an unhashable dtype object
+        pass
+    n = _elem_bytes(dtype)
+    try:
+        _ELEM_BYTES[dtype] = n
+    except TypeError:
+        pass
+    return n
+
+
+def _elem_bytes(dtype) -> int:
     name = str(dtype).removeprefix("torch.")
     if name in ("bfloat16", "float16", "bf16", "fp16", "half"):
         return 2
