@@ -125,8 +125,14 @@ def test_tune_part_and_its_summary(tool, tmp_path, monkeypatch):
     assert kinds == ["fwd", "fwd", "bwd_dkdv", "bwd_dkdv", "bwd_dq", "bwd_dq", "decode", "decode"]
     assert all(r["ok"] and r["s"] > 0 for r in doc["rows"]), doc["rows"]
     assert [r["shipped"] for r in doc["rows"][:2]] == [True, False]
+    # every candidate's resources, cross-compiled for the table's target (sm90 in a dry run)
+    for r in doc["rows"]:
+        res = r["resources"]
+        assert "compile_error" not in res and res["vgpr"] > 0, r
+        assert res["clean"] == (res["spill_bytes"] == 0 and res["scratch_bytes"] == 0)
     summary = (out / "summary.md").read_text()
     assert "## Attention config sweep" in summary and "| bwd_dq | 2 | 2 |" in summary
+    assert "| best without spills |" in summary
     assert "Dry run on the CPU" in summary
 
 

@@ -187,6 +187,9 @@ TILES = {
         (256, 32, 8),
         (128, 128, 4),
         (128, 64, 8),
+        # Triton's own H100 forward tile; on sm90 it compiles clean from 3 stages (225 KiB of
+        # shared memory there); not yet timed
+        (128, 128, 8),
     ],
     "fwd_d256": [(64, 32, 4), (128, 32, 4), (64, 64, 4), (128, 64, 8), (256, 32, 8), (128, 32, 8)],
     "decode": [

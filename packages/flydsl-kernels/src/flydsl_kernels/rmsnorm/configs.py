@@ -25,6 +25,7 @@ kernel's ``R`` shrinks for short batches); the backward's grid does (``backward_
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -55,10 +56,8 @@ def elem_bytes(dtype) -> int:
     except (KeyError, TypeError):  # first sight, or an unhashable dtype object
         pass
     n = _elem_bytes(dtype)
-    try:
+    with contextlib.suppress(TypeError):  # an unhashable dtype object: not cached
         _ELEM_BYTES[dtype] = n
-    except TypeError:
-        pass
     return n
 
 
