@@ -23,3 +23,6 @@ def test_host_rows_and_the_ops_besides_our_kernels(tool, tmp_path):
     assert decode["launches"] in (2, 3) and decode["torch_ops"] == decode["reads_back"] == 0, decode
     for api in ("rms_norm", "topk", "gemm", "flash_attn_func"):
         assert rows[api]["launches"] >= 1 and rows[api]["torch_ops"] == 0, rows[api]
+    # the backward: its four kernels and no memset of dK / dV, no zero LSE gradient
+    train = rows["flash_attn_func fwd+bwd"]
+    assert train["launches"] == 4 and train["torch_ops"] == 0, train

@@ -1361,3 +1361,48 @@ def test_flash_attn_backward_from_kept_out_and_lse_equals_autograd(causal):
                               causal=causal, target=REF)  # fmt: skip
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("target", [REF, INTERP])
+def test_backward_writes_every_gradient_row(monkeypatch, target):
+    """dK / dV are allocated without a memset (``api._backward``): every key row must be stored
+    by the kernels, zeros where no query reaches it. Every float ``torch.empty`` here is NaN, so
+    a row left unwritten fails the comparison: no queries at all, keys no query's window
+    reaches, a packed sequence with keys but no queries, and a key block no list names."""
+    real_empty = torch.empty
+
+    def nan_empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    cfg = SMALL if target == REF else None
+    q, k, v = qkv(1, 0, 6, 2, 1, 32, seed=60, grad=True)
+    out = flash_attn_func(q, k, v, target=target, config=cfg)
+    _, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
+    # keys 0..24 lie left of every query's window (bottom-right causal, 2 keys back)
+    q, k, v = qkv(2, 5, 37, 2, 1, 32, seed=61, grad=True)
+    check_fwd_bwd(q, k, v, target, config=cfg, causal=True, window_size=(2, 0))
+    q, k, v, cu_q, cu_k = _packed([4, 0, 9], [7, 12, 5], 2, 1, 32, seed=62)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 12, target=target, config=cfg)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, _ = reference.attention(*ins64, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    do = rand(*out.shape, g=gen(63))
+    for a, r in zip(
+        torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(ro, ins64, do.double())
+    ):
+        close(a, r, GRAD_TOL[BF16])
+    # kv block 1 is in no q block's list: its dK / dV rows are zeros
+    bs = BlockSparse(
+        *_lists({0: [0], 1: [0]}, 2), *_lists({0: [], 1: []}, 2),
+        *_lists({0: [0, 1], 1: []}, 2), *_lists({0: [], 1: []}, 2), (32, 32),
+    )  # fmt: skip
+    q, k, v = qkv(1, 64, 64, 2, 1, 32, seed=64, grad=True)
+    dense = torch.zeros(64, 64, dtype=torch.bool)
+    dense[:, :32] = True
+    cfgs = {"fwd": C16, "bwd_dkdv": C16, "bwd_dq": C16} if target == REF else None
+    check_fwd_bwd(
+        q, k, v, target, config=cfgs, mask_mod=MaskMod(lambda b, h, qi, ki: ki >= 0),
+        block_sparse=bs, ref_kw={"mask_mod": lambda b, h, qi, ki: dense[qi, ki]},
+    )  # fmt: skip

@@ -204,9 +204,9 @@ def _backward(
     dv = torch.empty(v4.shape, dtype=v4.dtype, device=v4.device)
     # the base-2 LSE and delta side by side (kernels.attn_bwd_preprocess_kernel)
     ld = torch.empty((*lse4.shape[:3], 2, lse4.shape[3]), dtype=torch.float32, device=q5.device)
-    if dk.numel():
-        dk.zero_()  # keys no query block reaches (empty sequences) keep a zero gradient
-        dv.zero_()
+    # no memset of dk / dv: every (batch, KV head, key block) program below the sequence's key
+    # count stores its rows, zeros where no query reaches them (an empty query loop), which
+    # covers every key of a dense or packed input (test_backward_writes_every_gradient_row)
     if q5.is_meta:
         return dq, dk, dv, ld[:, :, :, 1]
     for n, launch in enumerate(
@@ -259,11 +259,16 @@ class _Attention(torch.autograd.Function):
         ctx.opts = opts
         ctx.n_mt = len(mod_tensors)
         ctx.mark_non_differentiable(lse)
+        # no zero tensor for the LSE's gradient on every backward (it is non-differentiable):
+        # one ATen fill a call that the backward never reads
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, sinks, alibi_slopes, *mt = ctx.saved_tensors
+        if do is None:  # unmaterialized: the output's gradient is zero
+            do = torch.zeros_like(o)
         opts = ctx.opts
         p, tgt = opts["problem"], opts["target"]
         if p.page_size:
