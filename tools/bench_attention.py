@@ -112,19 +112,11 @@ def _time(fn, reps: int, device: str) -> float:
 
 
 def _kernel_time(fn, reps: int) -> float | None:
-    """Seconds of GPU kernel time per call of ``fn`` (torch.profiler's CUDA activity: every
-    kernel the call launches, ours and ATen's), so that the wall time over it is the host's
-    share; None where the profiler gives no device times."""
-    from torch.profiler import ProfilerActivity, profile
+    """Seconds of GPU kernel time per call of ``fn`` (``report.kernel_time_ms``)."""
+    from flydsl_kernels.report import kernel_time_ms
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total = sum(getattr(e, "device_time_total", 0.0) for e in prof.key_averages())  # us
-    return total / reps / 1e6 if total > 0 else None
+    ms = kernel_time_ms(fn, reps)
+    return None if ms is None else ms / 1e3
 
 
 def _graphed(fn):

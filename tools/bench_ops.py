@@ -16,7 +16,9 @@ by rep, L2 flushed before each launch, median of ``--reps``; on the CPU,
 read x and w, write y and the fp32 rstd; fused add: also read the residual and
 write the new one; TopK: read x, write k values and int64 indices) over our
 median time; the % of peak divides by the device's HBM bandwidth (MI355X 8 TB/s,
-H200 4.8 TB/s; ``--peak-tbs`` for others). On the CPU the FlyDSL kernels run on
+H200 4.8 TB/s; ``--peak-tbs`` for others). "kernel us" (GPU only) is the GPU time of
+the kernels one call of ours launches (torch.profiler): an "ours us" far above it is host
+time, not kernel time. On the CPU the FlyDSL kernels run on
 the reference backend (Python, one program at a time), so the CPU figures are
 labelled as such, the default there is the ``--quick`` subset of small shapes,
 and no % of peak is given.
@@ -275,6 +277,7 @@ def run(
             "kernel": None,
             "bytes": c.bytes_moved(),
             "ours_us": None,
+            "kernel_us": None,
             "aten_us": None,
             "gbs": None,
             "peak_frac": None,
@@ -288,6 +291,11 @@ def run(
             ours, aten, verify = thunks(c, device)
             verify()  # also the first (compiling) call of ours
             t_ours, t_aten = timer([ours, aten], reps)
+            if device != "cpu":  # our kernels' own time: a wall time far above it is the host
+                from flydsl_kernels.report import kernel_time_ms
+
+                ms = kernel_time_ms(ours, min(reps, 20))
+                row["kernel_us"] = None if ms is None else ms * 1e3
             row.update(
                 ours_us=t_ours * 1e6,
                 aten_us=t_aten * 1e6,
@@ -316,6 +324,7 @@ def table(rows: list[dict], title: str, cpu: bool) -> Table:
         "dtype",
         "kernel",
         "ours us",
+        "kernel us",
         "ATen us",
         "GB/s ours",
         "% of peak",
@@ -334,6 +343,7 @@ def table(rows: list[dict], title: str, cpu: bool) -> Table:
             r["dtype"],
             r["kernel"],
             f"{r['ours_us']:.1f}",
+            "-" if r.get("kernel_us") is None else f"{r['kernel_us']:.1f}",
             f"{r['aten_us']:.1f}",
             f"{r['gbs']:.3g}" if cpu else f"{r['gbs']:.0f}",
             "n/a" if r["peak_frac"] is None else f"{100 * r['peak_frac']:.0f}%",
@@ -344,7 +354,7 @@ def table(rows: list[dict], title: str, cpu: bool) -> Table:
     for op in [*ops, None] if len(ops) > 1 else [None]:
         g = geomean(r["speedup"] for r in rows if op is None or r["op"] == op)
         label = f"geomean {op}" if op else "geomean (all)"
-        t.add_row(label, "", "", "", "", "", "", "", "-" if g is None else f"{g:.3g}x")
+        t.add_row(label, "", "", "", "", "", "", "", "", "-" if g is None else f"{g:.3g}x")
     return t
 
 

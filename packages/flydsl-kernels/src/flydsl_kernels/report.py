@@ -194,6 +194,23 @@ def median_times_ms(
     return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in events]
 
 
+def kernel_time_ms(fn: Callable[[], Any], reps: int = 20) -> float | None:
+    """GPU kernel time (ms) per call of ``fn``: torch.profiler's CUDA activity, every kernel
+    the call launches (ours and ATen's), so that a wall time above it is the host's share;
+    None where the profiler gives no device times."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(getattr(e, "device_time_total", 0.0) for e in prof.key_averages())  # us
+    return total / reps / 1e3 if total > 0 else None
+
+
 def _blank_row(family, kernel, shape, config, notes, target, device, check) -> dict[str, Any]:
     return {
         "family": family,
