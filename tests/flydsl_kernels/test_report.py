@@ -268,3 +268,19 @@ def test_model_subcommand_runs_without_the_runpy_warning():
     p = _console_script("model", "attention", "--help")
     assert p.returncode == 0, p.stderr
     assert "RuntimeWarning" not in p.stderr and "--check-tables" in p.stdout
+
+
+@pytest.mark.cpu
+def test_cases_behind_aten_get_their_kernel_time(monkeypatch):
+    """The timing phase with stand-in timers (invented times, not measurements): a case whose
+    speedup is below ``SLOW_CASE`` gets ``kernel_us`` from ``kernel_time_ms``, one ahead does
+    not (the profiler pass costs a GPU run's budget)."""
+    times = iter([[2.0, 1.0], [1.0, 2.0]])  # ms: ours behind ATen, then ahead of it
+    monkeypatch.setattr(report, "median_times_ms", lambda thunks, reps: next(times))
+    monkeypatch.setattr(report, "kernel_time_ms", lambda fn, reps: 0.5)
+    slow, fast = (
+        report.collect([ONE_TOPK], device="cpu", check=False, time_gpu=True, guards=False)[0]
+        for _ in range(2)
+    )
+    assert slow["speedup"] == 0.5 and slow["kernel_us"] == 500.0
+    assert fast["speedup"] == 2.0 and fast["kernel_us"] is None
