@@ -117,12 +117,14 @@ def test_tune_part_and_its_summary(tool, tmp_path, monkeypatch):
     monkeypatch.delenv("OUT", raising=False)
     gpu_run = tool("gpu_run")
     out = tmp_path / "run"
-    rc = gpu_run.main(["--out", str(out), "--device", "cpu", "--in-process", "--only", "tune"])
+    rc = gpu_run.main(["--out", str(out), "--device", "cpu", "--in-process", "--only", "tune",
+                       "--tune-dclass", "d128,d64"])  # fmt: skip
     assert rc == 0
     doc = json.loads((out / "tune.json").read_text())
     assert doc["cpu_figures"]
-    kinds = [r["kind"] for r in doc["rows"]]
-    assert kinds == ["fwd", "fwd", "bwd_dkdv", "bwd_dkdv", "bwd_dq", "bwd_dq", "decode", "decode"]
+    kinds = [(r["dclass"], r["kind"]) for r in doc["rows"]]
+    each = ["fwd", "fwd", "bwd_dkdv", "bwd_dkdv", "bwd_dq", "bwd_dq", "decode", "decode"]
+    assert kinds == [("d128", k) for k in each] + [("d64", k) for k in each], kinds
     assert all(r["ok"] and r["s"] > 0 for r in doc["rows"]), doc["rows"]
     assert [r["shipped"] for r in doc["rows"][:2]] == [True, False]
     # every candidate's resources, cross-compiled for the table's target (sm90 in a dry run)
@@ -132,6 +134,7 @@ def test_tune_part_and_its_summary(tool, tmp_path, monkeypatch):
         assert res["clean"] == (res["spill_bytes"] == 0 and res["scratch_bytes"] == 0)
     summary = (out / "summary.md").read_text()
     assert "## Attention config sweep" in summary and "| bwd_dq | 2 | 2 |" in summary
+    assert "| bwd_dq d64 | 2 | 2 |" in summary
     assert "| best without spills |" in summary
     assert "Dry run on the CPU" in summary
 

@@ -290,6 +290,11 @@ def main(argv=None) -> int:
         default="all",
         help="bench_attention's --mode",
     )
+    ap.add_argument(
+        "--tune-dclass",
+        default="d128",
+        help="the tune part's head-dim classes (tune_attention's --dclass; e.g. d128,d256)",
+    )
     ap.add_argument("--env-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.out:
@@ -469,6 +474,7 @@ def main(argv=None) -> int:
     )
     # 8. (named only) the timed sweep of the attention configs, compiled in `jobs` processes
     tune = ["--limit", "2", "--jobs", "2"] if dry else ["--jobs", str(jobs)]
+    tune += ["--dclass", args.tune_dclass]
     run.part(
         "tune",
         [py, str(TOOLS / "tune_attention.py"), "--device", device, *tune,

@@ -196,8 +196,9 @@ def tune_lines(doc: dict) -> list[str]:
            "| best without spills | its ms | its config |",
            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     rows = doc.get("rows", [])
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        rs = [r for r in rows if r["kind"] == kind]
+    for key in dict.fromkeys((r["kind"], r.get("dclass", "d128")) for r in rows):
+        rs = [r for r in rows if (r["kind"], r.get("dclass", "d128")) == key]
+        kind = key[0] if key[1] == "d128" else f"{key[0]} {key[1]}"
         timed = sorted((r for r in rs if r.get("s")), key=lambda r: r["s"])
         ship = next((r for r in rs if r.get("shipped")), {})
         best = timed[0] if timed else {}

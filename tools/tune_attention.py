@@ -1,6 +1,6 @@
 """Time the attention config space on a GPU: the sweep the static model cannot make.
 
-    uv run python tools/tune_attention.py [--kind fwd,bwd_dkdv,bwd_dq,decode] [--dclass d128]
+    uv run python tools/tune_attention.py [--kind fwd,bwd_dkdv,bwd_dq,decode] [--dclass d128,...]
                                           [--stages 1,2,3,4] [--limit N] [--reps R] [--jobs J]
                                           [--device auto|cpu|cuda] [--json PATH]
 
@@ -244,7 +244,11 @@ def _compile_in(jobs: int, argv: list[str]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", default=",".join(KINDS), help=f"comma-separated: {','.join(KINDS)}")
-    ap.add_argument("--dclass", default="d128", choices=list(model.MODEL_SHAPES))
+    ap.add_argument(
+        "--dclass",
+        default="d128",
+        help=f"comma-separated head-dim classes: {','.join(model.MODEL_SHAPES)}",
+    )
     ap.add_argument("--stages", default="1,2,3,4", help="pipeline stages to try (comma-separated)")
     ap.add_argument("--limit", type=int, default=0, help="at most N candidates per kind")
     ap.add_argument("--reps", type=int, default=None)
@@ -257,13 +261,18 @@ def main(argv=None) -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         ap.error(f"--kind: unknown {bad}; the kinds are {', '.join(KINDS)}")
+    dclasses = [d for d in a.dclass.split(",") if d]
+    bad = [d for d in dclasses if d not in model.MODEL_SHAPES]
+    if bad or not dclasses:
+        ap.error(f"--dclass: unknown {bad}; the classes are {', '.join(model.MODEL_SHAPES)}")
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cpu = device == "cpu"
     reps = a.reps or (1 if cpu else 20)
     stages = [int(x) for x in a.stages.split(",") if x]
     if a.shard:
         i, n = (int(x) for x in a.shard.split("/"))
-        warm(kinds, a.dclass, device, stages, a.limit, (i, n))
+        for dcls in dclasses:
+            warm(kinds, dcls, device, stages, a.limit, (i, n))
         return 0
     if a.jobs > 1:
         _compile_in(a.jobs, argv if argv is not None else sys.argv[1:])
@@ -278,13 +287,13 @@ def main(argv=None) -> int:
             with open(a.json, "w") as f:
                 json.dump({"device": device, "cpu_figures": cpu, "rows": out}, f, indent=2)
 
-    for kind in kinds:
-        rows = tune(kind, a.dclass, device, stages, a.limit, reps)
+    for dcls, kind in ((d, k) for d in dclasses for k in kinds):
+        rows = tune(kind, dcls, device, stages, a.limit, reps)
         out += rows
         dump()
         timed = sorted((r for r in rows if r.get("s")), key=lambda r: r["s"])
         failed += not timed
-        t = Table(title=f"attention {kind} {a.dclass} configs on {where}")
+        t = Table(title=f"attention {kind} {dcls} configs on {where}")
         for col in ("config", "ms", "TFLOP/s", "vs shipped", "err", "spill B"):
             t.add_column(col, justify="left" if col == "config" else "right")
         for r in timed + [r for r in rows if not r.get("s")]:
@@ -303,7 +312,7 @@ def main(argv=None) -> int:
         for label, best in (("best", timed[:1]), ("best without spills", clean[:1])):
             if best and not cpu:
                 c = best[0]["config"]
-                print(f"{label} {kind} {a.dclass}: {c} "
+                print(f"{label} {kind} {dcls}: {c} "
                       f"({best[0].get('vs_shipped') or 1:.2f}x shipped)")  # fmt: skip
     return 1 if failed else 0
 
