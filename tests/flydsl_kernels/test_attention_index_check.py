@@ -113,6 +113,10 @@ def test_the_check_runs_on_the_calls_target_not_the_machines_default(monkeypatch
     lens = torch.tensor([20, 37], dtype=torch.int32)
     got = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
                                   target="cpu-reference")  # fmt: skip
+    # with no target, CPU tensors take the CPU's (tensor_target), the check too
+    torch.testing.assert_close(
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table), got
+    )
     for b in range(2):
         n = int(lens[b])
         pages = [int(p) for p in table[b, : -(-n // 16)]]

@@ -645,6 +645,9 @@ def flash_attn_with_kvcache(
     fkw, _ = V.config(config, what, forward_only=True)
     sinks3 = V.sinks(sinks, H, Hk, q.device)
     alibi3 = V.alibi(alibi_slopes, B, H, Hk, q.device)
+    # the launch target first: the index check runs where the attention kernels will (for
+    # CPU tensors on a machine with a GPU, not the GPU's default target)
+    tgt, tbl = tensor_target(q, _meta(q, target)), _table(q, target, table)
     V.kvcache(
         seqlens if n_int is None else n_int,
         snew,
@@ -656,10 +659,9 @@ def flash_attn_with_kvcache(
         batch_idx=bidx,
         batch_cache=k_cache.shape[0],
         batch=B,
-        target=target,
+        target=tgt,
     )
     G, Dv = H // Hk, v_cache.shape[-1]
-    tgt, tbl = tensor_target(q, _meta(q, target)), _table(q, target, table)
     decode = configs.packs_heads(Sq, G)
     p, mt = _problem(
         what,
