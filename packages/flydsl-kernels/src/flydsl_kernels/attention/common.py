@@ -157,15 +157,16 @@ def _load_based(t, origin, rows, cols, row_stride_dim, mask, st=None):
 PAGE_OFFSET_MAX = (1 << 30) - (1 << 28)
 
 
-def vblk_ok(C) -> bool:
-    """Whether a forward tile loads V in ``C.VBLK``-wide head-dim blocks
-    (``_load_v_blocks``): pages smaller than the tile, one power-of-two V chunk."""
+def vblk_ok(vblk: int, page: int, bn: int, dv: int) -> bool:
+    """Whether a forward tile of ``bn`` keys loads V (``dv`` wide, pages of ``page`` keys) in
+    ``vblk``-wide head-dim blocks (``_load_v_blocks``): pages smaller than the tile, one
+    power-of-two V chunk. The plan asks before it builds ``Fwd``; the kernel asks of ``C``."""
     return (
-        C.VBLK > 0
-        and 0 < C.PAGE < C.BN
-        and C.BN % C.PAGE == 0
-        and C.DV % C.VBLK == 0
-        and chunks(C.DV) == ((0, C.DV),)
+        vblk > 0
+        and 0 < page < bn
+        and bn % page == 0
+        and dv % vblk == 0
+        and (chunks(dv) == ((0, dv),))
     )
 
 

@@ -264,7 +264,7 @@ def _fwd_tile(
             l0 = fly.where(fly.arange(0, LANE_SUM_N)[None, :] == 0, e0[:, None], l0)
         else:
             l0 = l0 + e0
-    vblk = vblk_ok(C)
+    vblk = vblk_ok(C.VBLK, C.PAGE, C.BN, C.DV)
     if vblk:  # V's head-dim blocks (Fwd.VBLK): one (DV / VBLK, BM, VBLK) accumulator
         acc0 = [fly.zeros((C.DV // C.VBLK, C.BM, C.VBLK), fly.fp32)]
     else:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 from typing import Any
 
 from flydsl_core import cdiv
@@ -262,9 +261,7 @@ def plan_forward(
     # above common's bounds)
     whole = bool(klanes) and p.page_size % cfg.nonkdim == 0
     vblk = cfg.vblk if kind == "decode" and whole else 0
-    if vblk and not vblk_ok(
-        SimpleNamespace(VBLK=vblk, PAGE=p.page_size, BN=cfg.BN, DV=p.head_dim_v)
-    ):
+    if vblk and not vblk_ok(vblk, p.page_size, cfg.BN, p.head_dim_v):
         vblk = 0
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
