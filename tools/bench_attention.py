@@ -96,8 +96,8 @@ def cases(full: bool, quick: bool) -> list[Case]:
     return out
 
 
-def _time(fn, reps: int, device: str) -> float:
-    """Median seconds of ``fn`` (see the module doc)."""
+def median_s(fn, reps: int, device: str) -> float:
+    """Median seconds of ``fn`` (see the module doc); tune_attention times with it too."""
     if device == "cuda":
         from flydsl_kernels.report import median_times_ms
 
@@ -144,9 +144,9 @@ def _graph_times(ours, ref, want, reps: int) -> dict:
         replay, out = _graphed(ours)
         replay()
         torch.cuda.synchronize()
-        got = {"graph_err": _err(out, want), "graph_s": _time(replay, reps, "cuda")}
+        got = {"graph_err": _err(out, want), "graph_s": median_s(replay, reps, "cuda")}
         replay_ref, _ = _graphed(ref)
-        got["sdpa_graph_s"] = _time(replay_ref, reps, "cuda")
+        got["sdpa_graph_s"] = median_s(replay_ref, reps, "cuda")
         return got
     except Exception as e:  # a capture problem is this column's, the eager figures stand
         return {"graph_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
@@ -179,8 +179,8 @@ def run_prefill(c: Case, device: str, reps: int) -> dict:
     visible = c.seqlen * (c.seqlen + 1) / 2 if c.causal else c.seqlen * c.seqlen
     kernel = None
     if c.mode == "fwd":
-        t_ours = _time(lambda: flash_attn_func(q, k, v, causal=c.causal), reps, device)
-        t_ref = _time(lambda: _sdpa(q, k, v, c.causal), reps, device)
+        t_ours = median_s(lambda: flash_attn_func(q, k, v, causal=c.causal), reps, device)
+        t_ref = median_s(lambda: _sdpa(q, k, v, c.causal), reps, device)
         if device == "cuda":
             kernel = _kernel_time(lambda: flash_attn_func(q, k, v, causal=c.causal), reps)
     else:
@@ -192,10 +192,10 @@ def run_prefill(c: Case, device: str, reps: int) -> dict:
         g1 = torch.autograd.grad(o1, (q, k, v), do, retain_graph=True)
         g2 = torch.autograd.grad(o2, (q, k, v), do, retain_graph=True)
         err = max(err, *(_err(a, b) for a, b in zip(g1, g2)))
-        t_ours = _time(
+        t_ours = median_s(
             lambda: torch.autograd.grad(o1, (q, k, v), do, retain_graph=True), reps, device
         )
-        t_ref = _time(
+        t_ref = median_s(
             lambda: torch.autograd.grad(o2, (q, k, v), do, retain_graph=True), reps, device
         )
         if device == "cuda":
@@ -237,8 +237,8 @@ def run_decode(c: Case, device: str, reps: int) -> dict:
     err = _err(ours(), want)
     got = {
         "err": err,
-        "ours_s": _time(ours, reps, device),
-        "sdpa_s": _time(ref, reps, device),
+        "ours_s": median_s(ours, reps, device),
+        "sdpa_s": median_s(ref, reps, device),
         "kernel_s": _kernel_time(ours, reps) if device == "cuda" else None,
         "flops": c.flops(float(lens.sum()) / b),
     }

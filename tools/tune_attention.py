@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
 import traceback
 from dataclasses import replace
 
@@ -45,6 +45,9 @@ from rich.console import Console
 from rich.table import Table
 
 from flydsl_kernels.attention import configs, flash_attn_func, flash_attn_with_kvcache, model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling tools
+from bench_attention import median_s  # one timer for the benchmark and the sweep
 
 KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "decode")
 TOL = 2e-2
@@ -159,17 +162,6 @@ def _err(got, want) -> float:
     )
 
 
-def _time(fn, reps: int, device: str) -> float:
-    if device == "cuda":
-        from flydsl_kernels.report import median_times_ms
-
-        return median_times_ms([fn], reps=reps)[0] / 1e3
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t) / reps
-
-
 def _table_target(device: str) -> str:
     return "sm90" if device == "cpu" else _target(device)
 
@@ -207,7 +199,7 @@ def tune(kind, dcls, device, stages, limit, reps, log=print) -> list[dict]:
             row["err"] = _err(got, want)
             row["ok"] = row["err"] <= TOL
             if row["ok"]:
-                row["s"] = _time(lambda c=cfg: run(c), reps, device)
+                row["s"] = median_s(lambda c=cfg: run(c), reps, device)
                 row["tflops"] = flops / row["s"] / 1e12
         except Exception as e:  # a candidate that fails is a row, not a stop
             row["ok"] = False
