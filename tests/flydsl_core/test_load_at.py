@@ -84,7 +84,7 @@ def test_load_at_needs_a_scalar_base_and_integer_offsets():
 
 
 @fly.kernel
-def paged_sum(x, table, out, n, R: fly.constexpr, C: fly.constexpr):
+def paged_sum(x, table, out, n, R: fly.constexpr, C: fly.constexpr, FOLD: fly.constexpr = True):
     """``out[h] = sum_t x[table[t], :R, h, :C]``: whole pages, no mask."""
     h = fly.program_id(0)
     rs = fly.minimum(fly.maximum(x.stride[1], 0), 1 << 19)
@@ -92,7 +92,7 @@ def paged_sum(x, table, out, n, R: fly.constexpr, C: fly.constexpr):
     acc = fly.zeros((R, C), fly.fp32)
     for t in fly.range(0, n):
         base = table[t].load() * x.stride[0] + h * x.stride[2]
-        acc += x.load_at(base, offs).to(fly.fp32)
+        acc += x.load_at(base, offs, fold_base=FOLD).to(fly.fp32)
     out[h].tile((R, C), (0, 0)).store(acc)
 
 
@@ -103,6 +103,19 @@ def test_load_at_in_a_loop_with_hoisted_offsets(target):
     table = torch.tensor([8, 0, 3, 3, 5], dtype=torch.int32)
     out = torch.zeros(3, 16, 32)
     paged_sum[(3,)](x, table, out, 5, R=16, C=32, target=target)
+    want = x[table.long()].sum(0).permute(1, 0, 2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_load_at_with_the_base_in_the_offsets_reads_the_same(target):
+    # fold_base=False: the same elements, the base added to the offsets rather than folded
+    # into the buffer's base address (one shared offset register per load on AMD)
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(9, 16, 3, 32, generator=g)
+    table = torch.tensor([8, 0, 3, 3, 5], dtype=torch.int32)
+    out = torch.zeros(3, 16, 32)
+    paged_sum[(3,)](x, table, out, 5, R=16, C=32, FOLD=False, target=target)
     want = x[table.long()].sum(0).permute(1, 0, 2)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
@@ -119,9 +132,14 @@ def test_gfx950_source_keeps_the_base_in_a_scalar_pointer():
     src = gen.source
     assert re.search(r"_base\d+ = \(x_ptr\.to\(tl\.int64\) \+ .*\.to\(tl\.int64\) \* 2\)", src)
     assert "tl.multiple_of(tl.broadcast_to(_base" in src
-    # NVIDIA and the interpreter: the plain pointer sum
+    # NVIDIA and the interpreter: the plain pointer sum; so is gfx950's with fold_base=False
     nv = get_backend("sm90").generate(paged_rows.ir(*_spec_args(), 64, R=64, C=128, P=64))
     assert "to(tl.int64)" not in nv.source and "x_ptr + (" in nv.source
+    x, table, _ = _spec_args()
+    out = fly.TensorSpec(torch.float32, (8, 64, 128))
+    ir = paged_sum.ir(x, table, out, 64, R=64, C=128, FOLD=False)
+    amd = get_backend("gfx950").generate(ir)
+    assert "to(tl.int64)" not in amd.source and "x_ptr + (" in amd.source
 
 
 def test_gfx950_loop_loads_keep_their_offsets_across_the_loop():

@@ -920,6 +920,75 @@ def test_prefill_k_transposed_is_the_tables():
             assert configs.TABLES[t][("fwd", dc)].k_t is (dc in dcls), (t, dc)
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "d, kpad, kstep, vpad, vstep, kw",
+    [(64, 0, 1, 0, 1, {"causal": True}),
+     (80, 1, 2, 1, 2, {"window_size": (37, 5)}),
+     (128, 2, 1, 0, 3, {"softcap": 20.0, "causal": True})],
+)  # fmt: skip
+def test_prefill_based_loads_with_awkward_strides(target, d, kpad, kstep, vpad, vstep, kw):
+    # Fwd.BASED on the prefill forward (a dense cache, the buffer-load tables: the CPU's
+    # default is gfx950's): K and V load with load_at, the batch / first key / head as the
+    # scalar base kept in the offsets (Fwd.FOLD_BASE False), per-element offsets from clamped
+    # row and head-dim strides, V's from K's stride arguments where they are equal
+    # (Fwd.VK_STRIDES). Rows padded by 1 or 2 heads and head dims strided by 2 or 3, K's and
+    # V's strides equal or not; 77 queries over 93 keys (tiles ending inside the sequence),
+    # GQA 3:1, K^T interior tiles, masked trips on both window edges, softcap; dense and varlen
+    q, k, v = qkv(2, 77, 93, 6, 2, d, seed=90 + d)
+    ks, vs = _strided_cache(k, kpad, kstep), _strided_cache(v, vpad, vstep)
+    cfg = configs.Config(32, 16, 2, 1, 16, k_t=True, lane_sums=True)
+    out, lse, _ = flash_attn_func(
+        q, ks, vs, return_attn_probs=True, target=target, config=cfg, **kw
+    )
+    ro, rl = reference.attention(q, k, v, **kw)
+    close(out, ro, OUT_TOL[BF16], "dense")
+    close_lse(lse, rl)
+    lens_q, lens_k = [31, 0, 46], [45, 17, 93]
+    qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k, 6, 2, d, seed=91, grad=False)
+    kps = _strided_cache(kp[None], kpad, kstep)[0]
+    vps = _strided_cache(vp[None], vpad, vstep)[0]
+    outv = flash_attn_varlen_func(
+        qp, kps, vps, cu_q, cu_k, max(lens_q), max(lens_k), target=target, config=cfg, **kw
+    )
+    rov, _ = reference.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(outv, rov, OUT_TOL[BF16], "varlen")
+    p = plan.Problem(2, 77, 93, 6, 2, d, d, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0))  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    assert fp.C.BASED and not fp.C.FOLD_BASE
+    lc = fp.launches(q=q, k=ks, v=vs, o=q, lse=lse)[0].constexprs["C"]
+    assert lc.BASED and lc.VK_STRIDES is ((kpad, kstep) == (vpad, vstep))
+
+
+def test_prefill_based_loads_are_the_buffer_tables_and_fall_back(monkeypatch):
+    # the prefill forward loads K and V from a scalar base on the AMD (buffer-load) tables
+    # only, over a dense cache (a paged one keeps its page loads), unfolded (decode folds its
+    # base into the buffer descriptor); strides above common.BASED_STRIDE_MAX (lowered here)
+    # drop it at the launch, with the same results
+    p = plan.Problem(2, 77, 93, 6, 2, 64, 64, causal=True)
+    for t, want in (("gfx950", True), ("gfx942", True), ("gfx1250", True), ("sm90", False)):
+        C = plan.plan_forward(p, t).C
+        assert C.BASED is want and C.VK_STRIDES is want, t
+        assert C.FOLD_BASE is not want, t
+    paged = replace(p, page_size=64, seqused=True)
+    assert not plan.plan_forward(paged, "gfx950").C.BASED
+    dec = replace(p, seqlen_q=1, page_size=64, seqused=True, decode=True)
+    assert plan.plan_forward(dec, "gfx950").C.FOLD_BASE
+    q, k, v = qkv(2, 77, 93, 6, 2, 64, seed=95)
+    cfg = configs.Config(32, 16, 2, 1, 16, k_t=True)
+    fp = plan.plan_forward(p, REF, config=cfg)
+    lse = torch.empty(2, 6, 77)
+    assert fp.launches(q=q, k=k, v=v, o=q, lse=lse)[0].constexprs["C"].BASED  # row stride 128
+    monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)
+    assert not fp.launches(q=q, k=k, v=v, o=q, lse=lse)[0].constexprs["C"].BASED
+    out, lse = flash_attn_func(q, k, v, causal=True, return_attn_probs=True, target=REF,
+                               config=cfg)[:2]  # fmt: skip
+    ro, rl = reference.attention(q, k, v, causal=True)
+    close(out, ro, OUT_TOL[BF16], "fallback")
+    close_lse(lse, rl)
+
+
 def test_prefill_lane_sums_are_gfx950s_entries():
     # gfx950's fwd tiles keep per-lane row sums; the other targets' forward entries and the
     # score / mask mod tile (configs.mod_config) do not

@@ -598,7 +598,7 @@ def _load_at(t, attrs):
     """``load`` of the elements at ``base + offsets``: ``base`` an integer scalar (of the
     offsets' dtype) added to every offset. Backends may fold it into the address the
     offsets are taken from (AMD buffer loads: the buffer's base, so that offsets which do
-    not change across a loop stay in registers)."""
+    not change across a loop stay in registers) unless the attribute ``fold_base`` is False."""
     base = _tile(t.base, "base")
     if base.shape != () or not base.dtype.is_int:
         raise TypeCheckError(f"load_at's base must be an integer scalar, got {base}")

@@ -563,7 +563,7 @@ def _gather(self: TensorRef, *indices) -> IndexView:
 TensorRef.gather = _gather
 
 
-def _load_at(self: TensorRef, base, offsets, mask=None, other=None) -> Tile:
+def _load_at(self: TensorRef, base, offsets, mask=None, other=None, *, fold_base=True) -> Tile:
     """``x.load_at(base, offsets, mask, other)``: the elements at element offsets ``base +
     offsets`` from the tensor's first element (``base`` a scalar, ``offsets`` an integer
     tile; cast to the tensor's index dtype), no bounds check: ``mask`` is the whole mask and
@@ -575,7 +575,15 @@ def _load_at(self: TensorRef, base, offsets, mask=None, other=None) -> Tile:
     computed once before it instead of one vector add per load instruction on every trip.
     Their range must then be provable to Triton (from the offsets' arithmetic: a bounded
     index times a stride clamped to a known bound); otherwise Triton uses 64-bit global
-    loads from the based pointer."""
+    loads from the based pointer.
+
+    ``fold_base=False`` keeps the base in the offsets instead (the plain ``base + offsets``
+    address, one vector add per load): where loads of several tensors share their
+    per-element offsets and a base that moves by a constant step per trip, LLVM carries each
+    shared offset register across the loop with one add per trip, where a folded base
+    builds a new buffer descriptor per tensor and trip (gfx950 prefill forward: 13 scalar
+    and vector instructions per KV tile for K and V's addresses with views, 10 with folded
+    bases, 6 without)."""
     idx = self.index_dtype
     b = cast(as_tile(base, idx), idx)
     if b.shape != ():
@@ -593,7 +601,8 @@ def _load_at(self: TensorRef, base, offsets, mask=None, other=None) -> Tile:
             cast(as_tile(0 if other is None else other, self.dtype), self.dtype), offs.shape
         )
         operands += [m._v, o._v]
-    return Tile(current().emit("load_at", operands, {}).result)
+    attrs = {} if fold_base else {"fold_base": False}
+    return Tile(current().emit("load_at", operands, attrs).result)
 
 
 TensorRef.load_at = _load_at

@@ -134,18 +134,19 @@ def _clamped(s):
     return fly.minimum(fly.maximum(s, 0), BASED_STRIDE_MAX)
 
 
-def _load_based(t, origin, rows, cols, row_stride_dim, mask, st=None):
+def _load_based(t, origin, rows, cols, row_stride_dim, mask, st=None, fold=True):
     """``t``'s elements at ``origin`` (a scalar index per dimension) plus ``rows`` along
     dimension ``row_stride_dim`` and ``cols`` along the last (index tiles broadcast to the
     tile's shape), loaded with ``load_at``: the origin is the scalar base, the rest
     per-element offsets from clamped strides (``Fwd.BASED``). ``st``: the strides to take
-    (another tensor's where they are equal: ``Fwd.VK_STRIDES``), default ``t``'s."""
+    (another tensor's where they are equal: ``Fwd.VK_STRIDES``), default ``t``'s. ``fold``:
+    ``load_at``'s ``fold_base`` (``Fwd.FOLD_BASE``)."""
     st = t.stride if st is None else st
     base = 0
     for d, i in enumerate(origin):
         base = base + i * st[d]
     offs = rows * _clamped(st[row_stride_dim]) + cols * _clamped(st[t.ndim - 1])
-    return t.load_at(base, offs, mask)
+    return t.load_at(base, offs, mask, fold_base=fold)
 
 
 #: the largest page offset (``(pages - 1) * stride(0)``, elements) of a V cache that
@@ -210,7 +211,7 @@ def based_ok(C) -> bool:
     return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=None):
+def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=None, fold=True):
     """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
     tile's ``pages`` from ``_kv_pages``).
 
@@ -223,7 +224,7 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=N
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
         r = fly.arange(0, BN)[:, None]
-        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m, st)
+        return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m, st, fold)
     if PAGE == 0 or PAGE >= BN:
         if PAGE == 0:
             view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]
@@ -242,14 +243,17 @@ def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=N
     return view.load(m, bounds_check=False)
 
 
-def _load_kT(t, bk, n0, hk, c0, cs, BN, D):
+def _load_kT(t, bk, n0, hk, c0, cs, BN, D, based=False, fold=True):
     """``_load_kv``'s ``(BN, cs)`` K tile of a dense ``(B, S, Hk, D)`` tensor, transposed:
     ``(cs, BN)``, head dims along rows (each lane's 128-bit load still runs along them), keys
     ``n0 + [0, BN)`` all in range (an interior tile: no key mask); only head dims past ``D``
-    are masked."""
+    are masked. ``based`` / ``fold``: as ``_load_kv``'s (``Fwd.BASED``, ``Fwd.FOLD_BASE``)."""
     cols = c0 + fly.arange(0, cs)
     rows = n0 + fly.arange(0, BN)
     m = (cols < D)[:, None] if c0 + cs > D else None
+    if based:
+        keys = fly.arange(0, BN)[None, :]
+        return _load_based(t, (bk, n0, hk, c0), keys, fly.arange(0, cs)[:, None], 1, m, None, fold)
     return t.gather(bk, rows[None, :], hk, cols[:, None]).load(m, bounds_check=False)
 
 

@@ -94,7 +94,7 @@ class Fwd:
     SK_TAIL: bool = False
     #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
     KT: bool = False
-    #: decode: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
+    #: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
     #: scalar origin (its page, first key, head) apart from the per-element offsets, which
     #: then stay fixed across the KV loop (AMD buffer loads: no address add per load). Needs
     #: a tile within one page (or a dense cache) and row / head-dim strides of at most
@@ -106,6 +106,13 @@ class Fwd:
     #: Needs V's row and head-dim strides of at most ``common.BASED_STRIDE_MAX`` and page
     #: offsets of at most ``common.PAGE_OFFSET_MAX`` (``plan.FwdPlan.launches`` checks)
     VBLK: int = 0
+    #: under ``BASED``: ``load_at``'s ``fold_base``. False for the prefill forward (a dense
+    #: cache, ``plan.plan_forward``): its scalar origin stays in the offsets, which K and V then
+    #: share (``VK_STRIDES``), and LLVM carries each shared offset register across the KV loop
+    #: with one add per trip (gfx950 llama main loop 234 -> 230 instructions per trip, gpt-oss
+    #: 214 -> 204, d256 194 -> 187; a folded base built a buffer descriptor per tensor and trip:
+    #: 232, 207, 189, decode's 230 / 220 / 273 would go to 259 / 253 / 312 unfolded)
+    FOLD_BASE: bool = True
     #: under ``VBLK`` or ``BASED``: V's strides are K's (the launch compares them), so V's
     #: offsets take K's stride arguments and LLVM computes each page's offset once for both
     #: (gfx950 loop instructions per trip: d128 page16 234 -> 230, page64 224 -> 220, d64
@@ -141,7 +148,7 @@ def _update(st: _Softmax, z, zc, vts, C):
         # exactly 1 (2^0), and fly.rescale skips the accumulator's multiply where a whole wave's
         # factors are 1 (a compare and a branch on AMD CDNA, no workgroup-wide vote): after the
         # first tiles, rows' maxima rarely grow by 2^TAU
-        m_new = fly.where(m_tile - st.m > RESCALE_TAU, fly.maximum(st.m, m_tile), st.m)
+        m_new = fly.where(m_tile - st.m > RESCALE_TAU, m_tile, st.m)
         alpha = fly.exp2(st.m - m_new)
         st.l *= alpha[:, None] if C.LANE_SUMS else alpha
         for a in st.acc:
@@ -294,12 +301,15 @@ def _fwd_tile(
                                    C.KLANES, C.KROWS, based)  # fmt: skip
             elif C.KT and kind is None:
                 # interior tile: no key mask (a masked K^T load took more instructions)
-                kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D)
+                kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D, based, C.FOLD_BASE)
                 d = fly.dot(qt, kt)
                 s = d if s is None else s + d
                 continue
             else:
-                kt = _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask, based)
+                kt = _load_kv(
+                    k, bk, k_off + n0, hk, c0, cs, BN, C.D, C.PAGE, pages, kmask, based,
+                    fold=C.FOLD_BASE,
+                )  # fmt: skip
             d = fly.dot(qt, kt.T)
             s = d if s is None else s + d
         z, zc = _scores(s, C, scale, softcap, slope, i, j, off, b, h, mt)
@@ -314,7 +324,22 @@ def _fwd_tile(
         else:
             vst = k.stride if C.VK_STRIDES else None
             vts = [
-                _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, C.PAGE, pages, kmask, based, vst)
+                _load_kv(
+                    v,
+                    bk,
+                    k_off + n0,
+                    hk,
+                    c0,
+                    cs,
+                    BN,
+                    C.DV,
+                    C.PAGE,
+                    pages,
+                    kmask,
+                    based,
+                    vst,
+                    fold=C.FOLD_BASE,
+                )
                 for c0, cs in chunks(C.DV)
             ]
         _update(st, z, zc, vts, C)

@@ -254,8 +254,11 @@ def plan_forward(
     # B1 decode's 210 us on the host)
     BMS = BM // GP
     # decode tiles within one page load K and V from a scalar base (Fwd.BASED; the launch
-    # drops it for strides above common.BASED_STRIDE_MAX)
-    based = kind == "decode" and (p.page_size == 0 or p.page_size >= cfg.BN)
+    # drops it for strides above common.BASED_STRIDE_MAX), folded into AMD's buffer base; the
+    # prefill forward over a dense cache keeps its base in the offsets, which K and V share
+    # (Fwd.FOLD_BASE), on the buffer-load tables only (sm90's tables were timed as they are)
+    prefill_based = kind == "fwd" and p.page_size == 0 and buffer_ops(table)
+    based = prefill_based or (kind == "decode" and (p.page_size == 0 or p.page_size >= cfg.BN))
     # decode tiles spanning pages of whole MFMA key blocks load V in head-dim blocks where the
     # table says so (Config.vblk, Fwd.VBLK; the launch drops it for strides or page offsets
     # above common's bounds)
@@ -313,6 +316,7 @@ def plan_forward(
         SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
         KT=cfg.k_t and not p.page_size and not klanes,
         BASED=based,
+        FOLD_BASE=not prefill_based,
         VBLK=vblk,
         # where the launch finds V's strides equal to K's, V's offsets take K's (Fwd.VK_STRIDES):
         # on the buffer-load tables only (sm90's d64 page256 decode went 80 -> 89 registers)

@@ -49,9 +49,12 @@ def _param(cx: Lowering, tensor: Value):
     return None
 
 
-def _based_pointer(cx: Lowering, tensor: Value, base: Value, offs: Value, shape) -> str:
+def _based_pointer(
+    cx: Lowering, tensor: Value, base: Value, offs: Value, shape, fold: bool = True
+) -> str:
     """The pointers of ``load_at``: ``tensor + base + offs``. On targets with buffer loads
-    (a tensor with 32-bit offsets) the base goes into a scalar pointer first, through an
+    (a tensor with 32-bit offsets), unless ``fold`` is False (the op's ``fold_base``), the
+    base goes into a scalar pointer first, through an
     integer address so that Triton's pointer canonicalization cannot fold it back into the
     per-element offsets: the buffer load then takes that pointer as its base, and offsets
     that do not change across a loop are hoisted out of it whole. The pointer's alignment
@@ -60,7 +63,8 @@ def _based_pointer(cx: Lowering, tensor: Value, base: Value, offs: Value, shape)
     p = _param(cx, tensor)
     d = tensor.type.dtype
     if (
-        not (cx.target.has_buffer_ops and p is not None and p.facts.get("index_bits", 64) == 32)
+        not fold
+        or not (cx.target.has_buffer_ops and p is not None and p.facts.get("index_bits", 64) == 32)
         or shape == ()
     ):
         return _pointer_expr(cx, f"{ptr} + ({cx.ref(base)} + {cx.ref(offs)})", shape)
@@ -86,7 +90,8 @@ def _load_at(cx: Lowering, op: Op):
     offs, mask, other = op.operand("offsets"), op.operand("mask"), op.operand("other")
     shape = broadcast_shape(*(cx.get(v).shape for v in (offs, mask, other) if v is not None))
     shape = tuple(cx.ir_shape(op.results[0])) if shape != () else shape
-    args = [_based_pointer(cx, op.operand("tensor"), op.operand("base"), offs, shape)]
+    fold = op.attrs.get("fold_base", True)
+    args = [_based_pointer(cx, op.operand("tensor"), op.operand("base"), offs, shape, fold)]
     if mask is not None:
         args.append(f"mask={cx.ref(mask)}")
         args.append(f"other={cx.ref(other)}" if other is not None else "other=0")
