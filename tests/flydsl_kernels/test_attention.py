@@ -989,6 +989,70 @@ def test_prefill_based_loads_are_the_buffer_tables_and_fall_back(monkeypatch):
     close_lse(lse, rl)
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "q_head_major, kpad, kstep, vpad, vstep, kw",
+    [(False, 0, 1, 0, 1, {"causal": True}),
+     (True, 1, 2, 1, 2, {"window_size": (37, 5)}),
+     (False, 2, 1, 0, 3, {"softcap": 20.0, "causal": True})],
+)  # fmt: skip
+def test_backward_based_loads_with_awkward_strides(target, q_head_major, kpad, kstep, vpad, vstep,
+                                                   kw):  # fmt: skip
+    # Bwd.BASED (the AMD tables: the CPU's default is gfx950's): dK/dV loads Q and dO rows, dQ
+    # K and V keys with load_at from a scalar base kept in the offsets, sharing them where the
+    # launch finds the two tensors' strides equal (Bwd.SAME_STRIDES). Q stored head-major (not
+    # dO's strides), K and V with padded rows and strided head dims, equal or not; GQA 3:1,
+    # head dim 80 (a masked chunk), 77 queries over 93 keys, causal, a two-sided window, softcap
+    q, k, v = qkv(2, 77, 93, 6, 2, 80, seed=96)
+    if q_head_major:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    k, v = _strided_cache(k, kpad, kstep), _strided_cache(v, vpad, vstep)
+    for t in (q, k, v):
+        t.requires_grad_()
+    check_fwd_bwd(q, k, v, target, seed=97, **kw)
+    p = plan.Problem(2, 77, 93, 6, 2, 80, 80, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0))  # fmt: skip
+    bp = plan.plan_backward(p, target, dkdv_config=C16, dq_config=C16)
+    assert bp.C_dkdv.BASED and bp.C_dkdv.SAME_STRIDES and bp.C_dq.BASED and bp.C_dq.SAME_STRIDES
+    do = torch.empty_like(q, memory_format=torch.contiguous_format)
+    q5 = q.view(2, 77, 2, 3, 80)
+    sp = dict(o=None, lse=None, ld=None, dq=None, dk=None, dv=None)
+    _, dkdv, dql = bp.launches(q=q5, k=k, v=v, do=do.view(2, 77, 2, 3, 80), **sp)
+    assert dkdv.constexprs["C"].BASED and dql.constexprs["C"].BASED
+    assert dkdv.constexprs["C"].SAME_STRIDES is not q_head_major
+    assert dql.constexprs["C"].SAME_STRIDES is ((kpad, kstep) == (vpad, vstep))
+
+
+def test_backward_loads_follow_the_configs_and_tables(monkeypatch):
+    # Config.bwd_loads: "shared" (the default), "own" offsets per tensor, or "view" loads; the
+    # AMD tables only (sm90 never loads from a based pointer), and strides above
+    # common.BASED_STRIDE_MAX (lowered here) drop it at the launch
+    p = plan.Problem(2, 77, 93, 6, 2, 64, 64, causal=True)
+    for bl, based, same in (("shared", True, True), ("own", True, False), ("view", False, False)):
+        cfg = replace(C16, bwd_loads=bl)
+        bp = plan.plan_backward(p, "gfx950", dkdv_config=cfg, dq_config=cfg)
+        for C in (bp.C_dkdv, bp.C_dq):
+            assert C.BASED is based and C.SAME_STRIDES is same, bl
+    bp = plan.plan_backward(p, "sm90")
+    assert not (bp.C_dkdv.BASED or bp.C_dq.BASED)
+    d128 = replace(p, head_dim=128, head_dim_v=128)
+    assert plan.plan_backward(d128, "gfx950").dkdv.bwd_loads == "own"
+    assert plan.plan_backward(d128, "gfx942").dq.bwd_loads == "own"
+    assert plan.plan_backward(d128, "gfx1250").dkdv.bwd_loads == "shared"
+    d256 = replace(p, head_dim=256, head_dim_v=256)
+    assert not plan.plan_backward(d256, "gfx942").C_dq.BASED
+    q, k, v = qkv(2, 77, 93, 6, 2, 64, seed=98)
+    bp = plan.plan_backward(p, REF, dkdv_config=C16, dq_config=C16)
+    sp = dict(o=None, lse=None, ld=None, dq=None, dk=None, dv=None)
+    q5 = q.view(2, 77, 2, 3, 64)
+    assert all(lc.constexprs["C"].BASED for lc in bp.launches(q=q5, k=k, v=v, do=q5, **sp)[1:])
+    monkeypatch.setattr(plan, "BASED_STRIDE_MAX", 64)
+    assert not any(lc.constexprs["C"].BASED for lc in bp.launches(q=q5, k=k, v=v, do=q5, **sp)[1:])
+    for t in (q, k, v):
+        t.requires_grad_()
+    check_fwd_bwd(q, k, v, REF, seed=99, causal=True)
+
+
 def test_prefill_lane_sums_are_gfx950s_entries():
     # gfx950's fwd tiles keep per-lane row sums; the other targets' forward entries and the
     # score / mask mod tile (configs.mod_config) do not

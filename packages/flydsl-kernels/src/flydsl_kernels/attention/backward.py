@@ -14,6 +14,7 @@ from .common import (
     LOG2E,
     _kv_range,
     _kv_segments,
+    _load_based,
     _load_kv,
     _mask_scores,
     _segments,
@@ -77,6 +78,14 @@ class Bwd:
     SPARSE_KV: int = 0
     SPARSE_FULL: bool = False
     NARROW: bool = True  # as Fwd.NARROW
+    #: the loop's tiles (dK/dV: Q and dO rows; dQ: K and V keys) loaded with ``load_at`` from
+    #: a scalar base kept in the offsets, as the prefill forward's K and V (``Fwd.BASED``,
+    #: ``Fwd.FOLD_BASE`` False; the AMD tables, ``plan.plan_backward``; the launch drops it
+    #: for strides above ``common.BASED_STRIDE_MAX``)
+    BASED: bool = False
+    #: under ``BASED``: the loop's second tensor (dO; V) takes the first's strides (Q's; K's),
+    #: which the launch found equal, so that both loads share their offsets
+    SAME_STRIDES: bool = False
 
     # the forward's helpers read these
     GP = 1
@@ -180,9 +189,14 @@ def _dkdv_tile(
     def block(m0, kind, g, h, slope):
         i = m0 + fly.arange(0, BM)
         rm = (i < sq) if kind is not None else None
-        qts = [_load_q1(q, bq, q_off + m0, hk, g, c0, cs, BM, C.D, rm) for c0, cs in chunks(C.D)]
+        qts = [
+            _load_q1(q, bq, q_off + m0, hk, g, c0, cs, BM, C.D, rm, C.BASED)
+            for c0, cs in chunks(C.D)
+        ]
+        dst = q.stride if C.SAME_STRIDES else None
         dots = [
-            _load_q1(do, bq, q_off + m0, hk, g, c0, cs, BM, C.DV, rm) for c0, cs in chunks(C.DV)
+            _load_q1(do, bq, q_off + m0, hk, g, c0, cs, BM, C.DV, rm, C.BASED, dst)
+            for c0, cs in chunks(C.DV)
         ]
         lrow = _load_row(ld, bq, hk, g, 0, q_off + m0, BM, rm)
         drow = _load_row(ld, bq, hk, g, 1, q_off + m0, BM, rm)
@@ -249,15 +263,20 @@ def _dkdv_tile(
         )
 
 
-def _load_q1(t, bq, row0, hk, g, c0, cs, BM, D, rmask):
+def _load_q1(t, bq, row0, hk, g, c0, cs, BM, D, rmask, based=False, st=None):
     """``(BM, cs)`` rows of one head of a ``(B, S, Hk, G, D)`` tensor; interior blocks (no
-    ``rmask``) load with no bounds check."""
-    view = t[bq, fly.ds(row0, BM), hk, g, fly.ds(c0, cs)]
+    ``rmask``) load with no bounds check. ``based``: with ``load_at`` from the scalar origin
+    kept in the offsets (``Bwd.BASED``), with strides ``st`` (default ``t``'s)."""
     dm = (c0 + fly.arange(0, cs) < D)[None, :] if c0 + cs > D else None
     # explicit masks only (rows past sq, the head dim's tail): every other index is in range by
     # construction, and the tensor sizes an automatic bounds check reads would stay live in
     # scalar registers across the loops
-    return view.load(_and(None if rmask is None else rmask[:, None], dm), bounds_check=False)
+    m = _and(None if rmask is None else rmask[:, None], dm)
+    if based:
+        rows, cols = fly.arange(0, BM)[:, None], fly.arange(0, cs)[None, :]
+        return _load_based(t, (bq, row0, hk, g, c0), rows, cols, 1, m, st, fold=False)
+    view = t[bq, fly.ds(row0, BM), hk, g, fly.ds(c0, cs)]
+    return view.load(m, bounds_check=False)
 
 
 def _load_row(t, bq, hk, g, which, row0, BM, rmask):
@@ -305,11 +324,13 @@ def _dq_tile(
     dqs = [fly.zeros((BM, cs), fly.fp32) for _, cs in chunks(C.D)]
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
 
+    vst = k.stride if C.SAME_STRIDES else None
+
     def block(n0, kind):
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if kind not in (None, "left") else None
         kts = [
-            _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, kmask)
+            _load_kv(k, bk, k_off + n0, hk, c0, cs, BN, C.D, 0, None, kmask, C.BASED, fold=False)
             for c0, cs in chunks(C.D)
         ]
         s = None
@@ -325,7 +346,9 @@ def _dq_tile(
         p = fly.exp2(z)
         dp = None
         for dt, (c0, cs) in zip(dots, chunks(C.DV)):
-            vt = _load_kv(v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask)
+            vt = _load_kv(
+                v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask, C.BASED, vst, False
+            )
             d_ = fly.dot(dt, vt.T)
             dp = d_ if dp is None else dp + d_
         ds = p * (dp - drow[:, None])

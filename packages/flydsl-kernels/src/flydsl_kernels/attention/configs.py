@@ -79,6 +79,12 @@ class Config:
     #: ``q @ K^T`` reads it from LDS as loaded; ``k.T`` of the row-major tile took a layout
     #: conversion through LDS scratch (one more write, barrier pair and wait per tile)
     k_t: bool = False
+    #: backward, on the AMD (buffer-load) tables: how its loop loads the two tensors it walks
+    #: (dK/dV: Q and dO rows; dQ: K and V keys). "shared": with ``load_at`` from a scalar base
+    #: kept in the offsets, which both take where their strides are equal
+    #: (``backward.Bwd.BASED``, ``Bwd.SAME_STRIDES``); "own": so, each with its own offsets;
+    #: "view": plain view loads (one address add per load and trip)
+    bwd_loads: str = "shared"
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -113,6 +119,8 @@ class Config:
             d["vblk"] = self.vblk
         if self.k_t:
             d["k_t"] = True
+        if self.bwd_loads != "shared":
+            d["bwd_loads"] = self.bwd_loads
         return d
 
 
@@ -151,6 +159,7 @@ def _c(
     ls=False,
     kt=False,
     vblk=0,
+    bl="shared",
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -165,6 +174,7 @@ def _c(
         lane_sums=ls,
         k_t=kt,
         vblk=vblk,
+        bwd_loads=bl,
         notes=notes,
     )
 
@@ -235,16 +245,23 @@ _GFX950 = {
     ),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 213, 13.31, sched=MAX_ILP),
-    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 244, 163, 10.19, sched=ILP),
-    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 244, 227, 11.35, sched=MAX_ILP),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 226, 152, sched=ILP),
+    # the backward's loops load from a scalar base kept in offsets the two tensors share
+    # (Config.bwd_loads "shared"; d192's Q / dO and K / V differ in width, so each its own):
+    # dK/dV d64 210 -> 207, d192 229 -> 227, d256 151 -> 150; dQ d64 227 -> 221, d128 143 ->
+    # 142, d256 198 -> 192 loop instructions per trip at the model problems; gpt-oss dK/dV
+    # 12.12 / 15.94 -> 11.5 / 15.31, dQ 9.96 / 14.29 -> 9.54 / 13.46. dK/dV d128 takes its
+    # own offsets per tensor: 163 -> 161, where shared ones (170) crowd its 244 VGPRs (LDS
+    # addresses copied every trip)
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 222, 207, 12.94, sched=MAX_ILP),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 244, 161, 10.06, sched=ILP, bl="own"),
+    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 246, 227, 11.35, sched=MAX_ILP),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 224, 150, sched=ILP),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 238, 227, 9.46, sched=ILP),
-    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 143, 5.96, sched=COEXEC),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 244, 293, 9.16),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 252, 198, 8.25, sched=ILP),
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 230, 221, 9.21, sched=ILP),
+    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 142, 5.92, sched=COEXEC),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 293, 9.16),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 192, 8.0, sched=ILP),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
 #: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
@@ -345,8 +362,12 @@ _GFX942 = {
     # no d256 dQ candidate reaches 2 waves here (the least: 32 x 32 with 4 warps, 292 VGPRs);
     # at one wave 128 x 32 with 32x32x8 MFMAs takes 447 (with AGPRs) and 8.65 loop instructions
     # per 32x32x16-equivalent, against 13.96 for 64 x 32 with 16x16x16 ones
-    ("bwd_dq", "d256"): _c(128, 32, 4, 1, 32, True, 447, 415, 8.65),
+    # view loads (Config.bwd_loads): shared based ones took 429 loop instructions here, their
+    # own 501 in the masked loop (492)
+    ("bwd_dq", "d256"): _c(128, 32, 4, 1, 32, True, 447, 415, 8.65, bl="view"),
 }
+# gfx950's dQ d128 with shared based loads spilled 49 B here; their own ones: 363 -> 360
+_GFX942[("bwd_dq", "d128")] = replace(_GFX942[("bwd_dq", "d128")], bwd_loads="own")
 for _k in ("fwd", "bwd_dkdv", "bwd_dq"):  # gfx950's MLA tiles spill here: the d256 ones
     _GFX942[(_k, "d192")] = _GFX942[(_k, "d256")]
 # ... but MLA's dQ keeps 64 x 32 (16x16x16 MFMAs, 230 VGPRs: 2 waves; 128 x 32 took one)
@@ -375,6 +396,8 @@ _GFX1250 = {
     ("bwd_dq", "d128"): _c(128, 64, 8, 2, 16, True, 456, 533, 22.21),
     ("bwd_dq", "d256"): _c(64, 32, 4, 1, 16, True),
 }
+# shared based loads (Config.bwd_loads) on gfx950's dK/dV d128 tile: main loop 384 -> 379
+_GFX1250[("bwd_dkdv", "d128")] = replace(_GFX1250[("bwd_dkdv", "d128")], bwd_loads="shared")
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
 _row_sums(_GFX1250)

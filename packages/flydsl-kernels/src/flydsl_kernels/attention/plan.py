@@ -88,9 +88,9 @@ def _based_strides(t) -> bool:
     strides a ``Fwd.BASED`` load clamps to (``common.BASED_STRIDE_MAX``): unknown strides
     are not."""
     st = _strides(t)
-    if st is None or len(st) != 4:
+    if st is None or len(st) not in (4, 5):
         return False
-    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[3]))
+    return all(s is not None and 0 <= s <= BASED_STRIDE_MAX for s in (st[1], st[-1]))
 
 
 def _strides(t):
@@ -494,19 +494,34 @@ class BwdPlan:
             attn_bwd_dkdv_kernel,
             (cdiv(p.seqlen_k, self.C_dkdv.BN), p.batch * p.heads_k),
             (q, k, v, do, ld, dk, dv, alibi, cu_q, cu_k, *mt, *sparse_q, *tail),
-            {"C": self.C_dkdv},
+            {"C": _bwd_based(self.C_dkdv, q, do)},
             self.dkdv.options(self.target),
         )
         dql = Launch(
             attn_bwd_dq_kernel,
             (cdiv(p.seqlen_q, self.C_dq.BM), p.batch * p.heads_k * G),
             (q, k, v, do, ld, dq, alibi, cu_q, cu_k, *mt, *sparse_kv, *tail),
-            {"C": self.C_dq},
+            {"C": _bwd_based(self.C_dq, k, v)},
             self.dq.options(self.target),
         )
         if p.batch == 0 or p.heads_k == 0:
             return []
         return [pre, dkdv, dql]
+
+
+def _bwd_based(C: Bwd, a, b) -> Bwd:
+    """``C`` for a launch whose loop loads tensors ``a`` and ``b`` (dK/dV: Q and dO; dQ: K and
+    V): ``Bwd.BASED`` only where both have row and head-dim strides a based load clamps to,
+    ``Bwd.SAME_STRIDES`` only where their strides are equal."""
+    if not C.BASED:
+        return C
+    if not (_based_strides(a) and _based_strides(b)):
+        return replace(C, BASED=False, SAME_STRIDES=False)
+    if not C.SAME_STRIDES:
+        return C
+    sa, sb = _strides(a), _strides(b)
+    same = None not in sa and tuple(sa) == tuple(sb)
+    return C if same else replace(C, SAME_STRIDES=False)
 
 
 def plan_backward(
@@ -548,12 +563,21 @@ def plan_backward(
     )
     n1 = narrow_band(p, c1.BM, c1.BN, "bwd_dkdv")
     n2 = narrow_band(p, c2.BM, c2.BN, "bwd_dq")
+    # the loops' tiles from a scalar base kept in the offsets (Bwd.BASED), as the prefill
+    # forward's, on the buffer-load tables, where the config says so (Config.bwd_loads)
+    amd = bool(buffer_ops(table))
+
+    def loads(c):
+        return dict(
+            BASED=amd and c.bwd_loads != "view", SAME_STRIDES=amd and c.bwd_loads == "shared"
+        )
+
     return BwdPlan(
         p,
         c1,
         c2,
-        Bwd(BM=c1.BM, BN=c1.BN, NARROW=n1, **common),
-        Bwd(BM=c2.BM, BN=c2.BN, NARROW=n2, **common),
+        Bwd(BM=c1.BM, BN=c1.BN, NARROW=n1, **loads(c1), **common),
+        Bwd(BM=c2.BM, BN=c2.BN, NARROW=n2, **loads(c2), **common),
         scale_of(p),
         target,
     )
