@@ -725,7 +725,7 @@ def _check_paged_decode(c, v, cfg, what="", **kw):
 def test_decode_based_loads_fall_back_for_large_strides(monkeypatch):
     # strides above common.BASED_STRIDE_MAX (here lowered to 64 elements) cannot be clamped:
     # the launch drops Fwd.BASED and the view loads read the cache, with the same results;
-    # prefill and tiles spanning pages never take it
+    # a paged prefill and tiles spanning pages never take it (a dense prefill does: below)
     c = _paged_decode(131, 4, 64, [192, 65])
     cfg = configs.Config(16, 64, 1, 1, 16, lazy=False, klanes=8, lane_sums=True)
     p, kw = c.p, c.kw

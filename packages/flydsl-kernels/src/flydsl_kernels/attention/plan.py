@@ -84,9 +84,9 @@ class Problem:
 
 
 def _based_strides(t) -> bool:
-    """Whether a K or V tensor (a torch tensor or a ``TensorSpec``) has the row and head-dim
-    strides a ``Fwd.BASED`` load clamps to (``common.BASED_STRIDE_MAX``): unknown strides
-    are not."""
+    """Whether a K or V tensor (4-D), or the backward's Q or dO (5-D), as a torch tensor or a
+    ``TensorSpec``, has the row and head-dim strides a ``Fwd.BASED`` / ``Bwd.BASED`` load
+    clamps to (``common.BASED_STRIDE_MAX``): unknown strides are not."""
     st = _strides(t)
     if st is None or len(st) not in (4, 5):
         return False
