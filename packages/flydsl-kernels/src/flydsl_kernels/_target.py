@@ -44,7 +44,14 @@ TUNED_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 DEFAULT_TABLE = TUNED_TARGETS[0]
 #: options only AMD's Triton backend takes (``HIPOptions``)
 AMD_ONLY_OPTIONS = frozenset(
-    {"matrix_instr_nonkdim", "kpack", "waves_per_eu", "schedule_hint", "llvm_fn_attrs"}
+    {
+        "matrix_instr_nonkdim",
+        "kpack",
+        "waves_per_eu",
+        "schedule_hint",
+        "llvm_fn_attrs",
+        "hoist_rsrc",
+    }
 )
 
 #: device index -> the target name of that GPU (an arch never changes under a process, and

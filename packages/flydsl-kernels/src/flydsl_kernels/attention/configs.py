@@ -85,6 +85,10 @@ class Config:
     #: (``backward.Bwd.BASED``, ``Bwd.SAME_STRIDES``); "own": so, each with its own offsets;
     #: "view": plain view loads (one address add per load and trip)
     bwd_loads: str = "shared"
+    #: AMD: each buffer descriptor that several loops' loads share (K's, V's in the
+    #: forward's unmasked and masked KV loops) built once at the kernel's entry (the core's
+    #: ``hoist_rsrc`` option): fewer descriptor copies in the loops
+    hoist_rsrc: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -99,6 +103,8 @@ class Config:
             opts["waves_per_eu"] = self.waves_per_eu
         if self.sched:
             opts["llvm_fn_attrs"] = f"amdgpu-sched-strategy={self.sched}"
+        if self.hoist_rsrc:
+            opts["hoist_rsrc"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -121,6 +127,8 @@ class Config:
             d["k_t"] = True
         if self.bwd_loads != "shared":
             d["bwd_loads"] = self.bwd_loads
+        if self.hoist_rsrc:
+            d["hoist_rsrc"] = True
         return d
 
 
@@ -160,6 +168,7 @@ def _c(
     kt=False,
     vblk=0,
     bl="shared",
+    hr=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -175,6 +184,7 @@ def _c(
         k_t=kt,
         vblk=vblk,
         bwd_loads=bl,
+        hoist_rsrc=hr,
         notes=notes,
     )
 
@@ -220,11 +230,24 @@ _GFX950 = {
     # kept in their shared offsets (forward.Fwd.FOLD_BASE) and the lazy rescale's new max
     # without its redundant maximum: d64 185 -> 183, d128 234 -> 229 (llama 7.31 / 9.72 ->
     # 7.16 / 9.47), d192 262 (MLA 6.55 / 8.3 -> 6.55 / 8.25), d256 163 -> 156 (12.12 / 13.12
-    # -> 11.62 / 12.69); gpt-oss 13.38 / 17.94 -> 12.69 / 17.38
+    # -> 11.62 / 12.69); gpt-oss 13.38 / 17.94 -> 12.69 / 17.38. K's and V's buffer descriptors
+    # built once at the kernel's entry for both KV loops (``hr``: Config.hoist_rsrc, the core's
+    # hoist_rsrc; the main loop had rebuilt them with 4 s_mov_b32 per trip, 2 are left for V's
+    # constants): d128 229 -> 227 (llama 7.16 -> 7.09 main), d192 262 -> 260 (MLA 6.55 ->
+    # 6.5), d256 156 -> 154 (softcap 11.62 -> 11.5); decode d128 page16 14.38 -> 14.25 (219 at
+    # the model problem); dQ d128 below. Off for gpt-oss's window tile: 164 -> 184 VGPRs, 3 -> 2
+    # waves. Tried for the forward d128 without a win (Triton 3.9; TTGIR edited by hand): K's
+    # and V's LDS buffers apart (Triton's allocator gives them one offset as their live ranges
+    # do not overlap) with a barrier before the loop, 4 -> 2 barriers but the 16 K reads then
+    # each wait on their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
     ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 156, 183, 11.44, sched=COEXEC, ls=True, kt=True),
-    ("fwd", "d128"): _c(256, 64, 8, 1, 32, True, 226, 229, 7.16, sched=COEXEC, ls=True, kt=True),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 262, 6.55, ls=True, kt=True),
-    ("fwd", "d256"): _c(128, 32, 8, 1, 16, True, 214, 156, 9.75, sched=ILP, ls=True, kt=True),
+    ("fwd", "d128"): _c(
+        256, 64, 8, 1, 32, True, 226, 227, 7.09, sched=COEXEC, ls=True, kt=True, hr=True
+    ),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 260, 6.5, ls=True, kt=True, hr=True),
+    ("fwd", "d256"): _c(
+        128, 32, 8, 1, 16, True, 214, 154, 9.62, sched=ILP, ls=True, kt=True, hr=True
+    ),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
     # page16 262 -> 256, page64 260 -> 260, d64 page256 322 -> 318; at the model problem d128
@@ -241,7 +264,7 @@ _GFX950 = {
     # the model problem (page64, B64) 223 -> 219
     ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
     ("decode", "d128"): _c(
-        16, 64, 1, 1, 16, False, 252, 219, 13.69, sched=ILP, klanes=8, ls=True, vblk=32
+        16, 64, 1, 1, 16, False, 252, 219, 13.69, sched=ILP, klanes=8, ls=True, vblk=32, hr=True
     ),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
@@ -259,7 +282,8 @@ _GFX950 = {
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
     ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 230, 221, 9.21, sched=ILP),
-    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 142, 5.92, sched=COEXEC),
+    # dQ d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 140
+    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 140, 5.83, sched=COEXEC, hr=True),
     ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 293, 9.16),
     ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 192, 8.0, sched=ILP),
 }

@@ -37,6 +37,7 @@ from ...settings import default_cache_dir
 from ...targets import Target
 from .. import Backend, Executable
 from .codegen import GeneratedKernel, generate
+from .llir import amd_llir_rewrites
 from .rules.elementwise import RESCALE_ASM_GUARD
 from .signature import make_extractor
 
@@ -45,6 +46,9 @@ AMD_DEFAULTS = {"num_warps": 4, "num_stages": 2}
 NVIDIA_DEFAULTS = {"num_warps": 4, "num_stages": 3}
 #: option fields that describe the target, not the compile: never taken from the user
 _INTERNAL = {"arch", "backend_name", "warp_size", "extern_libs", "supported_fp8_dtypes"}
+#: AMD options of FlyDSL's own, applied around Triton's compile: ``hoist_rsrc`` builds each
+#: buffer descriptor loads share once at the kernel's entry (``llir.hoist_buffer_rsrc``)
+FLY_AMD_OPTIONS = frozenset({"hoist_rsrc"})
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,8 @@ def _option_fields(target: Target) -> set[str]:
         from triton.backends.amd.compiler import HIPOptions as opts
     else:
         from triton.backends.nvidia.compiler import CUDAOptions as opts
-    return {f.name for f in dataclasses.fields(opts)} - _INTERNAL
+    own = FLY_AMD_OPTIONS if target.is_amd else frozenset()
+    return ({f.name for f in dataclasses.fields(opts)} - _INTERNAL) | own
 
 
 def triton_options(target: Target, options: dict | None) -> dict[str, Any]:
@@ -129,7 +134,8 @@ def triton_options(target: Target, options: dict | None) -> dict[str, Any]:
     ``num_warps`` / ``num_stages`` default to 4 / 2 on AMD and 4 / 3 on sm90;
     AMD's ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` and
     ``schedule_hint`` (and any other field of Triton 3.9's ``HIPOptions`` /
-    ``CUDAOptions``) pass through. An unknown option is an error.
+    ``CUDAOptions``) pass through, and on AMD FlyDSL's own ``FLY_AMD_OPTIONS``. An unknown
+    option is an error.
     """
     out = dict(AMD_DEFAULTS if target.is_amd else NVIDIA_DEFAULTS)
     known = _option_fields(target)
@@ -183,7 +189,10 @@ def triton_compile(
     import triton
 
     src = ast_source(jitfn, gen, pointer_range=pointer_range)
-    return triton.compile(src, target=target.triton_target(), options=dict(options))
+    options = dict(options)
+    hoist = options.pop("hoist_rsrc", False) and target.is_amd
+    with amd_llir_rewrites() if hoist else contextlib.nullcontext():
+        return triton.compile(src, target=target.triton_target(), options=options)
 
 
 #: prefix of the files in a stored executable that are Triton's own metadata group

@@ -1,0 +1,88 @@
+"""``llir.hoist_buffer_rsrc``: buffer descriptors several loops build from one kernel argument
+and the same constants are built once, at the kernel's entry (the ``hoist_rsrc`` AMD option)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flydsl_core.backends.triton.llir import hoist_buffer_rsrc
+
+RSRC = "call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1"
+
+# two sibling loops' preheaders each build K's descriptor (argument %1); %2's is built once;
+# %7's pointer is not an argument (a computed address): none of those two moves
+IR = f"""\
+define amdgpu_kernel void @k(ptr addrspace(1) inreg %0, ptr addrspace(1) inreg %1, ptr addrspace(1) inreg %2, i32 inreg %3) #0 !dbg !6 {{
+  %5 = icmp sgt i32 %3, 0
+  br i1 %5, label %.lr.ph, label %mid
+
+.lr.ph:
+  %6 = tail {RSRC}(ptr addrspace(1) %1, i16 0, i64 2147483646, i32 159744)
+  %7 = getelementptr i8, ptr addrspace(1) %0, i32 %3
+  %8 = tail {RSRC}(ptr addrspace(1) %7, i16 0, i64 2147483646, i32 159744)
+  %9 = tail {RSRC}(ptr addrspace(1) %2, i16 0, i64 2147483646, i32 159744), !dbg !9
+  %10 = tail call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %6, i32 %3, i32 0, i32 0)
+  %11 = tail call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %8, i32 %3, i32 0, i32 0)
+  %12 = tail call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %9, i32 %3, i32 0, i32 0)
+  br label %mid
+
+mid:
+  %60 = tail {RSRC}(ptr addrspace(1) %1, i16 0, i64 2147483646, i32 159744)
+  %61 = tail call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %60, i32 %3, i32 0, i32 0)
+  %62 = tail call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %6, i32 0, i32 0, i32 0)
+  ret void
+}}
+
+declare ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) readnone, i16, i64, i32)
+"""
+
+
+def _defs(text):
+    return re.findall(r"^\s*(%[\w.]+) = (?:tail )?" + re.escape(RSRC) + r"\((.*)\)", text, re.M)
+
+
+def test_a_descriptor_built_in_two_loops_is_built_once_at_the_entry():
+    out = hoist_buffer_rsrc(IR)
+    lines = out.split("\n")
+    assert (
+        lines[1]
+        == f"  %fly.rsrc.0 = {RSRC}(ptr addrspace(1) %1, i16 0, i64 2147483646, i32 159744)"
+    )
+    defs = _defs(out)
+    assert [a for _, a in defs].count("ptr addrspace(1) %1, i16 0, i64 2147483646, i32 159744") == 1
+    # every use of the two old names reads the shared one; the old names are gone
+    assert "@llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %fly.rsrc.0, i32 %3" in out
+    assert "(ptr addrspace(8) %fly.rsrc.0, i32 0, i32 0" in out
+    assert not re.search(r"%(6|60)\b", out)
+    # a descriptor built once and one of a computed pointer stay where they were
+    assert "  %9 = tail " in out and "  %8 = tail " in out and "(ptr addrspace(8) %8," in out
+    # the rest of the text is untouched, in order
+    want = [s for s in IR.split("\n") if not re.match(r"\s*%(6|60) = ", s)]
+    want = [re.sub(r"%(6|60)\b", "%fly.rsrc.0", s) for s in want]
+    assert lines == [*want[:1], lines[1], *want[1:]]
+
+
+def test_the_rewrite_is_idempotent_and_leaves_other_text_alone():
+    once = hoist_buffer_rsrc(IR)
+    assert hoist_buffer_rsrc(once) == once
+    # no descriptor built twice: nothing moves
+    single = IR.replace(
+        "(ptr addrspace(1) %1, i16 0, i64 2147483646, i32 159744)\n  %61",
+        "(ptr addrspace(1) %1, i16 0, i64 2147483644, i32 159744)\n  %61",
+    )
+    assert single != IR and hoist_buffer_rsrc(single) == single
+    assert hoist_buffer_rsrc("declare void @f()\n") == "declare void @f()\n"
+    two = IR + IR.replace("@k(", "@k2(")
+    assert hoist_buffer_rsrc(two) == two  # one function per module only
+
+
+@pytest.mark.compile
+def test_the_option_reaches_the_llvm_ir_on_amd_only():
+    from flydsl_core.backends.triton.compiler import CompileError, triton_options
+    from flydsl_core.targets import get_target
+
+    assert triton_options(get_target("gfx950"), {"hoist_rsrc": True})["hoist_rsrc"] is True
+    with pytest.raises(CompileError, match="hoist_rsrc"):
+        triton_options(get_target("sm90"), {"hoist_rsrc": True})
