@@ -148,8 +148,10 @@ def _update(st: _Softmax, z, zc, vts, C):
         # exactly 1 (2^0), and fly.rescale skips the accumulator's multiply where a whole wave's
         # factors are 1 (a compare and a branch on AMD CDNA, no workgroup-wide vote): after the
         # first tiles, rows' maxima rarely grow by 2^TAU
-        m_new = fly.where(m_tile - st.m > RESCALE_TAU, m_tile, st.m)
-        alpha = fly.exp2(st.m - m_new)
+        d = m_tile - st.m
+        grow = d > RESCALE_TAU
+        m_new = fly.where(grow, m_tile, st.m)
+        alpha = fly.exp2(fly.where(grow, -d, 0.0))
         st.l *= alpha[:, None] if C.LANE_SUMS else alpha
         for a in st.acc:
             a.set(fly.rescale(a, _rows_of(alpha, a)))

@@ -73,12 +73,35 @@ def hoist_buffer_rsrc(llir: str) -> str:
     )
     out = text.split("\n")
     entry = out.index(lines[d]) + 1
-    out[entry:entry] = [
-        f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
-        f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {records}, i32 {flags})"
-        for (p, stride, rtype, records, flags), name in shared.items()
-    ]
+    out[entry:entry] = [s for key, name in shared.items() for s in _build(name, *key)]
     return "\n".join(out)
+
+
+def _build(name, p, stride, rtype, records, flags):
+    """The lines that build descriptor ``name`` at the entry. Its two constant words come
+    from their own ``s_mov_b32`` each (inline asm: opaque to LLVM, so never merged with
+    another descriptor's): with the constants shared, the register allocator copied them
+    into the second descriptor's register tuple on every trip of a loop that used both
+    (gfx950 llama forward, V's: 2 ``s_mov_b32`` per trip)."""
+    n = name[1:]
+    if not (0 <= int(records) < 1 << 32):  # an i64 count past 32 bits stays a constant
+        return [
+            f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
+            f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {records}, i32 {flags})"
+        ]
+    words = [
+        f'  %{n}.records = call i32 asm sideeffect "s_mov_b32 $0, {int(records) & 0xFFFFFFFF:#x}", "=s"()',
+        f'  %{n}.flags = call i32 asm sideeffect "s_mov_b32 $0, {int(flags) & 0xFFFFFFFF:#x}", "=s"()',
+    ]
+    rec = f"%{n}.records"
+    if rtype == "i64":
+        words.append(f"  %{n}.records64 = zext i32 %{n}.records to i64")
+        rec = f"%{n}.records64"
+    return [
+        *words,
+        f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
+        f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {rec}, i32 %{n}.flags)",
+    ]
 
 
 #: part of Triton's cache key for these compiles: changes with this module's text
