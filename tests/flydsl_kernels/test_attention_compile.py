@@ -9,14 +9,14 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 ===============  ==================================  ====  ==========  ==============
 kind / head dim  tile (BM x BN, warps)               VGPR  loop instr  per MFMA
 ===============  ==================================  ====  ==========  ==============
-fwd d64          256x64, 8 (coexec, ls, kt)          156   183         11.44 / 15.44
-fwd d128         256x64, 8 (coexec, ls, kt, hr)      226   227         7.09 / 9.47
-fwd d192/128     256x64, 8 (ls, kt, hr)              250   260         6.5 / 8.25
-fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   214   154         9.62 / 10.88
+fwd d64          256x64, 8 (coexec, ls, kt)          154   182         11.38 / 15.38
+fwd d128         256x64, 8 (coexec, ls, kt, hr)      224   224         7.0 / 9.44
+fwd d192/128     256x64, 8 (ls, kt, hr)              250   257         6.42 / 8.22
+fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   152         9.5 / 10.75
                  hr)
 bwd dK/dV d128   32 q x 128 k, 8 (ilp, own offsets)  244   161         10.06 / 12.31
-bwd dQ d128      256 q x 32 k, 8 (coexec, hr)        246   140         5.83 / 7.58
-decode d128      16 x 64, 1 (K lane, based)          252   219         13.69 / 21.19
+bwd dQ d128      256 q x 32 k, 8 (coexec, hr)        246   138         5.75 / 7.58
+decode d128      16 x 64, 1 (K lane, based, hr)      252   219         13.69 / 21.19
 ===============  ==================================  ====  ==========  ==============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
@@ -128,7 +128,8 @@ def test_prefill_k_and_v_share_their_offset_registers():
 def test_prefill_builds_k_and_v_descriptors_once_for_both_kv_loops():
     # Config.hoist_rsrc (the core's hoist_rsrc option, llir.hoist_buffer_rsrc): the unmasked
     # and masked KV loops share K's and V's buffer descriptors, built at the kernel's entry;
-    # the main loop had rebuilt both with 4 s_mov_b32 per trip (2 left: V's constants)
+    # the main loop had rebuilt both with 4 s_mov_b32 per trip (their constant words each
+    # from its own s_mov_b32 at the entry: none left)
     from flydsl_core.backends.triton.amdgcn import matrix_loops
 
     ck, fig, cfg = _compile("fwd", "d128")

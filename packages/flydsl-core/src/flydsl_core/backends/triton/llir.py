@@ -8,14 +8,16 @@ descriptor each, values LLVM cannot merge because neither preheader dominates th
 Instruction selection splits each into 64-bit halves that the loop rebuilds into a 128-bit
 register tuple, and where the first loop's tuple must be kept apart from the second loop's,
 the register allocator left ``s_mov_b32`` copies in the loop: 4 per trip in gfx950's llama
-forward main loop. A descriptor built more than once (same argument and constants) built once
-at the entry instead, shared by every load, leaves 2 (the V descriptor's two constants, which
-it shares with K's): 229 -> 227. One built once stays (moved, gfx950's dK/dV d128 loop took
-one instruction more).
+forward main loop. A descriptor built more than once (same argument and constants) is built
+once at the entry instead, shared by every load: 2 copies left (V's two constant words, whose
+registers it shared with K's), 229 -> 227; with each moved descriptor's constant words from
+its own ``s_mov_b32`` (``_build``) none, 224. One built once stays (moved, gfx950's dK/dV d128
+loop took one instruction more).
 
 The call has no memory effects and reads only its operands (an argument and constants), so
-building it once at the entry, where those are defined, gives every use the same value.
-Only such calls move; anything else in the text is left as it is.
+building it once at the entry, where those are defined, gives every use the same value; the
+``s_mov_b32`` of a constant word writes that constant. Only such calls move; anything else
+in the text is left as it is.
 """
 
 from __future__ import annotations
