@@ -347,7 +347,7 @@ def _dq_tile(
         dp = None
         for dt, (c0, cs) in zip(dots, chunks(C.DV)):
             vt = _load_kv(
-                v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask, C.BASED, vst, False
+                v, bk, k_off + n0, hk, c0, cs, BN, C.DV, 0, None, kmask, C.BASED, vst, fold=False
             )
             d_ = fly.dot(dt, vt.T)
             dp = d_ if dp is None else dp + d_

@@ -147,7 +147,8 @@ def _update(st: _Softmax, z, zc, vts, C):
         # RESCALE_TAU (FA4's rule): p = 2^(s - m) stays below 2^TAU. A stale row's factor is
         # exactly 1 (2^0), and fly.rescale skips the accumulator's multiply where a whole wave's
         # factors are 1 (a compare and a branch on AMD CDNA, no workgroup-wide vote): after the
-        # first tiles, rows' maxima rarely grow by 2^TAU
+        # first tiles, rows' maxima rarely grow by 2^TAU. A row that grew takes m_tile itself,
+        # above its old max by the test (no maximum: one instruction per trip)
         d = m_tile - st.m
         grow = d > RESCALE_TAU
         m_new = fly.where(grow, m_tile, st.m)
