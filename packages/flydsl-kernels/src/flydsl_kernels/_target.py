@@ -42,9 +42,17 @@ __all__ = [
 #: the targets with a shipped table in every family (the first is the default table)
 TUNED_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 DEFAULT_TABLE = TUNED_TARGETS[0]
-#: options only AMD's Triton backend takes (``HIPOptions``)
+#: options only AMD's Triton backend takes (``HIPOptions``), and the core's AMD-only TTGIR
+#: rewrite (``flydsl_core.backends.triton.shared_operands``)
 AMD_ONLY_OPTIONS = frozenset(
-    {"matrix_instr_nonkdim", "kpack", "waves_per_eu", "schedule_hint", "llvm_fn_attrs"}
+    {
+        "matrix_instr_nonkdim",
+        "kpack",
+        "waves_per_eu",
+        "schedule_hint",
+        "llvm_fn_attrs",
+        "share_transposed_operands",
+    }
 )
 
 #: device index -> the target name of that GPU (an arch never changes under a process, and

@@ -85,6 +85,10 @@ class Config:
     #: (``backward.Bwd.BASED``, ``Bwd.SAME_STRIDES``); "own": so, each with its own offsets;
     #: "view": plain view loads (one address add per load and trip)
     bwd_loads: str = "shared"
+    #: AMD: a tile the loop reads both as a dot operand and transposed as another's (dK/dV:
+    #: Q and dO) staged through LDS once and read both ways (the core's TTGIR rewrite,
+    #: ``flydsl_core.backends.triton.shared_operands``), where Triton 3.9 stages it twice
+    share_t: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -99,6 +103,8 @@ class Config:
             opts["waves_per_eu"] = self.waves_per_eu
         if self.sched:
             opts["llvm_fn_attrs"] = f"amdgpu-sched-strategy={self.sched}"
+        if self.share_t:
+            opts["share_transposed_operands"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -121,6 +127,8 @@ class Config:
             d["k_t"] = True
         if self.bwd_loads != "shared":
             d["bwd_loads"] = self.bwd_loads
+        if self.share_t:
+            d["share_t"] = True
         return d
 
 
@@ -160,6 +168,7 @@ def _c(
     kt=False,
     vblk=0,
     bl="shared",
+    st=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -175,6 +184,7 @@ def _c(
         k_t=kt,
         vblk=vblk,
         bwd_loads=bl,
+        share_t=st,
         notes=notes,
     )
 
@@ -251,11 +261,15 @@ _GFX950 = {
     # 142, d256 198 -> 192 loop instructions per trip at the model problems; gpt-oss dK/dV
     # 12.12 / 15.94 -> 11.5 / 15.31, dQ 9.96 / 14.29 -> 9.54 / 13.46. dK/dV d128 takes its
     # own offsets per tensor: 163 -> 161, where shared ones (170) crowd its 244 VGPRs (LDS
-    # addresses copied every trip)
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 222, 207, 12.94, sched=MAX_ILP),
-    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 244, 161, 10.06, sched=ILP, bl="own"),
-    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 246, 227, 11.35, sched=MAX_ILP),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 224, 150, sched=ILP),
+    # addresses copied every trip). Q and dO staged through LDS once per query step and read
+    # both ways (share_t; Triton staged each twice: 8 barriers and 6 LDS writes per step at
+    # d128, 2 and 2 with it): d64 207 -> 200 (max-ilp 197, but gpt-oss's band tile took 171
+    # under it and 159 under iterative-ilp: 11.5 / 15.31 -> 9.94 / 13.75), d128 161 -> 150
+    # (llama 10.06 / 12.31 -> 9.38 / 12.06), d192 227 -> 222, d256 150 -> 145
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 200, 12.5, sched=ILP, st=True),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 242, 150, 9.38, sched=ILP, bl="own", st=True),
+    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 234, 222, 11.1, sched=MAX_ILP, st=True),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 145, sched=ILP, st=True),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
     ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 230, 221, 9.21, sched=ILP),

@@ -38,6 +38,7 @@ from ...targets import Target
 from .. import Backend, Executable
 from .codegen import GeneratedKernel, generate
 from .rules.elementwise import RESCALE_ASM_GUARD
+from .shared_operands import SHARE_TRANSPOSED, share_transposed
 from .signature import make_extractor
 
 #: options every GPU target takes (defaults where FlyDSL's differ from Triton's)
@@ -129,10 +130,12 @@ def triton_options(target: Target, options: dict | None) -> dict[str, Any]:
     ``num_warps`` / ``num_stages`` default to 4 / 2 on AMD and 4 / 3 on sm90;
     AMD's ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` and
     ``schedule_hint`` (and any other field of Triton 3.9's ``HIPOptions`` /
-    ``CUDAOptions``) pass through. An unknown option is an error.
+    ``CUDAOptions``) pass through; so does FlyDSL's own ``SHARE_TRANSPOSED`` on AMD
+    targets (``shared_operands``: a TTGIR rewrite ``triton_compile`` applies, never given
+    to Triton). An unknown option is an error.
     """
     out = dict(AMD_DEFAULTS if target.is_amd else NVIDIA_DEFAULTS)
-    known = _option_fields(target)
+    known = _option_fields(target) | ({SHARE_TRANSPOSED} if target.is_amd else set())
     bad = []
     for k, v in (options or {}).items():
         if v is None:
@@ -183,7 +186,84 @@ def triton_compile(
     import triton
 
     src = ast_source(jitfn, gen, pointer_range=pointer_range)
-    return triton.compile(src, target=target.triton_target(), options=dict(options))
+    opts = dict(options)
+    if not opts.pop(SHARE_TRANSPOSED, False):
+        return triton.compile(src, target=target.triton_target(), options=opts)
+    with _ttgir_rewrite():
+        return triton.compile(src, target=target.triton_target(), options=opts)
+
+
+#: the compile threads whose TTGIR ``_stages_hook`` rewrites (``shared_operands``)
+_rewriting = threading.local()
+_hook_lock = threading.Lock()
+_hook_users = 0
+
+
+def _stages_hook(*args):
+    """Triton's ``knobs.runtime.add_stages_inspection_hook``: called with no arguments for
+    a part of the cache key, then with the backend's stage table to change. It acts only in
+    the threads inside ``_ttgir_rewrite`` (another thread's compile meanwhile, a
+    ``torch.compile`` one say, goes through untouched, under its usual key)."""
+    on = getattr(_rewriting, "on", False)
+    if not args:
+        return ("-fly-share-transposed-1", "") if on else ("", "")
+    if on:
+        stages = next(a for a in args if isinstance(a, dict))
+        make_ttgir = stages["ttgir"]
+        stages["ttgir"] = lambda src, metadata: _share_transposed(make_ttgir(src, metadata))
+    return None
+
+
+def _share_transposed(mod):
+    """``mod`` (Triton's TTGIR module) with ``shared_operands.share_transposed`` applied:
+    printed, rewritten, parsed back in its context and verified; ``mod`` itself where
+    nothing matched or the rewritten module does not parse or verify."""
+    from triton._C.libtriton import ir
+
+    text, n = share_transposed(str(mod))
+    if n == 0:
+        return mod
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rewritten.ttgir")
+            Path(path).write_text(text)
+            new = ir.parse_mlir_module(path, mod.context)
+        new.context = mod.context
+        if not new.verify():
+            raise ValueError("the rewritten module does not verify")
+    except Exception as e:  # a pattern the rewrite mis-read: Triton's own module stands
+        log.warning("shared transposed operands: TTGIR rewrite dropped (%s)", e)
+        return mod
+    log.debug("shared transposed operands: %d tile(s) staged once", n)
+    return new
+
+
+@contextlib.contextmanager
+def _ttgir_rewrite():
+    """Install ``_stages_hook`` (Triton's knob holds one hook: a user's own stays, and then
+    no rewrite is made) and mark this thread's compile for it."""
+    from triton import knobs
+
+    global _hook_users
+    with _hook_lock:
+        current = knobs.runtime.add_stages_inspection_hook
+        if current is not None and current is not _stages_hook:
+            log.warning("shared transposed operands: a stages hook is installed; no rewrite")
+            ours = False
+        else:
+            knobs.runtime.add_stages_inspection_hook = _stages_hook
+            _hook_users += 1
+            ours = True
+    _rewriting.on = ours
+    try:
+        yield
+    finally:
+        _rewriting.on = False
+        if ours:
+            with _hook_lock:
+                _hook_users -= 1
+                if _hook_users == 0:
+                    knobs.runtime.add_stages_inspection_hook = None
 
 
 #: prefix of the files in a stored executable that are Triton's own metadata group
