@@ -272,10 +272,12 @@ _GFX950 = {
     ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 145, sched=ILP, st=True),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 230, 221, 9.21, sched=ILP),
+    # dQ's K (q @ K^T and dS @ K) staged once too (share_t): d64 221 -> 217 (gpt-oss 9.54 /
+    # 13.46 -> 9.5 / 12.46), d192 293 -> 284, d256 192 -> 186; not d128 (3 VGPR spills)
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 220, 217, 9.04, sched=ILP, st=True),
     ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 142, 5.92, sched=COEXEC),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 293, 9.16),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 192, 8.0, sched=ILP),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 240, 284, 8.88, st=True),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 186, 7.75, sched=ILP, st=True),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
 #: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
