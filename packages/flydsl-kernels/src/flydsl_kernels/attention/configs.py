@@ -365,9 +365,11 @@ _GFX942 = {
     # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window
     # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
     # waves; 19.06 against 15.03 loop instructions per 32x32x8 MFMA), 3 waves at the model
-    # problem too (37.88 against 35.25)
-    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True),
-    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
+    # problem too (37.88 against 35.25). Q and dO staged once (share_t, as gfx950's): d64 304
+    # -> 299 (3 waves; gpt-oss 18.88 / 21.25 -> 18.69 / 21.0), d128 259 -> 224 (llama 16.19 /
+    # 17.38 -> 14.0 / 15.38); d256 unchanged (262), so not set
+    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True, st=True),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True, st=True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     # the static model's pick (``flydsl-kernels model attention --target gfx942 --kind bwd_dq
     # --dclass d64``): gfx950's 128 x 64 took 260 VGPRs here at the causal model problem, one
@@ -394,7 +396,9 @@ _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d25
 _default_sched(_GFX942)
 _row_sums(_GFX942)
 _k_rows(_GFX942, [("fwd", "d192")])
-#: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
+#: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned.
+#: Their share_t (Q / dO or K staged once) holds here too: llama dK/dV 23.69 / 28.88 -> 23.38
+#: / 28.0 (2 -> 3 waves), gpt-oss dQ 22.67 / 33.67 -> 20.71 / 31.92
 _GFX1250 = {
     **_GFX950,
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here
