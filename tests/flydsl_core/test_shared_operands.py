@@ -81,3 +81,26 @@ def test_leaves_other_shapes_alone(change):
     assert text != BODY
     out, n = share_transposed(text)
     assert n == 0 and out == text
+
+
+def test_hook_acts_only_inside_its_compile():
+    # Triton's stages hook is process-wide: outside ``_ttgir_rewrite`` (another thread's
+    # compile, or after it) it neither changes the cache key nor the stages, and it is
+    # uninstalled when the last compile using it ends
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from flydsl_core.backends.triton import compiler
+
+    stages = {"ttgir": lambda src, md: src}
+    before = stages["ttgir"]
+    assert compiler._stages_hook() == ("", "")
+    compiler._stages_hook(None, stages, None, None, None)
+    assert stages["ttgir"] is before
+    with compiler._ttgir_rewrite():
+        assert knobs.runtime.add_stages_inspection_hook is compiler._stages_hook
+        assert compiler._stages_hook()[0]
+        compiler._stages_hook(None, stages, None, None, None)
+        assert stages["ttgir"] is not before
+    assert knobs.runtime.add_stages_inspection_hook is None
+    assert compiler._stages_hook() == ("", "")

@@ -189,8 +189,12 @@ def triton_compile(
     opts = dict(options)
     if not opts.pop(SHARE_TRANSPOSED, False):
         return triton.compile(src, target=target.triton_target(), options=opts)
-    with _ttgir_rewrite():
-        return triton.compile(src, target=target.triton_target(), options=opts)
+    try:
+        with _ttgir_rewrite():
+            return triton.compile(src, target=target.triton_target(), options=opts)
+    except Exception as e:  # a rewritten module a later stage rejects: Triton's own staging
+        log.warning("shared transposed operands: compile failed (%s); compiling without", e)
+    return triton.compile(src, target=target.triton_target(), options=opts)
 
 
 #: the compile threads whose TTGIR ``_stages_hook`` rewrites (``shared_operands``)

@@ -23,7 +23,7 @@ The rewrite works on the printed module and is deliberately narrow: it takes onl
 op shapes above, in one block (the MLIR printer's indentation), with every other use of the
 buffer a ``local_load``; anything else stays as it was. ``triton_compile`` applies it where a
 kernel asks (the compile option ``SHARE_TRANSPOSED``) and keeps the unrewritten module if the
-result does not parse and verify."""
+result does not parse and verify, or compiles again without it if a later stage fails."""
 
 from __future__ import annotations
 
