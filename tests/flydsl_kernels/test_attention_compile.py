@@ -14,7 +14,7 @@ fwd d128         256x64, 8 (coexec, ls, kt, hr)      224   224         7.0 / 9.4
 fwd d192/128     256x64, 8 (ls, kt, hr)              250   257         6.42 / 8.22
 fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   152         9.5 / 10.75
                  hr)
-bwd dK/dV d128   32 q x 128 k, 8 (ilp, own offsets)  244   161         10.06 / 12.31
+bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st)      242   150         9.38 / 12.06
 bwd dQ d128      256 q x 32 k, 8 (coexec, hr)        246   138         5.75 / 7.58
 decode d128      16 x 64, 1 (K lane, based, hr)      252   219         13.69 / 21.19
 ===============  ==================================  ====  ==========  ==============
@@ -22,7 +22,9 @@ decode d128      16 x 64, 1 (K lane, based, hr)      252   219         13.69 / 2
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
 (``Config.sched``); "ls": the row sums as per-lane partials (``Config.lane_sums``); "kt":
 interior KV tiles load K as K^T (``Config.k_t``); "hr": the buffer descriptors the KV loops
-share built once at the kernel's entry (``Config.hoist_rsrc``).
+share built once at the kernel's entry (``Config.hoist_rsrc``); "own": the backward's loads
+with their own offsets (``Config.bwd_loads``); "st": Q and dO staged through LDS once per query
+step (``Config.share_t``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
@@ -167,6 +169,28 @@ def test_paged_decode_without_spills_at_every_page_size(page, d):
     r = model.forward_launches(fp)[0].compile("gfx950").executable.report
     assert not r.scratch_bytes and not r.vgpr_spill_count and not r.sgpr_spill_count
     assert (r.occupancy or 0) >= 2
+
+
+def test_dkdv_stages_q_and_do_once():
+    # Q and dO each feed a direct and a transposed dot operand: with share_t one LDS write and
+    # one read layout each way per tile (the core's TTGIR rewrite, shared_operands), so the
+    # main loop takes one barrier pair; Triton's own staging wrote each tile twice (8 barriers)
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    got = {}
+    for st in (True, False):
+        cfg = replace(configs.TABLES["gfx950"][("bwd_dkdv", "d128")], share_t=st)
+        ck, fig, _ = _compile("bwd_dkdv", "d128", cfg)
+        ops = matrix_loops(ck.stages()["amdgcn"])[1].mnemonics()
+        got[st] = (
+            ops.count("s_barrier"),
+            sum(m.startswith("ds_write") for m in ops),
+            ck.stages()["ttgir"].count("ttg.memdesc_trans"),
+            fig["loop"],
+        )
+    assert got[True][:2] == (2, 2) and got[True][2] > 0, got
+    assert got[False][:2] == (8, 6) and got[False][2] == 0, got
+    assert got[True][3] < got[False][3], got
 
 
 def test_gpt_oss_sliding_window_backward_without_spills():

@@ -42,7 +42,8 @@ __all__ = [
 #: the targets with a shipped table in every family (the first is the default table)
 TUNED_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 DEFAULT_TABLE = TUNED_TARGETS[0]
-#: options only AMD's Triton backend takes (``HIPOptions``)
+#: options only AMD's Triton backend takes (``HIPOptions``), and the core's AMD-only TTGIR
+#: rewrite (``flydsl_core.backends.triton.shared_operands``)
 AMD_ONLY_OPTIONS = frozenset(
     {
         "matrix_instr_nonkdim",
@@ -51,6 +52,7 @@ AMD_ONLY_OPTIONS = frozenset(
         "schedule_hint",
         "llvm_fn_attrs",
         "hoist_rsrc",
+        "share_transposed_operands",
     }
 )
 

@@ -89,6 +89,10 @@ class Config:
     #: forward's unmasked and masked KV loops) built once at the kernel's entry (the core's
     #: ``hoist_rsrc`` option): fewer descriptor copies in the loops
     hoist_rsrc: bool = False
+    #: AMD: a tile the loop reads both as a dot operand and transposed as another's (dK/dV:
+    #: Q and dO) staged through LDS once and read both ways (the core's TTGIR rewrite,
+    #: ``flydsl_core.backends.triton.shared_operands``), where Triton 3.9 stages it twice
+    share_t: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -105,6 +109,8 @@ class Config:
             opts["llvm_fn_attrs"] = f"amdgpu-sched-strategy={self.sched}"
         if self.hoist_rsrc:
             opts["hoist_rsrc"] = True
+        if self.share_t:
+            opts["share_transposed_operands"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -129,6 +135,8 @@ class Config:
             d["bwd_loads"] = self.bwd_loads
         if self.hoist_rsrc:
             d["hoist_rsrc"] = True
+        if self.share_t:
+            d["share_t"] = True
         return d
 
 
@@ -169,6 +177,7 @@ def _c(
     vblk=0,
     bl="shared",
     hr=False,
+    st=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -185,6 +194,7 @@ def _c(
         vblk=vblk,
         bwd_loads=bl,
         hoist_rsrc=hr,
+        share_t=st,
         notes=notes,
     )
 
@@ -276,18 +286,24 @@ _GFX950 = {
     # 142, d256 198 -> 192 loop instructions per trip at the model problems; gpt-oss dK/dV
     # 12.12 / 15.94 -> 11.5 / 15.31, dQ 9.96 / 14.29 -> 9.54 / 13.46. dK/dV d128 takes its
     # own offsets per tensor: 163 -> 161, where shared ones (170) crowd its 244 VGPRs (LDS
-    # addresses copied every trip)
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 222, 207, 12.94, sched=MAX_ILP),
-    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 244, 161, 10.06, sched=ILP, bl="own"),
-    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 246, 227, 11.35, sched=MAX_ILP),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 224, 150, sched=ILP),
+    # addresses copied every trip). Q and dO staged through LDS once per query step and read
+    # both ways (share_t; Triton staged each twice: 8 barriers and 6 LDS writes per step at
+    # d128, 2 and 2 with it): d64 207 -> 200 (max-ilp 197, but gpt-oss's band tile took 171
+    # under it and 159 under iterative-ilp: 11.5 / 15.31 -> 9.94 / 13.75), d128 161 -> 150
+    # (llama 10.06 / 12.31 -> 9.38 / 12.06), d192 227 -> 222, d256 150 -> 145
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 200, 12.5, sched=ILP, st=True),
+    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 242, 150, 9.38, sched=ILP, bl="own", st=True),
+    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 234, 222, 11.1, sched=MAX_ILP, st=True),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 145, sched=ILP, st=True),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 230, 221, 9.21, sched=ILP),
-    # dQ d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 138
+    # dQ's K (q @ K^T and dS @ K) staged once too (share_t): d64 221 -> 217 (gpt-oss 9.54 /
+    # 13.46 -> 9.5 / 12.46), d192 293 -> 284, d256 192 -> 186; not d128 (3 VGPR spills). dQ
+    # d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 138
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 220, 217, 9.04, sched=ILP, st=True),
     ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 138, 5.75, sched=COEXEC, hr=True),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 293, 9.16),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 192, 8.0, sched=ILP),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 240, 284, 8.88, st=True),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 186, 7.75, sched=ILP, st=True),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
 #: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
@@ -375,9 +391,11 @@ _GFX942 = {
     # 32 query rows per step: gfx950's 64 took one wave per SIMD here under gpt-oss's window
     # (its band tile, 64 x 64 with 4 warps: 262 VGPRs); 32 x 64 with 4 warps takes 161 (3
     # waves; 19.06 against 15.03 loop instructions per 32x32x8 MFMA), 3 waves at the model
-    # problem too (37.88 against 35.25)
-    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True),
-    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True),
+    # problem too (37.88 against 35.25). Q and dO staged once (share_t, as gfx950's): d64 304
+    # -> 299 (3 waves; gpt-oss 18.88 / 21.25 -> 18.69 / 21.0), d128 259 -> 224 (llama 16.19 /
+    # 17.38 -> 14.0 / 15.38); d256 unchanged (262), so not set
+    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True, st=True),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True, st=True),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     # the static model's pick (``flydsl-kernels model attention --target gfx942 --kind bwd_dq
     # --dclass d64``): gfx950's 128 x 64 took 260 VGPRs here at the causal model problem, one
@@ -404,7 +422,9 @@ _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d25
 _default_sched(_GFX942)
 _row_sums(_GFX942)
 _k_rows(_GFX942, [("fwd", "d192")])
-#: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned
+#: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned.
+#: Their share_t (Q / dO or K staged once) holds here too: llama dK/dV 23.69 / 28.88 -> 23.38
+#: / 28.0 (2 -> 3 waves), gpt-oss dQ 22.67 / 33.67 -> 20.71 / 31.92
 _GFX1250 = {
     **_GFX950,
     ("fwd", "d192"): _GFX950[("fwd", "d256")],  # gfx950's 256x64 spilled 11 VGPRs here

@@ -36,9 +36,10 @@ from ...ir.core import Function
 from ...settings import default_cache_dir
 from ...targets import Target
 from .. import Backend, Executable
+from . import stage_hook
 from .codegen import GeneratedKernel, generate
-from .llir import amd_llir_rewrites
 from .rules.elementwise import RESCALE_ASM_GUARD
+from .shared_operands import SHARE_TRANSPOSED
 from .signature import make_extractor
 
 #: options every GPU target takes (defaults where FlyDSL's differ from Triton's)
@@ -46,9 +47,11 @@ AMD_DEFAULTS = {"num_warps": 4, "num_stages": 2}
 NVIDIA_DEFAULTS = {"num_warps": 4, "num_stages": 3}
 #: option fields that describe the target, not the compile: never taken from the user
 _INTERNAL = {"arch", "backend_name", "warp_size", "extern_libs", "supported_fp8_dtypes"}
-#: AMD options of FlyDSL's own, applied around Triton's compile: ``hoist_rsrc`` builds each
-#: buffer descriptor loads share once at the kernel's entry (``llir.hoist_buffer_rsrc``)
-FLY_AMD_OPTIONS = frozenset({"hoist_rsrc"})
+#: AMD options of FlyDSL's own, applied around Triton's compile (``stage_hook``): ``hoist_rsrc``
+#: builds each buffer descriptor that loads of several loops share once at the kernel's entry
+#: (``llir.hoist_buffer_rsrc``); ``share_transposed_operands`` stages a tile two matrix
+#: products read, one transposed, through LDS once (``shared_operands``)
+FLY_AMD_OPTIONS = stage_hook.REWRITES
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +137,9 @@ def triton_options(target: Target, options: dict | None) -> dict[str, Any]:
     ``num_warps`` / ``num_stages`` default to 4 / 2 on AMD and 4 / 3 on sm90;
     AMD's ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack`` and
     ``schedule_hint`` (and any other field of Triton 3.9's ``HIPOptions`` /
-    ``CUDAOptions``) pass through, and on AMD FlyDSL's own ``FLY_AMD_OPTIONS``. An unknown
-    option is an error.
+    ``CUDAOptions``) pass through, and on AMD FlyDSL's own ``FLY_AMD_OPTIONS``: the
+    rewrites of Triton's intermediate code ``stage_hook`` runs, never given to Triton. An
+    unknown option is an error.
     """
     out = dict(AMD_DEFAULTS if target.is_amd else NVIDIA_DEFAULTS)
     known = _option_fields(target)
@@ -189,10 +193,18 @@ def triton_compile(
     import triton
 
     src = ast_source(jitfn, gen, pointer_range=pointer_range)
-    options = dict(options)
-    hoist = options.pop("hoist_rsrc", False) and target.is_amd
-    with amd_llir_rewrites() if hoist else contextlib.nullcontext():
-        return triton.compile(src, target=target.triton_target(), options=options)
+    opts = dict(options)
+    names = {n for n in FLY_AMD_OPTIONS if opts.pop(n, False)} if target.is_amd else set()
+    try:
+        with stage_hook.rewrites(names):
+            return triton.compile(src, target=target.triton_target(), options=opts)
+    except Exception as e:
+        if SHARE_TRANSPOSED not in names:
+            raise
+        # a rewritten TTGIR a later stage rejects: Triton's own staging
+        log.warning("shared transposed operands: compile failed (%s); compiling without", e)
+    with stage_hook.rewrites(names - {SHARE_TRANSPOSED}):
+        return triton.compile(src, target=target.triton_target(), options=opts)
 
 
 #: prefix of the files in a stored executable that are Triton's own metadata group

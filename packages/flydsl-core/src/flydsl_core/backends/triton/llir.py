@@ -22,11 +22,8 @@ in the text is left as it is.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import threading
 from collections import Counter
-from pathlib import Path
 
 #: a descriptor from a kernel argument and constants: name, then its operands (pointer,
 #: stride, records' type and value, flags)
@@ -104,56 +101,3 @@ def _build(name, p, stride, rtype, records, flags):
         f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
         f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {rec}, i32 %{n}.flags)",
     ]
-
-
-#: part of Triton's cache key for these compiles: changes with this module's text
-_KEY = "flydsl-llir-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-_state = threading.local()
-_install_lock = threading.Lock()
-
-
-def _hook(*args):
-    """Triton's ``add_stages_inspection_hook``: called with no arguments for a cache-key part,
-    and with ``(backend, stages, options, language, capability)`` to change the stages. Acts
-    only for a compile this module started (``amd_llir_rewrites``) on this thread; otherwise it
-    passes on to the hook that was installed before it, if any."""
-    prev = _hook.previous
-    if not getattr(_state, "on", False):
-        return prev(*args) if prev is not None else (("", "") if not args else None)
-    if prev is not None:
-        got = prev(*args)
-    else:
-        got = ("", "") if not args else None
-    if not args:
-        key, digest = got
-        return key + _KEY, digest + _KEY
-    stages = args[1]
-    make_llir = stages.get("llir")
-    if make_llir is not None:
-        stages["llir"] = lambda src, metadata: hoist_buffer_rsrc(make_llir(src, metadata))
-    return got
-
-
-_hook.previous = None
-
-
-class amd_llir_rewrites:
-    """Context manager: ``triton.compile`` calls on this thread inside it run
-    ``hoist_buffer_rsrc`` on their LLVM IR (AMD targets, with the ``hoist_rsrc`` option:
-    ``compiler.triton_compile`` decides). Opt-in per kernel config: it is not a win
-    everywhere (gfx950's gpt-oss window forward took 164 -> 184 VGPRs, 3 -> 2 waves)."""
-
-    def __enter__(self):
-        from triton import knobs
-
-        with _install_lock:
-            current = knobs.runtime.add_stages_inspection_hook
-            if current is not _hook:
-                _hook.previous = current
-                knobs.runtime.add_stages_inspection_hook = _hook
-        _state.on = True
-        return self
-
-    def __exit__(self, *exc):
-        _state.on = False
-        return False
