@@ -248,10 +248,11 @@ _GFX950 = {
     # (llama 7.16 / 9.47 -> 7.0 / 9.44), d192 262 -> 257 (MLA 6.55 / 8.25 -> 6.42 / 8.22),
     # d256 156 -> 152 (softcap 11.62 / 12.69 -> 11.31 / 12.62), d64 183 -> 182 (gpt-oss 12.69 /
     # 17.38 -> 12.62 / 17.31, without hr); decode d128 page16 14.38 -> 14.0; dQ d128 below.
-    # hr is off for gpt-oss's window tile: 164 -> 184 VGPRs, 3 -> 2 waves. Tried for the forward d128 without a win (Triton 3.9; TTGIR edited by hand): K's
-    # and V's LDS buffers apart (Triton's allocator gives them one offset as their live ranges
-    # do not overlap) with a barrier before the loop, 4 -> 2 barriers but the 16 K reads then
-    # each wait on their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
+    # hr is off for gpt-oss's window tile: 164 -> 184 VGPRs, 3 -> 2 waves. Tried for the
+    # forward d128 without a win (Triton 3.9; TTGIR edited by hand): K's and V's LDS buffers
+    # apart (Triton's allocator gives them one offset as their live ranges do not overlap)
+    # with a barrier before the loop, 4 -> 2 barriers but the 16 K reads then each wait on
+    # their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
     ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True),
     ("fwd", "d128"): _c(
         256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr=True
