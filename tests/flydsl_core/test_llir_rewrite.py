@@ -69,6 +69,29 @@ def test_a_descriptor_built_in_two_loops_is_built_once_at_the_entry():
     assert lines == [*want[:1], *lines[1:5], *want[1:]]
 
 
+def test_every_descriptor_of_an_argument_moves_with_all():
+    # hoist_rsrc="all" (every=True): %2's descriptor, built once, moves too (its constant
+    # words from their own s_mov_b32); the computed pointer's still stays
+    out = hoist_buffer_rsrc(IR, every=True)
+    defs = dict(_defs(out))
+    assert set(defs) == {"%fly.rsrc.0", "%fly.rsrc.1", "%8"}
+    assert defs["%fly.rsrc.1"].startswith("ptr addrspace(1) %2, i16 0, i64 %fly.rsrc.1.records64")
+    assert "(ptr addrspace(8) %fly.rsrc.1, i32 %3" in out and not re.search(r"%9\b", out)
+    entry = out.split("\n")[1:9]
+    assert sum("s_mov_b32" in s for s in entry) == 4
+    assert hoist_buffer_rsrc(out, every=True) == out
+
+
+def test_the_option_takes_true_or_all():
+    from flydsl_core.backends.triton.compiler import CompileError, triton_options
+    from flydsl_core.targets import get_target
+
+    gfx950 = get_target("gfx950")
+    assert triton_options(gfx950, {"hoist_rsrc": "all"})["hoist_rsrc"] == "all"
+    with pytest.raises(CompileError, match="True or 'all'"):
+        triton_options(gfx950, {"hoist_rsrc": "some"})
+
+
 def test_the_rewrite_is_idempotent_and_leaves_other_text_alone():
     once = hoist_buffer_rsrc(IR)
     assert hoist_buffer_rsrc(once) == once

@@ -87,8 +87,9 @@ class Config:
     bwd_loads: str = "shared"
     #: AMD: each buffer descriptor that several loops' loads share (K's, V's in the
     #: forward's unmasked and masked KV loops) built once at the kernel's entry (the core's
-    #: ``hoist_rsrc`` option): fewer descriptor copies in the loops
-    hoist_rsrc: bool = False
+    #: ``hoist_rsrc`` option): fewer descriptor copies in the loops. "shared": those built
+    #: more than once; "all": every descriptor of a kernel argument; "": off
+    hoist_rsrc: str = ""
     #: AMD: a tile the loop reads both as a dot operand and transposed as another's (dK/dV:
     #: Q and dO) staged through LDS once and read both ways (the core's TTGIR rewrite,
     #: ``flydsl_core.backends.triton.shared_operands``), where Triton 3.9 stages it twice
@@ -108,7 +109,7 @@ class Config:
         if self.sched:
             opts["llvm_fn_attrs"] = f"amdgpu-sched-strategy={self.sched}"
         if self.hoist_rsrc:
-            opts["hoist_rsrc"] = True
+            opts["hoist_rsrc"] = True if self.hoist_rsrc == "shared" else self.hoist_rsrc
         if self.share_t:
             opts["share_transposed_operands"] = True
         return compiler_options(opts, target)
@@ -134,7 +135,7 @@ class Config:
         if self.bwd_loads != "shared":
             d["bwd_loads"] = self.bwd_loads
         if self.hoist_rsrc:
-            d["hoist_rsrc"] = True
+            d["hoist_rsrc"] = self.hoist_rsrc
         if self.share_t:
             d["share_t"] = True
         return d
@@ -176,7 +177,7 @@ def _c(
     kt=False,
     vblk=0,
     bl="shared",
-    hr=False,
+    hr="",
     st=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
@@ -255,11 +256,11 @@ _GFX950 = {
     # their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
     ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True),
     ("fwd", "d128"): _c(
-        256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr=True
+        256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr="shared"
     ),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 257, 6.42, ls=True, kt=True, hr=True),
+    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 257, 6.42, ls=True, kt=True, hr="shared"),
     ("fwd", "d256"): _c(
-        128, 32, 8, 1, 16, True, 212, 152, 9.5, sched=ILP, ls=True, kt=True, hr=True
+        128, 32, 8, 1, 16, True, 212, 152, 9.5, sched=ILP, ls=True, kt=True, hr="shared"
     ),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
@@ -277,7 +278,7 @@ _GFX950 = {
     # the model problem (page64, B64) 223 -> 219
     ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
     ("decode", "d128"): _c(
-        16, 64, 1, 1, 16, False, 252, 219, 13.69, sched=ILP, klanes=8, ls=True, vblk=32, hr=True
+        16, 64, 1, 1, 16, False, 252, 219, 13.69, sched=ILP, klanes=8, ls=True, vblk=32, hr="shared"
     ),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),
@@ -291,20 +292,28 @@ _GFX950 = {
     # both ways (share_t; Triton staged each twice: 8 barriers and 6 LDS writes per step at
     # d128, 2 and 2 with it): d64 207 -> 200 (max-ilp 197, but gpt-oss's band tile took 171
     # under it and 159 under iterative-ilp: 11.5 / 15.31 -> 9.94 / 13.75), d128 161 -> 150
-    # (llama 10.06 / 12.31 -> 9.38 / 12.06), d192 227 -> 222, d256 150 -> 145
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 200, 12.5, sched=ILP, st=True),
-    ("bwd_dkdv", "d128"): _c(32, 128, 8, 1, 16, True, 242, 150, 9.38, sched=ILP, bl="own", st=True),
-    ("bwd_dkdv", "d192"): _c(32, 128, 8, 1, 16, True, 234, 222, 11.1, sched=MAX_ILP, st=True),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 145, sched=ILP, st=True),
+    # (llama 10.06 / 12.31 -> 9.38 / 12.06), d192 227 -> 222, d256 150 -> 145. Every buffer
+    # descriptor of a kernel argument built at the entry (hr "all", Config.hoist_rsrc: no
+    # per-trip copies of dO's and the LSE rows' constant words): d64 200 -> 190 (gpt-oss 9.94
+    # / 13.75 -> 9.69 / 13.5), d128 150 -> 146 (llama 9.38 -> 9.12), d192 222 -> 218, d256 145
+    # -> 141; dQ d64 217 -> 213, d192 284 -> 280, d256 186 -> 182
+    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 190, 11.88, sched=ILP, st=True, hr="all"),
+    ("bwd_dkdv", "d128"): _c(
+        32, 128, 8, 1, 16, True, 242, 146, 9.12, sched=ILP, bl="own", st=True, hr="all"
+    ),
+    ("bwd_dkdv", "d192"): _c(
+        32, 128, 8, 1, 16, True, 234, 218, 10.9, sched=MAX_ILP, st=True, hr="all"
+    ),
+    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 141, sched=ILP, st=True, hr="all"),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
     # dQ's K (q @ K^T and dS @ K) staged once too (share_t): d64 221 -> 217 (gpt-oss 9.54 /
     # 13.46 -> 9.5 / 12.46), d192 293 -> 284, d256 192 -> 186; not d128 (3 VGPR spills). dQ
     # d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 138
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 220, 217, 9.04, sched=ILP, st=True),
-    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 138, 5.75, sched=COEXEC, hr=True),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 240, 284, 8.88, st=True),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 186, 7.75, sched=ILP, st=True),
+    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 220, 213, 8.88, sched=ILP, st=True, hr="all"),
+    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 138, 5.75, sched=COEXEC, hr="shared"),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 240, 280, 8.75, st=True, hr="all"),
+    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 182, 7.58, sched=ILP, st=True, hr="all"),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
 #: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
@@ -394,9 +403,10 @@ _GFX942 = {
     # waves; 19.06 against 15.03 loop instructions per 32x32x8 MFMA), 3 waves at the model
     # problem too (37.88 against 35.25). Q and dO staged once (share_t, as gfx950's): d64 304
     # -> 299 (3 waves; gpt-oss 18.88 / 21.25 -> 18.69 / 21.0), d128 259 -> 224 (llama 16.19 /
-    # 17.38 -> 14.0 / 15.38); d256 unchanged (262), so not set
-    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True, st=True),
-    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True, st=True),
+    # 17.38 -> 14.0 / 15.38); d256 unchanged (262), so not set. Every descriptor built at the
+    # entry (hr "all"): gpt-oss 18.69 -> 18.44, llama 14.0 -> 13.75
+    ("bwd_dkdv", "d64"): _c(32, 64, 4, 1, 16, True, st=True, hr="all"),
+    ("bwd_dkdv", "d128"): _c(16, 64, 4, 1, 16, True, st=True, hr="all"),
     ("bwd_dkdv", "d256"): _c(16, 32, 4, 1, 16, True),
     # the static model's pick (``flydsl-kernels model attention --target gfx942 --kind bwd_dq
     # --dclass d64``): gfx950's 128 x 64 took 260 VGPRs here at the causal model problem, one

@@ -150,6 +150,8 @@ def triton_options(target: Target, options: dict | None) -> dict[str, Any]:
         if k not in known:
             bad.append(k)
             continue
+        if k == stage_hook.HOIST_RSRC and v and v not in stage_hook.HOIST_VALUES:
+            raise CompileError(f"hoist_rsrc takes True or 'all' (or False), got {v!r}")
         out[k] = v
     if bad:
         raise CompileError(
@@ -194,16 +196,17 @@ def triton_compile(
 
     src = ast_source(jitfn, gen, pointer_range=pointer_range)
     opts = dict(options)
-    names = {n for n in FLY_AMD_OPTIONS if opts.pop(n, False)} if target.is_amd else set()
+    chosen = {n: opts.pop(n) for n in FLY_AMD_OPTIONS if opts.get(n)} if target.is_amd else {}
     try:
-        with stage_hook.rewrites(names):
+        with stage_hook.rewrites(chosen):
             return triton.compile(src, target=target.triton_target(), options=opts)
     except Exception as e:
-        if SHARE_TRANSPOSED not in names:
+        if SHARE_TRANSPOSED not in chosen:
             raise
         # a rewritten TTGIR a later stage rejects: Triton's own staging
         log.warning("shared transposed operands: compile failed (%s); compiling without", e)
-    with stage_hook.rewrites(names - {SHARE_TRANSPOSED}):
+    chosen.pop(SHARE_TRANSPOSED)
+    with stage_hook.rewrites(chosen):
         return triton.compile(src, target=target.triton_target(), options=opts)
 
 

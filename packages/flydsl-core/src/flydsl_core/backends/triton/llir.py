@@ -35,11 +35,18 @@ _RSRC = re.compile(
 _VALUE = r"(?![-\w.$])"  # a value name ends where no name character follows
 
 
-def hoist_buffer_rsrc(llir: str) -> str:
+def hoist_buffer_rsrc(llir: str, every: bool = False) -> str:
     """``llir`` with every buffer descriptor of a kernel argument and constants that is built
-    more than once built once, at the start of the kernel's entry block, and its uses renamed
-    to that one. Text without such descriptors, or with more than one function definition,
-    comes back unchanged."""
+    more than once (``every``: every one) built once, at the start of the kernel's entry block,
+    and its uses renamed to that one. Text without such descriptors, or with more than one
+    function definition, comes back unchanged.
+
+    ``every`` (the option's ``"all"``): a descriptor built once moves too, its constant words
+    then also from their own ``s_mov_b32``. Where a loop reads several tensors whose
+    descriptors share those words (gfx950's dK/dV with Q and dO staged once: dO's and the
+    LSE rows' descriptors), the register allocator copied them into each tuple every trip:
+    llama dK/dV 150 -> 146 loop instructions per trip. Elsewhere it can cost (the forward's
+    masked loop, decode page64: one more), so it is its own choice."""
     lines = llir.split("\n")
     defines = [i for i, s in enumerate(lines) if s.startswith("define ")]
     if len(defines) != 1 or not lines[defines[0]].rstrip().endswith("{"):
@@ -48,9 +55,9 @@ def hoist_buffer_rsrc(llir: str) -> str:
     args = set(re.findall(r"%\d+" + _VALUE, lines[d]))
     found = [(i, _RSRC.match(s)) for i, s in enumerate(lines) if i > d]
     found = [(i, m) for i, m in found if m is not None and m.group(2) in args]
-    # only descriptors built more than once move
+    # only descriptors built more than once move, unless every one does
     count = Counter(m.groups()[1:] for _, m in found)
-    moved = {i: m for i, m in found if count[m.groups()[1:]] > 1}
+    moved = {i: m for i, m in found if every or count[m.groups()[1:]] > 1}
     shared: dict[tuple[str, ...], str] = {}
     renamed: dict[str, str] = {}
     kept = []

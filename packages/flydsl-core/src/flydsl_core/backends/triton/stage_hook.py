@@ -12,7 +12,8 @@ Triton):
 * ``share_transposed_operands``: the TTGIR through ``shared_operands.rewrite_module`` (a tile
   two matrix products read, one transposed, staged through LDS once);
 * ``hoist_rsrc``: the LLVM IR through ``llir.hoist_buffer_rsrc`` (buffer descriptors several
-  loops build from one kernel argument built once at the entry).
+  loops build from one kernel argument built once at the entry; the value ``"all"``: every
+  descriptor of a kernel argument).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .shared_operands import SHARE_TRANSPOSED, rewrite_module
 HOIST_RSRC = "hoist_rsrc"
 #: the compile options that name a rewrite (AMD targets only: ``compiler.triton_options``)
 REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED})
+#: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
+HOIST_VALUES = (True, "all")
 
 #: a part of Triton's cache key for a rewriting compile: changes with the rewrites' code
 _KEY = hashlib.sha256(
@@ -37,8 +40,8 @@ _state = threading.local()
 _install_lock = threading.Lock()
 
 
-def _active() -> tuple[str, ...]:
-    return getattr(_state, "names", ())
+def _active() -> dict:
+    return getattr(_state, "rewrites", {})
 
 
 def _hook(*args):
@@ -47,20 +50,22 @@ def _hook(*args):
     (``(backend, stages, options, language, capability)``)."""
     prev = _hook.previous
     got = prev(*args) if prev is not None else (("", "") if not args else None)
-    names = _active()
-    if not names:
+    active = _active()
+    if not active:
         return got
     if not args:
         key, digest = got
-        part = f"-fly-{'+'.join(names)}-{_KEY}"
+        names = "+".join(n if v is True else f"{n}={v}" for n, v in sorted(active.items()))
+        part = f"-fly-{names}-{_KEY}"
         return key + part, digest + part
     stages = args[1]
-    if SHARE_TRANSPOSED in names and "ttgir" in stages:
+    if SHARE_TRANSPOSED in active and "ttgir" in stages:
         make_ttgir = stages["ttgir"]
         stages["ttgir"] = lambda src, metadata: rewrite_module(make_ttgir(src, metadata))
-    if HOIST_RSRC in names and "llir" in stages:
+    if HOIST_RSRC in active and "llir" in stages:
         make_llir = stages["llir"]
-        stages["llir"] = lambda src, metadata: hoist_buffer_rsrc(make_llir(src, metadata))
+        every = active[HOIST_RSRC] == "all"
+        stages["llir"] = lambda src, metadata: hoist_buffer_rsrc(make_llir(src, metadata), every)
     return got
 
 
@@ -68,14 +73,17 @@ _hook.previous = None
 
 
 @contextlib.contextmanager
-def rewrites(names):
-    """Within it, ``triton.compile`` calls on this thread run the rewrites ``names`` (a subset
-    of ``REWRITES``); none: nothing is installed or changed."""
-    names = tuple(sorted(set(names)))
-    unknown = set(names) - REWRITES
+def rewrites(chosen):
+    """Within it, ``triton.compile`` calls on this thread run the rewrites ``chosen`` (names of
+    ``REWRITES``, or ``{name: value}``: ``hoist_rsrc`` one of ``HOIST_VALUES``, the others
+    True); none: nothing is installed or changed."""
+    chosen = dict(chosen) if isinstance(chosen, dict) else dict.fromkeys(chosen, True)
+    unknown = set(chosen) - REWRITES
     if unknown:
         raise ValueError(f"unknown rewrites {sorted(unknown)}; known: {sorted(REWRITES)}")
-    if not names:
+    if HOIST_RSRC in chosen and chosen[HOIST_RSRC] not in HOIST_VALUES:
+        raise ValueError(f"hoist_rsrc is True or 'all', got {chosen[HOIST_RSRC]!r}")
+    if not chosen:
         yield
         return
     from triton import knobs
@@ -86,8 +94,8 @@ def rewrites(names):
             _hook.previous = current
             knobs.runtime.add_stages_inspection_hook = _hook
     outer = _active()
-    _state.names = names
+    _state.rewrites = chosen
     try:
         yield
     finally:
-        _state.names = outer
+        _state.rewrites = outer
