@@ -22,9 +22,9 @@ decode d128      16 x 64, 1 (K lane, based, hr)      252   219         13.69 / 2
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
 (``Config.sched``); "ls": the row sums as per-lane partials (``Config.lane_sums``); "kt":
 interior KV tiles load K as K^T (``Config.k_t``); "hr": the buffer descriptors the KV loops
-share (dK/dV: every one) built once at the kernel's entry (``Config.hoist_rsrc``); "own": the backward's loads
-with their own offsets (``Config.bwd_loads``); "st": Q and dO staged through LDS once per query
-step (``Config.share_t``).
+share (dK/dV: every one) built once at the kernel's entry (``Config.hoist_rsrc``); "own": the
+backward's loads with their own offsets (``Config.bwd_loads``); "st": Q and dO staged through
+LDS once per query step (``Config.share_t``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
