@@ -259,6 +259,13 @@ _GFX950 = {
         256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr="shared"
     ),
     ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 257, 6.42, ls=True, kt=True, hr="shared"),
+    # d256 at 16 query rows a warp pays 3 LDS reads per MFMA-equivalent (K 1, V 2) and the
+    # softcap case an exp, an add and a reciprocal per score (softcap_r; 1.75 per MFMA): 11.31 /
+    # 12.62 at the report's softcap case. Tried there without a win at two waves (Triton 3.9):
+    # 128 x 64 with 8 warps spills 12 to 82 VGPRs (or 13.41 under max-ilp). The warp tile of
+    # AMD's CK tile FMHA at d256 (4 warps of 32 rows, 32x32x16 MFMAs), here 128 x 32, reaches
+    # 8.06 with 329 registers (73 of them AGPRs), one wave per SIMD (model.OCCUPANCY_FLOOR): a
+    # candidate to time on an MI355X, not one to ship untimed
     ("fwd", "d256"): _c(
         128, 32, 8, 1, 16, True, 212, 152, 9.5, sched=ILP, ls=True, kt=True, hr="shared"
     ),
@@ -298,6 +305,15 @@ _GFX950 = {
     # / 13.75 -> 9.69 / 13.5), d128 150 -> 146 (llama 9.38 -> 9.12), d192 222 -> 218, d256 145
     # -> 141; dQ d64 217 -> 213, d192 284 -> 280, d256 186 -> 182
     ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 190, 11.88, sched=ILP, st=True, hr="all"),
+    # dK/dV d128's LSE and delta rows cost 4 v_add_lshl and 2 s_add per query step (one
+    # offset per plane and row block). Sharing them, tried without a win: the delta plane
+    # passed as a second tensor at the LSE's offsets, 146 -> 151 (LLVM carried the offsets
+    # across the loop and, at 254 VGPRs, copied 12 LDS addresses every trip); each plane's base
+    # folded into its buffer descriptor (load_at fold_base), 151 with 2 VGPRs spilled (160 to
+    # 172 under the other schedulers); the planes interleaved in 16-row chunks so that delta
+    # sits at a constant offset from the LSE, 150 (LLVM adds the constant before the byte
+    # shift: no immediate offset). 64-row query steps spill (201 VGPRs; 1 under LLVM's default
+    # scheduler, at 10.44)
     ("bwd_dkdv", "d128"): _c(
         32, 128, 8, 1, 16, True, 242, 146, 9.12, sched=ILP, bl="own", st=True, hr="all"
     ),

@@ -306,7 +306,10 @@ def _fwd_tile(
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
                                    C.KLANES, C.KROWS, based)  # fmt: skip
             elif C.KT and kind is None:
-                # interior tile: no key mask (a masked K^T load took more instructions)
+                # interior tile: no key mask (a masked K^T load took more instructions). The
+                # unmasked edge tiles ("left", below sk) with K^T too: gfx950 gpt-oss's masked
+                # loops 277 / 274 -> 276 / 270 (2 barriers fewer), but the main loops of d256
+                # softcap 11.31 -> 11.38 and MLA 6.42 -> 6.53 per MFMA, so not taken
                 kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D, based, C.FOLD_BASE)
                 d = fly.dot(qt, kt)
                 s = d if s is None else s + d
