@@ -274,7 +274,12 @@ def _fwd_tile(
         m0 = fly.maximum(m0, sink)
         e0 = fly.exp2(sink - m0)
         if C.LANE_SUMS:
-            l0 = fly.where(fly.arange(0, LANE_SUM_N)[None, :] == 0, e0[:, None], l0)
+            # spread over the row's partial sums (e0 is 1, or 0 for a -inf sink: a sixteenth
+            # of it is exact). In one column, the lanes holding it started from other values
+            # than their neighbours and LLVM paired the loop-carried sums off by one register
+            # with the tile's sums: a v_pk_mov shuffle per trip (gfx950 gpt-oss 277 / 202 /
+            # 274 -> 274 / 198 / 270 instructions per trip)
+            l0 = l0 + (e0 * (1.0 / LANE_SUM_N))[:, None]
         else:
             l0 = l0 + e0
     vblk = vblk_ok(C.VBLK, C.PAGE, C.BN, C.DV)
