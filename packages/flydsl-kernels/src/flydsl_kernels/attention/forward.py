@@ -94,6 +94,9 @@ class Fwd:
     SK_TAIL: bool = False
     #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
     KT: bool = False
+    #: with ``KT``: the unmasked edge tiles ("left" ones and right-bound ones below ``sk``: no
+    #: key mask) load ``K^T`` too (``Config.kt_edge``)
+    KT_EDGE: bool = False
     #: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
     #: scalar origin (its page, first key, head) apart from the per-element offsets, which
     #: then stay fixed across the KV loop (AMD buffer loads: no address add per load). Needs
@@ -310,11 +313,11 @@ def _fwd_tile(
             if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
                                    C.KLANES, C.KROWS, based)  # fmt: skip
-            elif C.KT and kind is None:
-                # interior tile: no key mask (a masked K^T load took more instructions). The
-                # unmasked edge tiles ("left", below sk) with K^T too: gfx950 gpt-oss's masked
-                # loops 277 / 274 -> 276 / 270 (2 barriers fewer), but the main loops of d256
-                # softcap 11.31 -> 11.38 and MLA 6.42 -> 6.53 per MFMA, so not taken
+            elif C.KT and (kind is None or (C.KT_EDGE and kmask is None)):
+                # interior tile, or (KT_EDGE) an unmasked edge one: no key mask (a masked K^T
+                # load took more instructions). The edge tiles with K^T: gfx950 gpt-oss's
+                # masked loops 274 / 270 -> 273 / 266 (2 barriers fewer), but the main loops of
+                # d256 softcap 11.31 -> 11.38 and MLA 6.42 -> 6.53 per MFMA: per table entry
                 kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D, based, C.FOLD_BASE)
                 d = fly.dot(qt, kt)
                 s = d if s is None else s + d
