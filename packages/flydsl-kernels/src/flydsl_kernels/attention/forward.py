@@ -301,9 +301,11 @@ def _fwd_tile(
         """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
         block-sparse full block, no mask mod). A "left" tile lies below every row's right
         bound and ``sk``: its loads need no key mask either, nor a tile known to end at or
-        below ``sk`` (``below_sk``). Its scores keep the test against ``sk`` (dropping it,
-        ``sk_bound=False``: gfx950 masked loops llama 9.81 -> 9.69, d256 13.62 -> 13.5, MLA
-        9.03 -> 8.4, but MLA's main loop 268 -> 269 instructions)."""
+        below ``sk`` (``below_sk``), whose scores then skip the test against ``sk`` too
+        (``sk_bound=False``; gfx950 right-bound loops per trip: gpt-oss 266 -> 263
+        instructions, d256 softcap 202 -> 200, MLA 329 -> 326, main loops and the model
+        problems unchanged; gfx942 gpt-oss 552 -> 549, MLA 335 -> 333. An earlier try, before
+        the sk tail's split and K^T edge tiles, took MLA's main loop 268 -> 269)."""
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if kind not in (None, "left") and not below_sk else None
         klast = None if (kmask is None or not vblk) else sk - 1
@@ -333,7 +335,7 @@ def _fwd_tile(
         if kind is not None:
             z = _mask_scores(
                 z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0,
-                lane_bits=C.KEY_LANE_BITS,
+                sk_bound=not below_sk, lane_bits=C.KEY_LANE_BITS,
             )  # fmt: skip
         if vblk:
             vst = k.stride if C.VK_STRIDES else v.stride
