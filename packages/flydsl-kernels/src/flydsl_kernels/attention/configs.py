@@ -263,6 +263,14 @@ _GFX950 = {
     # apart (Triton's allocator gives them one offset as their live ranges do not overlap)
     # with a barrier before the loop, 4 -> 2 barriers but the 16 K reads then each wait on
     # their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
+    # gpt-oss's window tile (loops left / main / right, instructions per trip): 277 / 202 / 274
+    # -> 274 / 198 / 270 with the sink spread over the lane sums (forward._fwd_tile), and with
+    # the right-bound tiles below sk skipping the mask's sk test and the masks' per-lane bound
+    # apart from the trip's scalar (common._visible) 273 / 198 / 262 (12.62 / 17.31 -> 12.38 /
+    # 17.06 per MFMA). Masking stays 2 instructions a score (32 v_cmp, 32 v_cndmask per trip),
+    # and the left loop's 32 lane masks (64 SGPRs) push K's and V's descriptors out (4
+    # s_mov_b32 per trip): hr "shared" 273 -> 263 there but 176 VGPRs (2 waves), with
+    # waves_per_eu 3 a VGPR spill; iterative-ilp 279 / 206 / 279, max-ilp 284 / 221 / 282.
     # K^T on the unmasked edge tiles too (kte: Config.kt_edge), for gpt-oss's window tile: its
     # masked loops 274 / 270 -> 273 / 266 instructions per trip (gfx942: 620 -> 552, 4 -> 2
     # SGPR spills, main 512 -> 513; model problem 527 -> 529); gfx1250's took 3 -> 2 waves
