@@ -911,6 +911,32 @@ def test_prefill_k_transposed_load_matches_the_reference(target, bm, bn, d, dtyp
     assert not plan.plan_forward(pg, target, config=cfg).C.KT  # paged K: row-major
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("kw", [{"window_size": (40, 9)}, {"causal": True}])
+def test_prefill_k_transposed_edge_tiles_match_the_reference(target, kw):
+    # Config.kt_edge: the unmasked edge tiles (past the left window bound only; right-bound
+    # tiles below the key length, Fwd.SK_TAIL on d64) load K^T too, the tile crossing sk
+    # row-major; 77 queries over 93 keys, 16 x 16 tiles (a window wider than the tile: left,
+    # interior and right trips), GQA 3:1; dense and varlen (keys at a run-time offset)
+    q, k, v = qkv(2, 77, 93, 6, 2, 64, seed=86)
+    cfg = configs.Config(16, 16, 1, 1, 16, k_t=True, kt_edge=True, lane_sums=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, target=target, config=cfg, **kw)
+    ro, rl = reference.attention(q, k, v, **kw)
+    close(out, ro, OUT_TOL[BF16], "dense")
+    close_lse(lse, rl)
+    lens_q, lens_k = [31, 0, 46], [45, 17, 93]
+    qp, kp, vp, cu_q, cu_k = _packed(lens_q, lens_k, 6, 2, 64, seed=87, grad=False)
+    outv = flash_attn_varlen_func(
+        qp, kp, vp, cu_q, cu_k, max(lens_q), max(lens_k), target=target, config=cfg, **kw
+    )
+    rov, _ = reference.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    close(outv, rov, OUT_TOL[BF16], "varlen")
+    p = plan.Problem(2, 77, 93, 6, 2, 64, 64, causal=kw.get("causal", False),
+                     window=kw.get("window_size", (-1, -1)))  # fmt: skip
+    C = plan.plan_forward(p, target, config=cfg).C
+    assert C.KT and C.KT_EDGE and C.SK_TAIL
+
+
 def test_prefill_k_transposed_is_the_tables():
     # gfx950 every class, gfx942 d64 / d128 / d256 and gfx1250 d64 / d128 load interior K as K^T
     want = {"gfx950": ("d64", "d128", "d192", "d256"), "gfx942": ("d64", "d128", "d256"),
@@ -918,6 +944,11 @@ def test_prefill_k_transposed_is_the_tables():
     for t, dcls in want.items():
         for dc in ("d64", "d128", "d192", "d256"):
             assert configs.TABLES[t][("fwd", dc)].k_t is (dc in dcls), (t, dc)
+    # and on the unmasked edge tiles (kt_edge): d64 on gfx950 and gfx942 (gpt-oss's window tile)
+    for t in want:
+        for dc in ("d64", "d128", "d192", "d256"):
+            edge = dc == "d64" and t in ("gfx950", "gfx942")
+            assert configs.TABLES[t][("fwd", dc)].kt_edge is edge, (t, dc)
 
 
 @pytest.mark.parametrize("target", [REF, INTERP])

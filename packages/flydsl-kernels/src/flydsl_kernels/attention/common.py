@@ -401,11 +401,17 @@ def _visible(
     if not left:
         if hi is None:
             return None
+        if cl is not None and C.HAS_WR and not sk_bound and sq is None:
+            # hi is i + (off + wr - n0): the lane's part (i - cl), loop-invariant, apart from
+            # the trip's scalar (one add per trip, not two: gfx950 gpt-oss 263 -> 262)
+            return (cx & ~lane_bits) <= (q(i) - cl) + (off + wr - n0)
         hi = q(hi) if per_query else hi
         return cx <= hi if cl is None else (cx & ~lane_bits) <= hi - cl
     lo = i + (off - wl - n0)
     if not right or hi is None:
-        return cx >= q(lo) if cl is None else (cx & ~lane_bits) >= q(lo) - cl
+        if cl is None:
+            return cx >= q(lo)
+        return (cx & ~lane_bits) >= (q(i) - cl) + (off - wl - n0)  # as above
     # lo <= c <= hi as one unsigned test, (c - lo) <u (hi - lo + 1), written signed: flipping
     # the sign bit of both sides (c - (lo ^ MIN) <s count ^ MIN). Two compares and an and per
     # element kept two 64-bit lane masks per element live and spilled SGPRs on gfx950

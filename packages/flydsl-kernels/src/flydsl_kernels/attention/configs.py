@@ -79,6 +79,11 @@ class Config:
     #: ``q @ K^T`` reads it from LDS as loaded; ``k.T`` of the row-major tile took a layout
     #: conversion through LDS scratch (one more write, barrier pair and wait per tile)
     k_t: bool = False
+    #: prefill, with ``k_t``: the unmasked edge tiles (those crossing only the left window
+    #: bound, and the right-bound ones below the key length) load ``K^T`` too
+    #: (``forward.Fwd.KT_EDGE``): one LDS round trip of the transpose fewer there, but other
+    #: classes' main loops grew with it (gfx950 d256 softcap 11.31 -> 11.38, MLA 6.42 -> 6.53)
+    kt_edge: bool = False
     #: backward, on the AMD (buffer-load) tables: how its loop loads the two tensors it walks
     #: (dK/dV: Q and dO rows; dQ: K and V keys). "shared": with ``load_at`` from a scalar base
     #: kept in the offsets, which both take where their strides are equal
@@ -132,6 +137,8 @@ class Config:
             d["vblk"] = self.vblk
         if self.k_t:
             d["k_t"] = True
+        if self.kt_edge:
+            d["kt_edge"] = True
         if self.bwd_loads != "shared":
             d["bwd_loads"] = self.bwd_loads
         if self.hoist_rsrc:
@@ -175,6 +182,7 @@ def _c(
     klanes=0,
     ls=False,
     kt=False,
+    kte=False,
     vblk=0,
     bl="shared",
     hr="",
@@ -192,6 +200,7 @@ def _c(
         klanes=klanes,
         lane_sums=ls,
         k_t=kt,
+        kt_edge=kte,
         vblk=vblk,
         bwd_loads=bl,
         hoist_rsrc=hr,
@@ -254,7 +263,21 @@ _GFX950 = {
     # apart (Triton's allocator gives them one offset as their live ranges do not overlap)
     # with a barrier before the loop, 4 -> 2 barriers but the 16 K reads then each wait on
     # their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
-    ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True),
+    # gpt-oss's window tile (loops left / main / right, instructions per trip): 277 / 202 / 274
+    # -> 274 / 198 / 270 with the sink spread over the lane sums (forward._fwd_tile), and with
+    # the right-bound tiles below sk skipping the mask's sk test and the masks' per-lane bound
+    # apart from the trip's scalar (common._visible) 273 / 198 / 262 (12.62 / 17.31 -> 12.38 /
+    # 17.06 per MFMA). Masking stays 2 instructions a score (32 v_cmp, 32 v_cndmask per trip),
+    # and the left loop's 32 lane masks (64 SGPRs) push K's and V's descriptors out (4
+    # s_mov_b32 per trip): hr "shared" 273 -> 263 there but 176 VGPRs (2 waves), with
+    # waves_per_eu 3 a VGPR spill; iterative-ilp 279 / 206 / 279, max-ilp 284 / 221 / 282.
+    # K^T on the unmasked edge tiles too (kte: Config.kt_edge), for gpt-oss's window tile: its
+    # masked loops 274 / 270 -> 273 / 266 instructions per trip (gfx942: 620 -> 552, 4 -> 2
+    # SGPR spills, main 512 -> 513; model problem 527 -> 529); gfx1250's took 3 -> 2 waves
+    # with it, so not there
+    ("fwd", "d64"): _c(
+        256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True, kte=True
+    ),
     ("fwd", "d128"): _c(
         256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr="shared"
     ),
@@ -475,6 +498,9 @@ _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
 _row_sums(_GFX1250)
 _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
+# gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
+# masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)
+_GFX1250[("fwd", "d64")] = replace(_GFX1250[("fwd", "d64")], kt_edge=False)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {

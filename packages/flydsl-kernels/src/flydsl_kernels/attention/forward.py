@@ -94,6 +94,9 @@ class Fwd:
     SK_TAIL: bool = False
     #: interior KV tiles load K as ``K^T`` (``Config.k_t``; dense K only)
     KT: bool = False
+    #: with ``KT``: the unmasked edge tiles ("left" ones and right-bound ones below ``sk``: no
+    #: key mask) load ``K^T`` too (``Config.kt_edge``)
+    KT_EDGE: bool = False
     #: K and V tiles loaded with ``load_at`` (``common._load_based``): the tile's
     #: scalar origin (its page, first key, head) apart from the per-element offsets, which
     #: then stay fixed across the KV loop (AMD buffer loads: no address add per load). Needs
@@ -274,7 +277,12 @@ def _fwd_tile(
         m0 = fly.maximum(m0, sink)
         e0 = fly.exp2(sink - m0)
         if C.LANE_SUMS:
-            l0 = fly.where(fly.arange(0, LANE_SUM_N)[None, :] == 0, e0[:, None], l0)
+            # spread over the row's partial sums (e0 is 1, or 0 for a -inf sink: a sixteenth
+            # of it is exact). In one column, the lanes holding it started from other values
+            # than their neighbours and LLVM paired the loop-carried sums off by one register
+            # with the tile's sums: a v_pk_mov shuffle per trip (gfx950 gpt-oss 277 / 202 /
+            # 274 -> 274 / 198 / 270 instructions per trip)
+            l0 = l0 + (e0 * (1.0 / LANE_SUM_N))[:, None]
         else:
             l0 = l0 + e0
     vblk = vblk_ok(C.VBLK, C.PAGE, C.BN, C.DV)
@@ -293,9 +301,11 @@ def _fwd_tile(
         """One KV tile of ``_kv_segments`` kind (None: the interior, no mask; ``"full"``: a
         block-sparse full block, no mask mod). A "left" tile lies below every row's right
         bound and ``sk``: its loads need no key mask either, nor a tile known to end at or
-        below ``sk`` (``below_sk``). Its scores keep the test against ``sk`` (dropping it,
-        ``sk_bound=False``: gfx950 masked loops llama 9.81 -> 9.69, d256 13.62 -> 13.5, MLA
-        9.03 -> 8.4, but MLA's main loop 268 -> 269 instructions)."""
+        below ``sk`` (``below_sk``), whose scores then skip the test against ``sk`` too
+        (``sk_bound=False``; gfx950 right-bound loops per trip: gpt-oss 266 -> 263
+        instructions, d256 softcap 202 -> 200, MLA 329 -> 326, main loops and the model
+        problems unchanged; gfx942 gpt-oss 552 -> 549, MLA 335 -> 333. An earlier try, before
+        the sk tail's split and K^T edge tiles, took MLA's main loop 268 -> 269)."""
         j = n0 + fly.arange(0, BN)
         kmask = (j < sk) if kind not in (None, "left") and not below_sk else None
         klast = None if (kmask is None or not vblk) else sk - 1
@@ -305,11 +315,11 @@ def _fwd_tile(
             if k_lanes_fit(C, cs):
                 kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BN, C.PAGE, pages, kmask,
                                    C.KLANES, C.KROWS, based)  # fmt: skip
-            elif C.KT and kind is None:
-                # interior tile: no key mask (a masked K^T load took more instructions). The
-                # unmasked edge tiles ("left", below sk) with K^T too: gfx950 gpt-oss's masked
-                # loops 277 / 274 -> 276 / 270 (2 barriers fewer), but the main loops of d256
-                # softcap 11.31 -> 11.38 and MLA 6.42 -> 6.53 per MFMA, so not taken
+            elif C.KT and (kind is None or (C.KT_EDGE and kmask is None)):
+                # interior tile, or (KT_EDGE) an unmasked edge one: no key mask (a masked K^T
+                # load took more instructions). The edge tiles with K^T: gfx950 gpt-oss's
+                # masked loops 274 / 270 -> 273 / 266 (2 barriers fewer), but the main loops of
+                # d256 softcap 11.31 -> 11.38 and MLA 6.42 -> 6.53 per MFMA: per table entry
                 kt = _load_kT(k, bk, k_off + n0, hk, c0, cs, BN, C.D, based, C.FOLD_BASE)
                 d = fly.dot(qt, kt)
                 s = d if s is None else s + d
@@ -325,7 +335,7 @@ def _fwd_tile(
         if kind is not None:
             z = _mask_scores(
                 z, C, i, j[None, :], sk, off, wl, wr, b, h[:, None], mt, kind, n0=n0,
-                lane_bits=C.KEY_LANE_BITS,
+                sk_bound=not below_sk, lane_bits=C.KEY_LANE_BITS,
             )  # fmt: skip
         if vblk:
             vst = k.stride if C.VK_STRIDES else v.stride

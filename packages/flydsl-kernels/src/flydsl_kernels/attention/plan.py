@@ -315,6 +315,7 @@ def plan_forward(
         KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
         SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
         KT=cfg.k_t and not p.page_size and not klanes,
+        KT_EDGE=cfg.kt_edge,
         BASED=based,
         FOLD_BASE=not prefill_based,
         VBLK=vblk,
