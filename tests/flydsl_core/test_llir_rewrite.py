@@ -119,3 +119,82 @@ def test_the_option_reaches_the_llvm_ir_on_amd_only():
     assert triton_options(get_target("gfx950"), {"hoist_rsrc": True})["hoist_rsrc"] is True
     with pytest.raises(CompileError, match="hoist_rsrc"):
         triton_options(get_target("sm90"), {"hoist_rsrc": True})
+
+
+# -- buffer_soffset ------------------------------------------------------------------------------
+
+from flydsl_core.backends.triton.llir import buffer_soffset  # noqa: E402
+
+LOAD = "tail call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32"
+# a loop's K descriptor from argument %1 plus a per-trip element offset %x (load_at's folded
+# base); %h's descriptor was built before the loop (invariant), %s's also feeds a store
+SOFF_IR = f"""\
+define amdgpu_kernel void @k(ptr addrspace(1) inreg %0, ptr addrspace(1) inreg %1, i32 inreg %2, i32 inreg %3) #0 {{
+  %p1 = ptrtoint ptr addrspace(1) %1 to i64
+  %hs = sext i32 %3 to i64
+  %hb = shl nsw i64 %hs, 1
+  %ha = add i64 %hb, %p1
+  %hp = inttoptr i64 %ha to ptr addrspace(1)
+  %h = tail {RSRC}(ptr addrspace(1) %hp, i16 0, i64 2147483646, i32 159744)
+  br label %loop
+
+loop:
+  %i = phi i32 [ 0, %4 ], [ %n, %loop ]
+  %x = mul i32 %i, %2
+  %e = sext i32 %x to i64
+  %b = shl nsw i64 %e, 1
+  %a = add i64 %b, %p1
+  %p = inttoptr i64 %a to ptr addrspace(1)
+  %r = tail {RSRC}(ptr addrspace(1) %p, i16 0, i64 2147483646, i32 159744)
+  %l0 = {LOAD}(ptr addrspace(8) %r, i32 %3, i32 0, i32 0)
+  %l1 = {LOAD}(ptr addrspace(8) %r, i32 16, i32 0, i32 0)
+  %l2 = {LOAD}(ptr addrspace(8) %h, i32 %3, i32 0, i32 0)
+  %s = tail {RSRC}(ptr addrspace(1) %p, i16 0, i64 2147483646, i32 159744)
+  %l3 = {LOAD}(ptr addrspace(8) %s, i32 %3, i32 0, i32 0)
+  call void @llvm.amdgcn.raw.ptr.buffer.store.v4i32(<4 x i32> %l3, ptr addrspace(8) %s, i32 0, i32 0, i32 0)
+  %n = add i32 %i, 1
+  %c = icmp slt i32 %n, %2
+  br i1 %c, label %loop, label %end
+
+end:
+  ret void
+}}
+"""
+
+
+def test_a_per_trip_origin_becomes_the_loads_scalar_offset():
+    out = buffer_soffset(SOFF_IR)
+    lines = out.split("\n")
+    # the argument's own descriptor at the entry, its constant words from inline asm that
+    # touches no memory (a side-effecting one made LLVM read kernel data with vector loads)
+    assert lines[1:5] == [
+        '  %fly.soff.rsrc.0.records = call i32 asm "s_mov_b32 $0, 0x7ffffffe ; fly.soff.rsrc.0", '
+        '"=s"() nounwind memory(none)',
+        '  %fly.soff.rsrc.0.flags = call i32 asm "s_mov_b32 $0, 0x27000 ; fly.soff.rsrc.0", '
+        '"=s"() nounwind memory(none)',
+        "  %fly.soff.rsrc.0.records64 = zext i32 %fly.soff.rsrc.0.records to i64",
+        f"  %fly.soff.rsrc.0 = {RSRC}(ptr addrspace(1) %1, i16 0, i64 "
+        "%fly.soff.rsrc.0.records64, i32 %fly.soff.rsrc.0.flags)",
+    ]
+    # the loop's loads read through it at the origin's byte offset (X << 1: bf16)
+    assert "  %fly.soff.0 = shl i32 %x, 1" in lines
+    assert f"%l0 = {LOAD}(ptr addrspace(8) %fly.soff.rsrc.0, i32 %3, i32 %fly.soff.0, i32 0)" in out
+    assert f"%l1 = {LOAD}(ptr addrspace(8) %fly.soff.rsrc.0, i32 16, i32 %fly.soff.0, i32 0)" in out
+    # an origin LLVM already built before the loop, and a descriptor a store uses: left alone
+    assert f"%l2 = {LOAD}(ptr addrspace(8) %h, i32 %3, i32 0, i32 0)" in out
+    assert f"%l3 = {LOAD}(ptr addrspace(8) %s, i32 %3, i32 0, i32 0)" in out
+    assert buffer_soffset(out) == out
+    two = SOFF_IR + SOFF_IR.replace("@k(", "@k2(")
+    assert buffer_soffset(two) == two  # one function per module only
+    # a 64-bit origin (no i32 element offset) is left alone
+    wide = SOFF_IR.replace("%e = sext i32 %x to i64", "%e = mul i64 %hs, %hs")
+    assert "fly.soff" not in buffer_soffset(wide)
+
+
+def test_the_soffset_option_is_amd_only():
+    from flydsl_core.backends.triton.compiler import CompileError, triton_options
+    from flydsl_core.targets import get_target
+
+    assert triton_options(get_target("gfx950"), {"buffer_soffset": True})["buffer_soffset"]
+    with pytest.raises(CompileError, match="buffer_soffset"):
+        triton_options(get_target("sm90"), {"buffer_soffset": True})

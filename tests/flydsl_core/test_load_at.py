@@ -148,3 +148,32 @@ def test_gfx950_loop_loads_keep_their_offsets_across_the_loop():
     written = {ops.split(",")[0].strip() for m, ops in lp.instructions if ops}
     voffsets = {ops.split(",")[1].strip() for ops in loads}
     assert voffsets and not voffsets & written, voffsets & written
+
+
+@fly.kernel
+def table_walk(table, out, n, W: fly.constexpr):
+    """``out[b, t] = table[b, t // W]``: a scalar ``load_at`` from the row's start."""
+    b = fly.program_id(0)
+    for t in fly.range(0, n):
+        e = table.load_at(b * table.stride[0], (t // W) * table.stride[1])
+        out[b, t].store(e)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scalar_load_at_reads_base_plus_offset(target):
+    table = torch.randint(0, 1000, (3, 5), generator=torch.Generator().manual_seed(3))
+    table = table.to(torch.int32)
+    out = torch.zeros(3, 10, dtype=torch.int32)
+    table_walk[(3,)](table, out, 10, W=2, target=target)
+    torch.testing.assert_close(out, table.repeat_interleave(2, 1), rtol=0, atol=0)
+
+
+def test_gfx950_scalar_load_at_adds_the_base_to_the_pointer_first():
+    # the row's pointer apart from the offset, through an integer address Triton does not fold
+    # back (LLVM builds it before a loop; the paged decode's page id then an SMEM load at the
+    # index's byte offset: test_attention_compile); the plain sum without fold_base
+    t = fly.TensorSpec(torch.int32, (64, 64))
+    o = fly.TensorSpec(torch.int32, (64, 256))
+    src = get_backend("gfx950").generate(table_walk.ir(t, o, 256, W=4)).source
+    assert re.search(r"(_base\d+) = \(table_ptr\.to\(tl\.int64\) \+ .*\* 4\)", src), src
+    assert re.search(r"tl\.load\(_base\d+ \+ ", src), src

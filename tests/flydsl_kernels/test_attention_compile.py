@@ -16,7 +16,7 @@ fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   152         9.5 / 10.
                  hr)
 bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st, hr)  242   146         9.12 / 11.81
 bwd dQ d128      256 q x 32 k, 8 (coexec, hr)        246   138         5.75 / 7.58
-decode d128      16 x 64, 1 (K lane, based, hr)      252   219         13.69 / 21.19
+decode d128      16 x 64, 1 (K lane, based, hr, so)  254   209         13.06 / 20.69
 ===============  ==================================  ====  ==========  ==============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
@@ -24,7 +24,8 @@ The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's sch
 interior KV tiles load K as K^T (``Config.k_t``); "hr": the buffer descriptors the KV loops
 share (dK/dV: every one) built once at the kernel's entry (``Config.hoist_rsrc``); "own": the
 backward's loads with their own offsets (``Config.bwd_loads``); "st": Q and dO staged through
-LDS once per query step (``Config.share_t``).
+LDS once per query step (``Config.share_t``); "so": the KV loads' page origin in their scalar
+offset (``Config.soffset``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
@@ -322,3 +323,22 @@ def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     monkeypatch.setattr(model, "BELOW_FLOOR", set())
     (bad,) = model.check_tables(("gfx942",), keys)
     assert bad.startswith("gfx942 bwd_dq d256") and "occupancy 1 below the floor 2" in bad
+
+
+def test_decode_reads_pages_at_scalar_offsets():
+    # Config.soffset (the core's buffer_soffset, llir.buffer_soffset): K's and V's loads read
+    # through their tensors' own descriptors at the page's byte offset (an SGPR soffset),
+    # where each trip built two 64-bit bases and descriptors
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    ck, fig, cfg = _compile("decode", "d128")
+    ck0, fig0, _ = _compile("decode", "d128", replace(cfg, soffset=False))
+    assert cfg.soffset
+    main, main0 = matrix_loops(ck.stages()["amdgcn"])[0], matrix_loops(ck0.stages()["amdgcn"])[0]
+    soff = [o for m, o in main.instructions if m.startswith("buffer_load")]
+    assert soff and all(re.search(r"s\[\d+:\d+\], s\d+ offen", o) for o in soff), soff
+    assert not any(re.search(r"s\d+ offen", o) for m, o in main0.instructions if "buffer" in m)
+    ops, ops0 = main.mnemonics(), main0.mnemonics()
+    assert ops.count("s_addc_u32") < ops0.count("s_addc_u32") and ops.count("s_load_dword") == 1
+    assert main.always < main0.always and fig["per_mfma"] < fig0["per_mfma"]
+    assert fig["vgpr"] <= fig0["vgpr"] + 2 and not fig["scratch"]

@@ -42,8 +42,8 @@ __all__ = [
 #: the targets with a shipped table in every family (the first is the default table)
 TUNED_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 DEFAULT_TABLE = TUNED_TARGETS[0]
-#: options only AMD's Triton backend takes (``HIPOptions``), and the core's AMD-only TTGIR
-#: rewrite (``flydsl_core.backends.triton.shared_operands``)
+#: options only AMD's Triton backend takes (``HIPOptions``), and the core's AMD-only rewrites
+#: of Triton's TTGIR and LLVM IR (``flydsl_core.backends.triton.stage_hook``)
 AMD_ONLY_OPTIONS = frozenset(
     {
         "matrix_instr_nonkdim",
@@ -53,6 +53,7 @@ AMD_ONLY_OPTIONS = frozenset(
         "llvm_fn_attrs",
         "hoist_rsrc",
         "share_transposed_operands",
+        "buffer_soffset",
     }
 )
 

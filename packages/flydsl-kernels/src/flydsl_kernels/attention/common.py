@@ -110,7 +110,9 @@ def _kv_pages(bt, btrow, n0, BN, PAGE, kmask, klast=None):
     if PAGE == 0:
         return None
     if PAGE >= BN:
-        return bt[btrow, n0 // PAGE].load(bounds_check=False)
+        # the row's start apart from the page index (load_at): LLVM computes the row's
+        # address before the KV loop and reads the entry at the page index's byte offset
+        return bt.load_at(btrow * bt.stride[0], (n0 // PAGE) * bt.stride[1])
     npg = BN // PAGE
     pidx = n0 // PAGE + fly.arange(0, npg)
     if klast is not None and kmask is not None:

@@ -99,6 +99,11 @@ class Config:
     #: Q and dO) staged through LDS once and read both ways (the core's TTGIR rewrite,
     #: ``flydsl_core.backends.triton.shared_operands``), where Triton 3.9 stages it twice
     share_t: bool = False
+    #: AMD: K's and V's scalar origin (``Fwd.BASED``, folded) in each buffer load's scalar
+    #: offset, read through the tensor's own descriptor (the core's ``buffer_soffset`` LLVM IR
+    #: rewrite): the page's 32-bit byte offset once per KV tile for both tensors, where a
+    #: folded base built two 64-bit bases and their descriptors
+    soffset: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -117,6 +122,8 @@ class Config:
             opts["hoist_rsrc"] = True if self.hoist_rsrc == "shared" else self.hoist_rsrc
         if self.share_t:
             opts["share_transposed_operands"] = True
+        if self.soffset:
+            opts["buffer_soffset"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -145,6 +152,8 @@ class Config:
             d["hoist_rsrc"] = self.hoist_rsrc
         if self.share_t:
             d["share_t"] = True
+        if self.soffset:
+            d["soffset"] = True
         return d
 
 
@@ -187,6 +196,7 @@ def _c(
     bl="shared",
     hr="",
     st=False,
+    so=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -205,6 +215,7 @@ def _c(
         bwd_loads=bl,
         hoist_rsrc=hr,
         share_t=st,
+        soffset=so,
         notes=notes,
     )
 
@@ -305,10 +316,37 @@ _GFX950 = {
     # (left off); gfx942 (d128 page16 283 -> 323), pages of 4 and 8 and gfx1250 lose with it.
     # V's offsets from K's equal strides (Fwd.VK_STRIDES): page16 230 (14.38 / 22.62),
     # page32 229, page64 224 -> 220 (13.75 / 21.25), d64 page256 279 -> 273 (17.06 / 27.12);
-    # the model problem (page64, B64) 223 -> 219
-    ("decode", "d64"): _c(16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True),
+    # the model problem (page64, B64) 223 -> 219. The block table's row read from a pointer
+    # computed before the KV loop, the page index its SMEM load's scalar offset (scalar
+    # load_at), and K's and V's folded origin in their buffer loads' scalar offset (so:
+    # Config.soffset, the core's buffer_soffset; the page's 32-bit byte offset once per tile
+    # where two 64-bit bases and descriptors were built): d64 page256 273 -> 266 -> 262
+    # (17.06 / 27.12 -> 16.38 / 26.44), d128 page64 220 -> 212 (13.75 / 21.25 -> 13.25 /
+    # 20.94), model problem 216 -> 209; page16 unchanged (its V origin is outside the loop,
+    # which the rewrite leaves). gfx942 loses with so (d64 347 -> 356, d128 256 -> 261 at its
+    # model problems). Still above the decode goal (15 per MFMA, 240 per trip) at d64 page256:
+    # its 262 are 112 memory and MFMA instructions (32 loads, 16 LDS writes and 32 transposed
+    # reads of V, 32 MFMAs), 112 softmax ones at their floor, 13 of page walk and loop, 16
+    # waits and nops, and 7 f32 pairs LLVM unpacks beside the MFMAs (gfx950's co-issue)
+    ("decode", "d64"): _c(
+        16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True, so=True
+    ),
     ("decode", "d128"): _c(
-        16, 64, 1, 1, 16, False, 252, 219, 13.69, sched=ILP, klanes=8, ls=True, vblk=32, hr="shared"
+        16,
+        64,
+        1,
+        1,
+        16,
+        False,
+        254,
+        209,
+        13.06,
+        sched=ILP,
+        klanes=8,
+        ls=True,
+        vblk=32,
+        hr="shared",
+        so=True,
     ),
     ("decode", "d192"): _c(16, 32, 2, 1, 16, True, sched=MAX_ILP),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, True, 234, 202, sched=ILP),

@@ -13,7 +13,9 @@ Triton):
   two matrix products read, one transposed, staged through LDS once);
 * ``hoist_rsrc``: the LLVM IR through ``llir.hoist_buffer_rsrc`` (buffer descriptors several
   loops build from one kernel argument built once at the entry; the value ``"all"``: every
-  descriptor of a kernel argument).
+  descriptor of a kernel argument);
+* ``buffer_soffset``: the LLVM IR through ``llir.buffer_soffset`` (a based buffer load's
+  scalar origin in the load's scalar offset, the argument's descriptor built once).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import hashlib
 import threading
 from pathlib import Path
 
-from .llir import hoist_buffer_rsrc
+from .llir import buffer_soffset, hoist_buffer_rsrc
 from .shared_operands import SHARE_TRANSPOSED, rewrite_module
 
 HOIST_RSRC = "hoist_rsrc"
+BUFFER_SOFFSET = "buffer_soffset"
 #: the compile options that name a rewrite (AMD targets only: ``compiler.triton_options``)
-REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED})
+REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET})
 #: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
 HOIST_VALUES = (True, "all")
 
@@ -62,6 +65,9 @@ def _hook(*args):
     if SHARE_TRANSPOSED in active and "ttgir" in stages:
         make_ttgir = stages["ttgir"]
         stages["ttgir"] = lambda src, metadata: rewrite_module(make_ttgir(src, metadata))
+    if BUFFER_SOFFSET in active and "llir" in stages:
+        make_soff = stages["llir"]
+        stages["llir"] = lambda src, metadata: buffer_soffset(make_soff(src, metadata))
     if HOIST_RSRC in active and "llir" in stages:
         make_llir = stages["llir"]
         every = active[HOIST_RSRC] == "all"

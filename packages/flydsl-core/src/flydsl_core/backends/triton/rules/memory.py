@@ -58,10 +58,25 @@ def _based_pointer(
     integer address so that Triton's pointer canonicalization cannot fold it back into the
     per-element offsets: the buffer load then takes that pointer as its base, and offsets
     that do not change across a loop are hoisted out of it whole. The pointer's alignment
-    (lost through the integer) is restated from the tensor's and the base's divisibility."""
+    (lost through the integer) is restated from the tensor's and the base's divisibility.
+    A scalar load's pointer is ``(tensor + base) + offs``, on every target (unless ``fold``
+    is False)."""
     ptr = cx.pnames[tensor.id]
     p = _param(cx, tensor)
     d = tensor.type.dtype
+    if fold and shape == ():
+        # a scalar load: the base added to the pointer first (through an integer address,
+        # which Triton's pointer canonicalization does not fold back into the offset), so
+        # that a base that does not change across a loop (a block table's row) is a pointer
+        # LLVM computes before it, and an offset it can prove non-negative (a page index) an
+        # SMEM load's scalar offset: gfx950 decode d64 page256, 7 -> 3 instructions per KV
+        # tile for the page id
+        bp = cx.tmp("base")
+        cx.emit(
+            f"{bp} = ({ptr}.to(tl.int64) + {cx.tensor(base)}.to(tl.int64) * {d.bits // 8})"
+            f".to(tl.pointer_type({tl_dtype(d)}))"
+        )
+        return f"{bp} + {cx.ref(offs)}"
     if (
         not fold
         or not (cx.target.has_buffer_ops and p is not None and p.facts.get("index_bits", 64) == 32)
