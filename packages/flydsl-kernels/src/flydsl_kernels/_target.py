@@ -53,6 +53,7 @@ AMD_ONLY_OPTIONS = frozenset(
         "llvm_fn_attrs",
         "hoist_rsrc",
         "share_transposed_operands",
+        "split_buffer_offsets",
     }
 )
 

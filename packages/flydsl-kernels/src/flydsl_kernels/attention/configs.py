@@ -94,6 +94,11 @@ class Config:
     #: Q and dO) staged through LDS once and read both ways (the core's TTGIR rewrite,
     #: ``flydsl_core.backends.triton.shared_operands``), where Triton 3.9 stages it twice
     share_t: bool = False
+    #: AMD: each unmasked buffer load in a loop whose offset is a scalar step plus the lanes'
+    #: own offsets takes the step as its scalar offset (``soffset``; the core's LLVM IR
+    #: rewrite, ``flydsl_core.backends.triton.llir.split_buffer_offsets``), where Triton 3.9
+    #: adds it to every lane's offset and shifts the sum into bytes on each trip
+    soffset: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -112,6 +117,8 @@ class Config:
             opts["hoist_rsrc"] = True if self.hoist_rsrc == "shared" else self.hoist_rsrc
         if self.share_t:
             opts["share_transposed_operands"] = True
+        if self.soffset:
+            opts["split_buffer_offsets"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -138,6 +145,8 @@ class Config:
             d["hoist_rsrc"] = self.hoist_rsrc
         if self.share_t:
             d["share_t"] = True
+        if self.soffset:
+            d["soffset"] = True
         return d
 
 
@@ -179,6 +188,7 @@ def _c(
     bl="shared",
     hr="",
     st=False,
+    so=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -196,6 +206,7 @@ def _c(
         bwd_loads=bl,
         hoist_rsrc=hr,
         share_t=st,
+        soffset=so,
         notes=notes,
     )
 
@@ -256,9 +267,24 @@ _GFX950 = {
     # their own (lgkmcnt), 229 -> 231; with V's load issued before K's, 238
     ("fwd", "d64"): _c(256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True),
     ("fwd", "d128"): _c(
-        256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr="shared"
+        256,
+        64,
+        8,
+        1,
+        32,
+        True,
+        228,
+        222,
+        6.94,
+        sched=COEXEC,
+        ls=True,
+        kt=True,
+        hr="shared",
+        so=True,
     ),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 257, 6.42, ls=True, kt=True, hr="shared"),
+    ("fwd", "d192"): _c(
+        256, 64, 8, 1, 32, True, 248, 250, 6.25, ls=True, kt=True, hr="shared", so=True
+    ),
     # d256 at 16 query rows a warp pays 3 LDS reads per MFMA-equivalent (K 1, V 2) and the
     # softcap case an exp, an add and a reciprocal per score (softcap_r; 1.75 per MFMA): 11.31 /
     # 12.62 at the report's softcap case. Tried there without a win at two waves (Triton 3.9):
@@ -267,7 +293,7 @@ _GFX950 = {
     # 8.06 with 329 registers (73 of them AGPRs), one wave per SIMD (model.OCCUPANCY_FLOOR): a
     # candidate to time on an MI355X, not one to ship untimed
     ("fwd", "d256"): _c(
-        128, 32, 8, 1, 16, True, 212, 152, 9.5, sched=ILP, ls=True, kt=True, hr="shared"
+        128, 32, 8, 1, 16, True, 212, 151, 9.44, sched=ILP, ls=True, kt=True, hr="shared", so=True
     ),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
@@ -304,7 +330,24 @@ _GFX950 = {
     # per-trip copies of dO's and the LSE rows' constant words): d64 200 -> 190 (gpt-oss 9.94
     # / 13.75 -> 9.69 / 13.5), d128 150 -> 146 (llama 9.38 -> 9.12), d192 222 -> 218, d256 145
     # -> 141; dQ d64 217 -> 213, d192 284 -> 280, d256 186 -> 182
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 190, 11.88, sched=ILP, st=True, hr="all"),
+    ("bwd_dkdv", "d64"): _c(
+        64, 128, 8, 1, 16, True, 218, 188, 11.75, sched=ILP, st=True, hr="all", so=True
+    ),
+    # Every loop's buffer loads take the uniform part of their offsets as the scalar offset
+    # (``so``: Config.soffset, the core's split_buffer_offsets), the lanes' part shifted once
+    # outside the loop: dK/dV d128's LSE and delta rows then share one vector offset (their
+    # 4 v_add_lshl per query step gone), the forward's K and V step one scalar offset. At the
+    # model problems (VGPRs, loop instructions): fwd d128 224 / 224 -> 228 / 222, d192 250 /
+    # 257 -> 248 / 250, d256 152 -> 151; dK/dV d64 190 -> 188, d128 146 -> 144 (9.12 -> 9.0),
+    # d192 234 / 218 -> 238 / 210, d256 206 / 141 -> 192 / 132; dQ d64 220 / 213 -> 224 / 212,
+    # d128 138 -> 137, d192 280 -> 275, d256 244 / 182 -> 240 / 181. The report's cases (main /
+    # worst per MFMA): llama fwd 7.0 / 9.44 -> 6.94 / 9.41, MLA 6.42 / 8.22 -> 6.25 / 8.05,
+    # softcap 11.31 / 12.62 -> 11.25 / 12.56, llama dK/dV 9.12 / 11.81 -> 9.0 / 11.56, dQ
+    # 5.75 -> 5.71; gpt-oss dK/dV 9.69 / 13.5 -> 9.12 / 13.12, dQ 9.5 / 12.46 -> 9.25 / 12.25.
+    # Decode and fwd d64 unchanged (left off). Off on gfx942 and gfx1250 (unchecked there).
+    # Split for dK/dV d128's LSE and delta rows alone: 143 (their second 16-row block's
+    # constant as the immediate offset instead of a scalar add: LLVM hoisted it into a VGPR of
+    # its own, 150 at 256 VGPRs; Q's and dO's rows split alone: 154 to 176, register copies)
     # dK/dV d128's LSE and delta rows cost 4 v_add_lshl and 2 s_add per query step (one
     # offset per plane and row block). Sharing them, tried without a win: the delta plane
     # passed as a second tensor at the LSE's offsets, 146 -> 151 (LLVM carried the offsets
@@ -315,21 +358,29 @@ _GFX950 = {
     # shift: no immediate offset). 64-row query steps spill (201 VGPRs; 1 under LLVM's default
     # scheduler, at 10.44)
     ("bwd_dkdv", "d128"): _c(
-        32, 128, 8, 1, 16, True, 242, 146, 9.12, sched=ILP, bl="own", st=True, hr="all"
+        32, 128, 8, 1, 16, True, 242, 144, 9.0, sched=ILP, bl="own", st=True, hr="all", so=True
     ),
     ("bwd_dkdv", "d192"): _c(
-        32, 128, 8, 1, 16, True, 234, 218, 10.9, sched=MAX_ILP, st=True, hr="all"
+        32, 128, 8, 1, 16, True, 238, 210, 10.5, sched=MAX_ILP, st=True, hr="all", so=True
     ),
-    ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 141, sched=ILP, st=True, hr="all"),
+    ("bwd_dkdv", "d256"): _c(
+        16, 64, 8, 1, 16, True, 192, 132, sched=ILP, st=True, hr="all", so=True
+    ),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
     # 10.21 -> 9.96 there, where coexec gave 10.62
     # dQ's K (q @ K^T and dS @ K) staged once too (share_t): d64 221 -> 217 (gpt-oss 9.54 /
     # 13.46 -> 9.5 / 12.46), d192 293 -> 284, d256 192 -> 186; not d128 (3 VGPR spills). dQ
     # d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 138
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 220, 213, 8.88, sched=ILP, st=True, hr="all"),
-    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 138, 5.75, sched=COEXEC, hr="shared"),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 240, 280, 8.75, st=True, hr="all"),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 182, 7.58, sched=ILP, st=True, hr="all"),
+    ("bwd_dq", "d64"): _c(
+        128, 64, 4, 1, 32, True, 224, 212, 8.83, sched=ILP, st=True, hr="all", so=True
+    ),
+    ("bwd_dq", "d128"): _c(
+        256, 32, 8, 1, 32, True, 246, 137, 5.71, sched=COEXEC, hr="shared", so=True
+    ),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 275, 8.59, st=True, hr="all", so=True),
+    ("bwd_dq", "d256"): _c(
+        128, 32, 8, 1, 16, True, 240, 181, 7.54, sched=ILP, st=True, hr="all", so=True
+    ),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
 #: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
@@ -475,6 +526,11 @@ _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
 _row_sums(_GFX1250)
 _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
+# the split buffer offsets (Config.soffset) are gfx950's: checked only there
+for _tab in (_GFX942, _GFX1250):
+    for _k, _v in list(_tab.items()):
+        if _v.soffset:
+            _tab[_k] = replace(_v, soffset=False)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {

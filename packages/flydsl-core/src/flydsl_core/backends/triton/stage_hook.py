@@ -13,7 +13,9 @@ Triton):
   two matrix products read, one transposed, staged through LDS once);
 * ``hoist_rsrc``: the LLVM IR through ``llir.hoist_buffer_rsrc`` (buffer descriptors several
   loops build from one kernel argument built once at the entry; the value ``"all"``: every
-  descriptor of a kernel argument).
+  descriptor of a kernel argument);
+* ``split_buffer_offsets``: the LLVM IR through ``llir.split_buffer_offsets`` (a loop's buffer
+  loads take the uniform part of their offsets as the scalar offset).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import hashlib
 import threading
 from pathlib import Path
 
-from .llir import hoist_buffer_rsrc
+from .llir import hoist_buffer_rsrc, split_buffer_offsets
 from .shared_operands import SHARE_TRANSPOSED, rewrite_module
 
 HOIST_RSRC = "hoist_rsrc"
+SPLIT_OFFSETS = "split_buffer_offsets"
 #: the compile options that name a rewrite (AMD targets only: ``compiler.triton_options``)
-REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED})
+REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, SPLIT_OFFSETS})
 #: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
 HOIST_VALUES = (True, "all")
 
@@ -66,6 +69,9 @@ def _hook(*args):
         make_llir = stages["llir"]
         every = active[HOIST_RSRC] == "all"
         stages["llir"] = lambda src, metadata: hoist_buffer_rsrc(make_llir(src, metadata), every)
+    if SPLIT_OFFSETS in active and "llir" in stages:
+        make_split = stages["llir"]
+        stages["llir"] = lambda src, metadata: split_buffer_offsets(make_split(src, metadata))
     return got
 
 
