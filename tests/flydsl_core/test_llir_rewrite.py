@@ -198,3 +198,118 @@ def test_the_soffset_option_is_amd_only():
     assert triton_options(get_target("gfx950"), {"buffer_soffset": True})["buffer_soffset"]
     with pytest.raises(CompileError, match="buffer_soffset"):
         triton_options(get_target("sm90"), {"buffer_soffset": True})
+
+
+# -- llir.split_buffer_offsets --------------------------------------------------------------------
+
+SPLIT_LOAD = "tail call <4 x float> @llvm.amdgcn.raw.ptr.buffer.load.v4f32(ptr addrspace(8) %r"
+# a loop (%loop) walking rows by a scalar step %i: an unmasked load of (i + base + lane) << 2,
+# a second block 16 rows on (lane | 16), a masked one, and loads this leaves alone (a
+# lanes' part computed in the loop, no shift, a nonzero soffset)
+SPLIT_IR = f"""\
+define amdgpu_kernel void @k(ptr addrspace(1) inreg %0, i32 inreg %1, i32 inreg %2) #0 {{
+  %r = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %0, i16 0, i64 2147483646, i32 159744)
+  %t = tail call i32 @llvm.amdgcn.workitem.id.x()
+  %w = tail call i32 @llvm.amdgcn.workgroup.id.x()
+  %lane = and i32 %t, 15
+  %lane16 = or disjoint i32 %lane, 16
+  %base = mul i32 %w, %2
+  br label %loop
+
+loop:
+  %i = phi i32 [ 0, %0 ], [ %next, %loop ]
+  %ib = add i32 %i, %base
+  %a = add i32 %ib, %lane
+  %a4 = shl i32 %a, 2
+  %x = {SPLIT_LOAD}, i32 %a4, i32 0, i32 0), !dbg !7
+  %b = add i32 %ib, %lane16
+  %b4 = shl i32 %b, 2
+  %y = {SPLIT_LOAD}, i32 %b4, i32 0, i32 0)
+  %m = icmp slt i32 %i, %1
+  %sel = select i1 %m, i32 %a4, i32 -2147483648
+  %z = {SPLIT_LOAD}, i32 %sel, i32 0, i32 0)
+  %tl = xor i32 %t, %i
+  %d = add i32 %i, %tl
+  %d4 = shl i32 %d, 2
+  %u = {SPLIT_LOAD}, i32 %d4, i32 0, i32 0)
+  %v = {SPLIT_LOAD}, i32 %a, i32 0, i32 0)
+  %s = {SPLIT_LOAD}, i32 %a4, i32 %1, i32 0)
+  %next = add i32 %i, 32
+  %c = icmp slt i32 %next, %1
+  br i1 %c, label %loop, label %exit
+
+exit:
+  ret void
+}}
+"""
+
+
+def _loads(text):
+    return re.findall(
+        r"^\s*(%\w+) = " + re.escape(SPLIT_LOAD) + r", i32 ([^,]+), i32 ([^,]+), i32 0\)",
+        text,
+        re.M,
+    )
+
+
+def test_split_buffer_offsets_moves_the_uniform_part_to_soffset():
+    from flydsl_core.backends.triton.llir import split_buffer_offsets
+
+    out = split_buffer_offsets(SPLIT_IR)
+    loads = {n: (vo, so) for n, vo, so in _loads(out)}
+    defs = dict(re.findall(r"^\s*(%[\w.]+) = (.*)$", out, re.M))
+    # the lanes' part shifted once, at its definition (before the loop), shared by both row
+    # blocks and the masked load; the second block's 16 rows go to the scalar side
+    vo = loads["%x"][0]
+    assert defs[vo] == "shl i32 %lane, 2" and out.index(vo + " =") < out.index("loop:")
+    assert loads["%y"][0] == vo
+    assert defs[loads["%z"][0]] == f"select i1 %m, i32 {vo}, i32 -2147483648"
+
+    def terms(v):  # the scalar offset's terms, expanded
+        e = defs.get(v, v)
+        if e.startswith("add i32 "):
+            a, b = e[8:].split(", ")
+            return terms(a) + terms(b)
+        return [e]
+
+    assert sorted(terms(loads["%x"][1])) == ["shl i32 %base, 2", "shl i32 %i, 2"]
+    assert sorted(terms(loads["%y"][1])) == ["64", "shl i32 %base, 2", "shl i32 %i, 2"]
+    assert sorted(terms(loads["%z"][1])) == ["shl i32 %base, 2", "shl i32 %i, 2"]
+    # left alone: a lanes' part the loop computes, no shift, a soffset already there
+    assert loads["%u"] == ("%d4", "0") and loads["%v"] == ("%a", "0")
+    assert loads["%s"] == ("%a4", "%1")
+    assert "!dbg !7" in out
+    assert split_buffer_offsets(out) == out  # nothing left to split
+
+
+def test_split_buffer_offsets_keeps_per_lane_phis_on_the_vector_side():
+    from flydsl_core.backends.triton.llir import split_buffer_offsets
+
+    # a divergent branch: phis may differ by lane, so %i is no longer uniform and the loads
+    # keep their offsets; one function per module only
+    div = SPLIT_IR.replace("%c = icmp slt i32 %next, %1", "%c = icmp slt i32 %next, %t")
+    assert split_buffer_offsets(div) == div
+    two = SPLIT_IR + SPLIT_IR.replace("@k(", "@k2(")
+    assert split_buffer_offsets(two) == two
+
+
+def test_split_buffer_offsets_refuses_a_negative_scalar_constant():
+    from flydsl_core.backends.triton.llir import split_buffer_offsets
+
+    # the lanes' part less 4 rows: moved to the unsigned scalar offset, the constant could
+    # wrap it where the whole offset did not, so those loads keep their offsets
+    neg = SPLIT_IR.replace("%lane16 = or disjoint i32 %lane, 16", "%lane16 = add i32 %lane, -4")
+    out = split_buffer_offsets(neg)
+    assert re.search(r"%y = .*, i32 %b4, i32 0, i32 0\)", out)
+    assert not re.search(r"%x = .*, i32 %a4, i32 0, i32 0\)", out)  # the others still split
+
+
+@pytest.mark.compile
+def test_split_buffer_offsets_option_on_amd_only():
+    from flydsl_core.backends.triton.compiler import CompileError, triton_options
+    from flydsl_core.targets import get_target
+
+    opts = triton_options(get_target("gfx950"), {"split_buffer_offsets": True})
+    assert opts["split_buffer_offsets"] is True
+    with pytest.raises(CompileError, match="split_buffer_offsets"):
+        triton_options(get_target("sm90"), {"split_buffer_offsets": True})

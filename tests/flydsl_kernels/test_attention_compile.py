@@ -10,12 +10,13 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 kind / head dim  tile (BM x BN, warps)               VGPR  loop instr  per MFMA
 ===============  ==================================  ====  ==========  ==============
 fwd d64          256x64, 8 (coexec, ls, kt)          154   182         11.38 / 15.38
-fwd d128         256x64, 8 (coexec, ls, kt, hr)      224   224         7.0 / 9.44
-fwd d192/128     256x64, 8 (ls, kt, hr)              250   257         6.42 / 8.22
-fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   152         9.5 / 10.75
-                 hr)
-bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st, hr)  242   146         9.12 / 11.81
-bwd dQ d128      256 q x 32 k, 8 (coexec, hr)        246   138         5.75 / 7.58
+fwd d128         256x64, 8 (coexec, ls, kt, hr, sp)  228   222         6.94 / 9.41
+fwd d192/128     256x64, 8 (ls, kt, hr, sp)          248   250         6.25 / 8.05
+fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   151         9.44 / 10.69
+                 hr, sp)
+bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st, hr,  242   144         9.0 / 11.56
+                 sp)
+bwd dQ d128      256 q x 32 k, 8 (coexec, hr, sp)    246   137         5.71 / 7.58
 decode d128      16 x 64, 1 (K lane, based, hr, so)  254   209         13.06 / 20.69
 ===============  ==================================  ====  ==========  ==============
 
@@ -25,7 +26,8 @@ interior KV tiles load K as K^T (``Config.k_t``); "hr": the buffer descriptors t
 share (dK/dV: every one) built once at the kernel's entry (``Config.hoist_rsrc``); "own": the
 backward's loads with their own offsets (``Config.bwd_loads``); "st": Q and dO staged through
 LDS once per query step (``Config.share_t``); "so": the KV loads' page origin in their scalar
-offset (``Config.soffset``).
+offset (``Config.soffset``); "sp": the loops' buffer loads with the uniform part of their
+offsets as the scalar offset (``Config.split_off``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
@@ -113,8 +115,10 @@ def test_lazy_rescale_is_skipped_per_wave_without_a_workgroup_vote():
 
 def test_prefill_k_and_v_share_their_offset_registers():
     # Fwd.BASED, unfolded (Fwd.FOLD_BASE False), with V's offsets from K's strides
-    # (Fwd.VK_STRIDES): the main loop's K and V loads take the same two offset registers, each
-    # carried across the loop with one add per trip, and no per-load address arithmetic
+    # (Fwd.VK_STRIDES): the main loop's K and V loads take the same two offset registers and
+    # no per-load address arithmetic; with Config.split_off (split_buffer_offsets) the key step
+    # is their one scalar offset, carried across the loop with one add per trip, and the two
+    # vector offsets stay put (before it: each carried with its own add)
     from flydsl_core.backends.triton.amdgcn import matrix_loops
 
     ck, _, _ = _compile("fwd", "d128")
@@ -125,7 +129,9 @@ def test_prefill_k_and_v_share_their_offset_registers():
     ops = main.mnemonics()
     assert "v_add_lshl_u32" not in ops and "s_mul_i32" not in ops, ops
     written = [o.split(",")[0].strip() for m, o in main.instructions if o]
-    assert all(written.count(r) == 1 for r in set(voffs)), voffs
+    soffs = {ops.split(",")[3].split()[0] for ops in loads}
+    assert len(soffs) == 1 and written.count(soffs.pop()) == 1, loads
+    assert not any(written.count(r) for r in set(voffs)), voffs
 
 
 def test_prefill_builds_k_and_v_descriptors_once_for_both_kv_loops():
@@ -192,6 +198,26 @@ def test_dkdv_stages_q_and_do_once():
     assert got[True][:2] == (2, 2) and got[True][2] > 0, got
     assert got[False][:2] == (8, 6) and got[False][2] == 0, got
     assert got[True][3] < got[False][3], got
+
+
+def test_dkdv_loads_take_the_query_step_as_their_scalar_offset():
+    # Config.split_off (the core's split_buffer_offsets): the main loop's buffer loads take the
+    # query step as their scalar offset; the LSE and delta rows' four loads share one vector
+    # offset (both planes, both 16-row blocks), with no per-trip address arithmetic on the
+    # vector unit
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    cfg = configs.TABLES["gfx950"][("bwd_dkdv", "d128")]
+    assert cfg.split_off
+    ck, fig, _ = _compile("bwd_dkdv", "d128")
+    ck0, fig0, _ = _compile("bwd_dkdv", "d128", replace(cfg, split_off=False))
+    main, main0 = matrix_loops(ck.stages()["amdgcn"])[1], matrix_loops(ck0.stages()["amdgcn"])[1]
+    loads = [ops.split(",") for m, ops in main.instructions if m.startswith("buffer_load")]
+    assert len(loads) == 6 and all(o[3].strip().startswith("s") for o in loads), loads
+    rows = [o for o in loads if o[2].strip() == loads[-1][2].strip()]  # the LSE / delta rows
+    assert len(rows) == 4 and len({o[1] for o in rows}) == 1, loads
+    assert "v_add_lshl_u32" not in main.mnemonics() and "v_add_lshl_u32" in main0.mnemonics()
+    assert fig["loop"] < fig0["loop"] and fig["vgpr"] <= 256 and not fig["spills"], (fig, fig0)
 
 
 def test_gpt_oss_sliding_window_backward_without_spills():

@@ -54,6 +54,7 @@ AMD_ONLY_OPTIONS = frozenset(
         "hoist_rsrc",
         "share_transposed_operands",
         "buffer_soffset",
+        "split_buffer_offsets",
     }
 )
 

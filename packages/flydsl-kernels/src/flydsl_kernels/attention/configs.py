@@ -104,6 +104,11 @@ class Config:
     #: rewrite): the page's 32-bit byte offset once per KV tile for both tensors, where a
     #: folded base built two 64-bit bases and their descriptors
     soffset: bool = False
+    #: AMD: each buffer load in a loop whose offset is a scalar step plus the lanes' own
+    #: offsets takes the step as its scalar offset (``soffset``; the core's LLVM IR rewrite,
+    #: ``flydsl_core.backends.triton.llir.split_buffer_offsets``), where Triton 3.9 adds it to
+    #: every lane's offset and shifts the sum into bytes on each trip
+    split_off: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -124,6 +129,8 @@ class Config:
             opts["share_transposed_operands"] = True
         if self.soffset:
             opts["buffer_soffset"] = True
+        if self.split_off:
+            opts["split_buffer_offsets"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -154,6 +161,8 @@ class Config:
             d["share_t"] = True
         if self.soffset:
             d["soffset"] = True
+        if self.split_off:
+            d["split_off"] = True
         return d
 
 
@@ -197,6 +206,7 @@ def _c(
     hr="",
     st=False,
     so=False,
+    sp=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -216,6 +226,7 @@ def _c(
         hoist_rsrc=hr,
         share_t=st,
         soffset=so,
+        split_off=sp,
         notes=notes,
     )
 
@@ -290,9 +301,24 @@ _GFX950 = {
         256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True, kte=True
     ),
     ("fwd", "d128"): _c(
-        256, 64, 8, 1, 32, True, 224, 224, 7.0, sched=COEXEC, ls=True, kt=True, hr="shared"
+        256,
+        64,
+        8,
+        1,
+        32,
+        True,
+        228,
+        222,
+        6.94,
+        sched=COEXEC,
+        ls=True,
+        kt=True,
+        hr="shared",
+        sp=True,
     ),
-    ("fwd", "d192"): _c(256, 64, 8, 1, 32, True, 250, 257, 6.42, ls=True, kt=True, hr="shared"),
+    ("fwd", "d192"): _c(
+        256, 64, 8, 1, 32, True, 248, 250, 6.25, ls=True, kt=True, hr="shared", sp=True
+    ),
     # d256 at 16 query rows a warp pays 3 LDS reads per MFMA-equivalent (K 1, V 2) and the
     # softcap case an exp, an add and a reciprocal per score (softcap_r; 1.75 per MFMA): 11.31 /
     # 12.62 at the report's softcap case. Tried there without a win at two waves (Triton 3.9):
@@ -301,7 +327,7 @@ _GFX950 = {
     # 8.06 with 329 registers (73 of them AGPRs), one wave per SIMD (model.OCCUPANCY_FLOOR): a
     # candidate to time on an MI355X, not one to ship untimed
     ("fwd", "d256"): _c(
-        128, 32, 8, 1, 16, True, 212, 152, 9.5, sched=ILP, ls=True, kt=True, hr="shared"
+        128, 32, 8, 1, 16, True, 212, 151, 9.44, sched=ILP, ls=True, kt=True, hr="shared", sp=True
     ),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
@@ -365,7 +391,28 @@ _GFX950 = {
     # per-trip copies of dO's and the LSE rows' constant words): d64 200 -> 190 (gpt-oss 9.94
     # / 13.75 -> 9.69 / 13.5), d128 150 -> 146 (llama 9.38 -> 9.12), d192 222 -> 218, d256 145
     # -> 141; dQ d64 217 -> 213, d192 284 -> 280, d256 186 -> 182
-    ("bwd_dkdv", "d64"): _c(64, 128, 8, 1, 16, True, 218, 190, 11.88, sched=ILP, st=True, hr="all"),
+    ("bwd_dkdv", "d64"): _c(
+        64, 128, 8, 1, 16, True, 218, 188, 11.75, sched=ILP, st=True, hr="all", sp=True
+    ),
+    # Every loop's buffer loads take the uniform part of their offsets as the scalar offset
+    # (``sp``: Config.split_off, the core's split_buffer_offsets), the lanes' part shifted once
+    # outside the loop: dK/dV d128's LSE and delta rows then share one vector offset (their
+    # 4 v_add_lshl per query step gone), the forward's K and V step one scalar offset. At the
+    # model problems (VGPRs, loop instructions): fwd d128 224 / 224 -> 228 / 222, d192 250 /
+    # 257 -> 248 / 250, d256 152 -> 151; dK/dV d64 190 -> 188, d128 146 -> 144 (9.12 -> 9.0),
+    # d192 234 / 218 -> 238 / 210; dQ d64 220 / 213 -> 224 / 212,
+    # d128 138 -> 137, d192 280 -> 275, d256 244 / 182 -> 240 / 181. The report's cases (main /
+    # worst per MFMA): llama fwd 7.0 / 9.44 -> 6.94 / 9.41, MLA 6.42 / 8.22 -> 6.25 / 8.05,
+    # softcap 11.31 / 12.62 -> 11.25 / 12.56, llama dK/dV 9.12 / 11.81 -> 9.0 / 11.56, dQ
+    # 5.75 -> 5.71; gpt-oss dK/dV 9.69 / 13.5 -> 9.12 / 13.12, dQ 9.5 / 12.46 -> 9.25 / 12.25.
+    # Decode and fwd d64 unchanged (left off). dK/dV d256 left off: 141 -> 132, but LLVM kept
+    # a masked loop's LSE offset in a VGPR and read it through two readfirstlane loops. Off on
+    # gfx942 and gfx1250 (unchecked there; at the model problems gfx942 fwd d128 288 -> 282,
+    # dK/dV d64 295 -> 291, d128 220 -> 236; gfx1250 fwd d64 473 -> 433, dK/dV d128 370 -> 355,
+    # dQ d128 512 -> 536).
+    # Split for dK/dV d128's LSE and delta rows alone: 143 (their second 16-row block's
+    # constant as the immediate offset instead of a scalar add: LLVM hoisted it into a VGPR of
+    # its own, 150 at 256 VGPRs; Q's and dO's rows split alone: 154 to 176, register copies)
     # dK/dV d128's LSE and delta rows cost 4 v_add_lshl and 2 s_add per query step (one
     # offset per plane and row block). Sharing them, tried without a win: the delta plane
     # passed as a second tensor at the LSE's offsets, 146 -> 151 (LLVM carried the offsets
@@ -376,10 +423,10 @@ _GFX950 = {
     # shift: no immediate offset). 64-row query steps spill (201 VGPRs; 1 under LLVM's default
     # scheduler, at 10.44)
     ("bwd_dkdv", "d128"): _c(
-        32, 128, 8, 1, 16, True, 242, 146, 9.12, sched=ILP, bl="own", st=True, hr="all"
+        32, 128, 8, 1, 16, True, 242, 144, 9.0, sched=ILP, bl="own", st=True, hr="all", sp=True
     ),
     ("bwd_dkdv", "d192"): _c(
-        32, 128, 8, 1, 16, True, 234, 218, 10.9, sched=MAX_ILP, st=True, hr="all"
+        32, 128, 8, 1, 16, True, 238, 210, 10.5, sched=MAX_ILP, st=True, hr="all", sp=True
     ),
     ("bwd_dkdv", "d256"): _c(16, 64, 8, 1, 16, True, 206, 141, sched=ILP, st=True, hr="all"),
     # iterative-ilp over coexec (9.38 here): gpt-oss's band tile (64 x 64, 2 warps) takes it,
@@ -387,10 +434,16 @@ _GFX950 = {
     # dQ's K (q @ K^T and dS @ K) staged once too (share_t): d64 221 -> 217 (gpt-oss 9.54 /
     # 13.46 -> 9.5 / 12.46), d192 293 -> 284, d256 192 -> 186; not d128 (3 VGPR spills). dQ
     # d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 138
-    ("bwd_dq", "d64"): _c(128, 64, 4, 1, 32, True, 220, 213, 8.88, sched=ILP, st=True, hr="all"),
-    ("bwd_dq", "d128"): _c(256, 32, 8, 1, 32, True, 246, 138, 5.75, sched=COEXEC, hr="shared"),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 240, 280, 8.75, st=True, hr="all"),
-    ("bwd_dq", "d256"): _c(128, 32, 8, 1, 16, True, 244, 182, 7.58, sched=ILP, st=True, hr="all"),
+    ("bwd_dq", "d64"): _c(
+        128, 64, 4, 1, 32, True, 224, 212, 8.83, sched=ILP, st=True, hr="all", sp=True
+    ),
+    ("bwd_dq", "d128"): _c(
+        256, 32, 8, 1, 32, True, 246, 137, 5.71, sched=COEXEC, hr="shared", sp=True
+    ),
+    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 275, 8.59, st=True, hr="all", sp=True),
+    ("bwd_dq", "d256"): _c(
+        128, 32, 8, 1, 16, True, 240, 181, 7.54, sched=ILP, st=True, hr="all", sp=True
+    ),
 }
 #: sm90 (H200): tiles that compile without spills there (checked: every entry, ptxas -v). The
 #: d128 entries are the fastest of ``tools/tune_attention.py``'s timed sweep on the H200
@@ -539,6 +592,11 @@ _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 # gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
 # masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)
 _GFX1250[("fwd", "d64")] = replace(_GFX1250[("fwd", "d64")], kt_edge=False)
+# the split buffer offsets (Config.split_off) are gfx950's: checked only there
+for _tab in (_GFX942, _GFX1250):
+    for _k, _v in list(_tab.items()):
+        if _v.split_off:
+            _tab[_k] = replace(_v, split_off=False)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {

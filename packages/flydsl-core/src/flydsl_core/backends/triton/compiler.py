@@ -50,7 +50,10 @@ _INTERNAL = {"arch", "backend_name", "warp_size", "extern_libs", "supported_fp8_
 #: AMD options of FlyDSL's own, applied around Triton's compile (``stage_hook``): ``hoist_rsrc``
 #: builds each buffer descriptor that loads of several loops share once at the kernel's entry
 #: (``llir.hoist_buffer_rsrc``); ``share_transposed_operands`` stages a tile two matrix
-#: products read, one transposed, through LDS once (``shared_operands``)
+#: products read, one transposed, through LDS once (``shared_operands``); ``buffer_soffset``
+#: reads a based buffer load through its argument's descriptor with the origin as the scalar
+#: offset (``llir.buffer_soffset``); ``split_buffer_offsets`` gives a loop's buffer loads the
+#: uniform part of their offsets as the scalar offset (``llir.split_buffer_offsets``)
 FLY_AMD_OPTIONS = stage_hook.REWRITES
 
 log = logging.getLogger(__name__)

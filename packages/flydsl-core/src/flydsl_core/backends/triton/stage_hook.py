@@ -15,7 +15,9 @@ Triton):
   loops build from one kernel argument built once at the entry; the value ``"all"``: every
   descriptor of a kernel argument);
 * ``buffer_soffset``: the LLVM IR through ``llir.buffer_soffset`` (a based buffer load's
-  scalar origin in the load's scalar offset, the argument's descriptor built once).
+  scalar origin in the load's scalar offset, the argument's descriptor built once);
+* ``split_buffer_offsets``: the LLVM IR through ``llir.split_buffer_offsets`` (a loop's buffer
+  loads take the uniform part of their offsets as the scalar offset).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import hashlib
 import threading
 from pathlib import Path
 
-from .llir import buffer_soffset, hoist_buffer_rsrc
+from .llir import buffer_soffset, hoist_buffer_rsrc, split_buffer_offsets
 from .shared_operands import SHARE_TRANSPOSED, rewrite_module
 
 HOIST_RSRC = "hoist_rsrc"
 BUFFER_SOFFSET = "buffer_soffset"
+SPLIT_OFFSETS = "split_buffer_offsets"
 #: the compile options that name a rewrite (AMD targets only: ``compiler.triton_options``)
-REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET})
+REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET, SPLIT_OFFSETS})
 #: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
 HOIST_VALUES = (True, "all")
 
@@ -72,6 +75,9 @@ def _hook(*args):
         make_llir = stages["llir"]
         every = active[HOIST_RSRC] == "all"
         stages["llir"] = lambda src, metadata: hoist_buffer_rsrc(make_llir(src, metadata), every)
+    if SPLIT_OFFSETS in active and "llir" in stages:
+        make_split = stages["llir"]
+        stages["llir"] = lambda src, metadata: split_buffer_offsets(make_split(src, metadata))
     return got
 
 
