@@ -297,8 +297,27 @@ _GFX950 = {
     # masked loops 274 / 270 -> 273 / 266 instructions per trip (gfx942: 620 -> 552, 4 -> 2
     # SGPR spills, main 512 -> 513; model problem 527 -> 529); gfx1250's took 3 -> 2 waves
     # with it, so not there
+    # With the split buffer offsets (sp) and every descriptor at the entry (hr "all"), which
+    # the split left room for: gpt-oss 273 / 198 / 262 -> 258 / 193 / 256 (12.38 / 17.06 ->
+    # 12.06 / 16.12, 166 VGPRs, 3 waves; hr "shared": 176, 2 waves), the model problem 182 ->
+    # 178. The left loop's 2 over 16 per MFMA are its masks: 32 v_cmp, 32 v_cndmask and the
+    # bound, 65 over the main loop's 193 (the right loop's 63, two waits fewer)
     ("fwd", "d64"): _c(
-        256, 64, 8, 1, 32, True, 154, 182, 11.38, sched=COEXEC, ls=True, kt=True, kte=True
+        256,
+        64,
+        8,
+        1,
+        32,
+        True,
+        152,
+        178,
+        11.12,
+        sched=COEXEC,
+        ls=True,
+        kt=True,
+        kte=True,
+        hr="all",
+        sp=True,
     ),
     ("fwd", "d128"): _c(
         256,
