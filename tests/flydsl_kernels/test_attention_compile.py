@@ -368,3 +368,27 @@ def test_decode_reads_pages_at_scalar_offsets():
     assert ops.count("s_addc_u32") < ops0.count("s_addc_u32") and ops.count("s_load_dword") == 1
     assert main.always < main0.always and fig["per_mfma"] < fig0["per_mfma"]
     assert fig["vgpr"] <= fig0["vgpr"] + 2 and not fig["scratch"]
+
+
+def _scalar_offset_entries():
+    tab = configs.TABLES["gfx950"]
+    return [k for k, v in tab.items() if v.split_off or v.soffset]
+
+
+@pytest.mark.parametrize("kind, dcls", _scalar_offset_entries())
+def test_scalar_offsets_leave_no_waterfall_loop(kind, dcls):
+    # the scalar-offset rewrites (Config.split_off, Config.soffset) hand LLVM values it must
+    # keep in SGPRs; one it cannot prove uniform is read through a waterfall loop
+    # (v_readfirstlane + s_and_saveexec per distinct value: correct, far slower), which gfx950's
+    # dK/dV d256 took with split_off (so not set there). No shipped entry may
+    ck, fig, _ = _compile(kind, dcls)
+    asm = ck.stages()["amdgcn"]
+    assert "s_and_saveexec" not in asm, (kind, dcls)
+    assert not fig["scratch"] and not fig["spills"]
+
+
+def test_the_waterfall_check_sees_one():
+    # the check above fails where a waterfall loop is there: dK/dV d256 with split_off
+    cfg = replace(configs.TABLES["gfx950"][("bwd_dkdv", "d256")], split_off=True)
+    ck, _, _ = _compile("bwd_dkdv", "d256", cfg)
+    assert "s_and_saveexec" in ck.stages()["amdgcn"]
