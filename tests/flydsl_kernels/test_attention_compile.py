@@ -371,24 +371,41 @@ def test_decode_reads_pages_at_scalar_offsets():
 
 
 def _scalar_offset_entries():
-    tab = configs.TABLES["gfx950"]
-    return [k for k, v in tab.items() if v.split_off or v.soffset]
+    return [
+        (t, *k)
+        for t in ("gfx950", "gfx942", "gfx1250")
+        for k, v in configs.TABLES[t].items()
+        if v.split_off or v.soffset
+    ]
 
 
-@pytest.mark.parametrize("kind, dcls", _scalar_offset_entries())
-def test_scalar_offsets_leave_no_waterfall_loop(kind, dcls):
+@pytest.mark.parametrize("target, kind, dcls", _scalar_offset_entries())
+def test_scalar_offsets_leave_no_waterfall_loop(target, kind, dcls):
     # the scalar-offset rewrites (Config.split_off, Config.soffset) hand LLVM values it must
     # keep in SGPRs; one it cannot prove uniform is read through a waterfall loop
     # (v_readfirstlane + s_and_saveexec per distinct value: correct, far slower), which gfx950's
-    # dK/dV d256 took with split_off (so not set there). No shipped entry may
-    ck, fig, _ = _compile(kind, dcls)
+    # dK/dV d256 took with split_off (so not set there; gfx942's dK/dV d128 to d256 too). No
+    # shipped entry of an AMD table may
+    ck, fig, _ = _compile(kind, dcls, target=target)
     asm = ck.stages()["amdgcn"]
-    assert "s_and_saveexec" not in asm, (kind, dcls)
+    assert "s_and_saveexec" not in asm, (target, kind, dcls)
     assert not fig["scratch"] and not fig["spills"]
 
 
-def test_the_waterfall_check_sees_one():
-    # the check above fails where a waterfall loop is there: dK/dV d256 with split_off
-    cfg = replace(configs.TABLES["gfx950"][("bwd_dkdv", "d256")], split_off=True)
-    ck, _, _ = _compile("bwd_dkdv", "d256", cfg)
+@pytest.mark.parametrize("target, kind, dcls", [("gfx950", "bwd_dkdv", "d256"),
+                                                 ("gfx942", "bwd_dkdv", "d128")])  # fmt: skip
+def test_the_waterfall_check_sees_one(target, kind, dcls):
+    # the check above fails where a waterfall loop is there: these entries with split_off
+    cfg = replace(configs.TABLES[target][(kind, dcls)], split_off=True)
+    ck, _, _ = _compile(kind, dcls, cfg, target=target)
     assert "s_and_saveexec" in ck.stages()["amdgcn"]
+
+
+def test_other_amd_tables_take_scalar_offsets_per_entry():
+    # gfx942 and gfx1250 set the rewrites per entry where they won there (configs.py notes),
+    # not gfx950's entries wholesale: one on and one off on each
+    t942, t1250 = configs.TABLES["gfx942"], configs.TABLES["gfx1250"]
+    assert t942[("fwd", "d128")].split_off and not t942[("bwd_dkdv", "d128")].split_off
+    assert t942[("decode", "d256")].soffset and not t942[("decode", "d128")].soffset
+    assert t1250[("bwd_dkdv", "d128")].split_off and not t1250[("bwd_dq", "d128")].split_off
+    assert t1250[("decode", "d64")].soffset and not t1250[("decode", "d128")].soffset

@@ -611,11 +611,60 @@ _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 # gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
 # masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)
 _GFX1250[("fwd", "d64")] = replace(_GFX1250[("fwd", "d64")], kt_edge=False)
-# the split buffer offsets (Config.split_off) are gfx950's: checked only there
-for _tab in (_GFX942, _GFX1250):
-    for _k, _v in list(_tab.items()):
-        if _v.split_off:
-            _tab[_k] = replace(_v, split_off=False)
+# The scalar buffer offsets (Config.split_off; decode: Config.soffset), set per entry where
+# neither the model problem nor any report case using the entry took more instructions in any
+# loop, with no spill, no scratch, no waterfall loop (s_and_saveexec) and no fewer waves.
+# Figures: loop instructions per trip (main / worst loop; dK/dV: left / main / right), before ->
+# after. gfx942: fwd d64 (with hr "shared" for gfx950's "all") gpt-oss's window tile 559 /
+# 513 / 548 -> 544 / 504 / 535 and its 3 SGPR spills gone (hr "all": 544 / 504 / 534, 3
+# spills), model problem 525 / 585 unchanged; fwd d128 with hr "shared" 288 / 346 -> 278 /
+# 340 (llama 9.0 / 10.81 -> 8.69 / 10.62 per MFMA; sp alone 282 / 340); fwd d192 321 -> 320
+# (MLA 16.05 -> 16.0); fwd d256 304 / 323 -> 298 / 316 (softcap 10.41 / 11.0 -> 10.22 /
+# 10.78); dK/dV d64 under gfx950's iterative-ilp 330 / 295 / 332 -> 328 / 291 / 324 (3 -> 4
+# waves; gpt-oss 330 / 295 / 332 -> 325 / 292 / 325; sp alone 338 / 291 / 326, iterative-ilp
+# alone 332 / 293 / 328, max-ilp with sp 315 / 280 / 316 at 2 waves); decode d192 284 / 329
+# -> 268 / 315, d256 327 / 399 -> 320 / 392 (pages of 16 to 256: each loop fewer). Left off:
+# dK/dV d128, d192, d256 (waterfall loops), dQ d64 241 -> 247, d128 356 -> 359, d192 295 ->
+# 298, d256 415 -> 426; decode so d64 347 -> 356, d128 256 -> 261
+_GFX942.update(
+    {
+        ("fwd", "d64"): replace(_GFX942[("fwd", "d64")], split_off=True, hoist_rsrc="shared"),
+        ("fwd", "d128"): replace(_GFX942[("fwd", "d128")], split_off=True, hoist_rsrc="shared"),
+        ("fwd", "d192"): replace(_GFX942[("fwd", "d192")], split_off=True),
+        ("fwd", "d256"): replace(_GFX942[("fwd", "d256")], split_off=True),
+        ("bwd_dkdv", "d64"): replace(_GFX942[("bwd_dkdv", "d64")], split_off=True, sched=ILP),
+        ("bwd_dq", "d128"): replace(_GFX942[("bwd_dq", "d128")], split_off=False),
+        ("decode", "d192"): replace(_GFX942[("decode", "d192")], soffset=True),
+        ("decode", "d256"): replace(_GFX942[("decode", "d256")], soffset=True),
+    }
+)
+# gfx1250: fwd d64 472 / 575 -> 432 / 548 (gpt-oss 752 / 574 / 706 -> 743 / 544 / 693); fwd
+# d128 with iterative-ilp 787 / 984 -> 717 / 850 (llama 24.59 / 30.75 -> 22.41 / 26.56 per
+# MFMA, non-causal 724 / 894 -> 717 / 815; sp alone took the non-causal main loop 724 -> 775,
+# with hr off 722; iterative-ilp alone 723 / 877); dK/dV d64 305 / 232 / 306 -> 285 / 232 /
+# 293 (gpt-oss 300 / 233 / 302 -> 285 / 232 / 289), d128 444 / 370 / 432 -> 440 / 355 / 431,
+# d256 373 / 318 / 373 -> 368 / 308 / 368; dQ d64 486 / 707 -> 483 / 687 (gpt-oss 642 / 497 /
+# 766 -> 638 / 483 / 746), d192 639 / 732 -> 608 / 707, d256 423 / 454 -> 407 / 444 (one wave
+# either way: BELOW_FLOOR); decode so d64 308 / 407 -> 302 / 401 (page256 311 / 413 -> 304 /
+# 406), d192 300 / 381 -> 289 / 370, d256 284 / 324 -> 277 / 307 (pages of 16 to 256: each
+# loop fewer). Left off: fwd d192 (model 270 / 315 -> 260 / 306 but MLA's masked loop 317 ->
+# 320; coexec with sp 270 / 298 at 3 waves, was 4), fwd d256 410 / 515 -> 406 / 523, dK/dV
+# d192 361 -> 368, dQ d128 512 -> 536, decode d128 so (page64's masked loop 411 -> 413; 402
+# -> 413 under iterative-ilp)
+_GFX1250.update(
+    {
+        ("fwd", "d128"): replace(_GFX1250[("fwd", "d128")], sched=ILP),
+        ("fwd", "d192"): replace(_GFX1250[("fwd", "d192")], split_off=False),
+        ("fwd", "d256"): replace(_GFX1250[("fwd", "d256")], split_off=False),
+        ("bwd_dkdv", "d64"): replace(_GFX1250[("bwd_dkdv", "d64")], split_off=True),
+        ("bwd_dkdv", "d192"): replace(_GFX1250[("bwd_dkdv", "d192")], split_off=False),
+        ("bwd_dkdv", "d256"): replace(_GFX1250[("bwd_dkdv", "d256")], split_off=True),
+        ("bwd_dq", "d256"): replace(_GFX1250[("bwd_dq", "d256")], split_off=True),
+        ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True),
+        ("decode", "d192"): replace(_GFX1250[("decode", "d192")], soffset=True),
+        ("decode", "d256"): replace(_GFX1250[("decode", "d256")], soffset=True),
+    }
+)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {
