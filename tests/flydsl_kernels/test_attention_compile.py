@@ -407,5 +407,5 @@ def test_other_amd_tables_take_scalar_offsets_per_entry():
     t942, t1250 = configs.TABLES["gfx942"], configs.TABLES["gfx1250"]
     assert t942[("fwd", "d128")].split_off and not t942[("bwd_dkdv", "d128")].split_off
     assert t942[("decode", "d256")].soffset and not t942[("decode", "d128")].soffset
-    assert t1250[("bwd_dkdv", "d128")].split_off and not t1250[("bwd_dq", "d128")].split_off
+    assert t1250[("bwd_dkdv", "d128")].split_off and not t1250[("fwd", "d192")].split_off
     assert t1250[("decode", "d64")].soffset and not t1250[("decode", "d128")].soffset

@@ -497,7 +497,8 @@ for _k in ("fwd", "decode", "bwd_dkdv", "bwd_dq"):  # MLA heads: the d256 tiles 
 def _default_sched(tab: dict) -> None:
     """``tab``'s entries with LLVM's default scheduler: the tables that start from gfx950's
     take its schedulers only where checked there (coexec is gfx950 / gfx1250 only in LLVM,
-    and the others spilled some of gfx942's and gfx1250's tiles)."""
+    and the others spilled some of gfx942's and gfx1250's tiles). gfx1250 then sets its own
+    per entry, each checked on gfx1250 (the notes at its overrides)."""
     for k, c in list(tab.items()):
         if c.sched:
             tab[k] = replace(c, sched="")
@@ -649,8 +650,8 @@ _GFX942.update(
 # 406), d192 300 / 381 -> 289 / 370, d256 284 / 324 -> 277 / 307 (pages of 16 to 256: each
 # loop fewer). Left off: fwd d192 (model 270 / 315 -> 260 / 306 but MLA's masked loop 317 ->
 # 320; coexec with sp 270 / 298 at 3 waves, was 4), fwd d256 410 / 515 -> 406 / 523, dK/dV
-# d192 361 -> 368, dQ d128 512 -> 536, decode d128 so (page64's masked loop 411 -> 413; 402
-# -> 413 under iterative-ilp)
+# d192 361 -> 368, dQ d128 512 -> 536 (these three take sp with iterative-ilp: below), decode
+# d128 so (page64's masked loop 411 -> 413; 402 -> 413 under iterative-ilp)
 _GFX1250.update(
     {
         ("fwd", "d128"): replace(_GFX1250[("fwd", "d128")], sched=ILP),
@@ -663,6 +664,51 @@ _GFX1250.update(
         ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True),
         ("decode", "d192"): replace(_GFX1250[("decode", "d192")], soffset=True),
         ("decode", "d256"): replace(_GFX1250[("decode", "d256")], soffset=True),
+    }
+)
+# gfx1250's schedulers per entry. ``_default_sched`` (above) drops gfx950's picks, which were
+# never checked here; these picks were checked here. Each entry compared LLVM's default,
+# iterative-ilp, max-ilp and coexec, with split_off on and off (decode: soffset). A pick is kept
+# only where neither the model problem nor any report case using the entry took more
+# instructions in any loop, with no spill, no scratch, no waterfall loop and no fewer waves
+# (decode: also pages of 16 and 256 at the model problem).
+# Figures: loop instructions per trip, before -> after.
+# - fwd d256, iterative-ilp with sp: 410 / 515 -> 347 / 404 (softcap 497 / 546 -> 421 / 473,
+#   31.06 / 34.12 -> 26.31 / 29.56 per MFMA; without sp 350 / 420, softcap 424 / 470).
+# - dK/dV d128, iterative-ilp: 440 / 355 / 431 -> 417 / 332 / 417 (llama the same, 3 waves;
+#   coexec 418 / 323 / 418 at 2).
+# - dK/dV d192, iterative-ilp with sp: 432 / 361 / 456 -> 377 / 291 / 387 (without sp 372 /
+#   307 / 380).
+# - dK/dV d256, iterative-ilp: 368 / 308 / 368 -> 325 / 276 / 315.
+# - dQ d64, iterative-ilp: 483 / 687 -> 475 / 678 (gpt-oss 638 / 483 / 746 -> 613 / 437 / 701).
+# - dQ d128, iterative-ilp with sp: 512 / 655 -> 441 / 525 (llama the same; without sp 456 /
+#   519, max-ilp 475 / 597, coexec 495 / 632).
+# - dQ d192, iterative-ilp: 608 / 707 -> 484 / 675.
+# - dQ d256, iterative-ilp: 407 / 444 -> 365 / 440 (one wave either way: BELOW_FLOOR; 577 ->
+#   720 VGPRs).
+# - decode d64, max-ilp: 302 / 401 -> 286 / 368 (page256 304 / 406 -> 289 / 369; page16 at the
+#   model problem 117 / 146 -> 118 / 140).
+# Left off:
+# - fwd d64: iterative-ilp with sp 432 / 548 -> 392 / 549, and gpt-oss went 3 -> 2 waves.
+# - fwd d128: max-ilp with sp 717 / 850 -> 695 / 942.
+# - fwd d192: every other scheduler took 4 -> 3 waves.
+# - dK/dV d64: iterative-ilp took gpt-oss 285 / 232 / 289 -> 308 / 238 / 306 (4 -> 3 waves).
+# - decode d128: iterative-ilp with so 326 / 409 -> 300 / 394, but page64's masked loop
+#   went 411 -> 413.
+# - decode d192: max-ilp 289 / 370 -> 276 / 377.
+# - decode d256: iterative-ilp 277 / 307 -> 288 / 311.
+# coexec compiled the same as the default at every decode entry, dK/dV d64, dQ d64 and dQ d256.
+_GFX1250.update(
+    {
+        ("fwd", "d256"): replace(_GFX1250[("fwd", "d256")], sched=ILP, split_off=True),
+        ("bwd_dkdv", "d128"): replace(_GFX1250[("bwd_dkdv", "d128")], sched=ILP),
+        ("bwd_dkdv", "d192"): replace(_GFX1250[("bwd_dkdv", "d192")], sched=ILP, split_off=True),
+        ("bwd_dkdv", "d256"): replace(_GFX1250[("bwd_dkdv", "d256")], sched=ILP),
+        ("bwd_dq", "d64"): replace(_GFX1250[("bwd_dq", "d64")], sched=ILP),
+        ("bwd_dq", "d128"): replace(_GFX1250[("bwd_dq", "d128")], sched=ILP, split_off=True),
+        ("bwd_dq", "d192"): replace(_GFX1250[("bwd_dq", "d192")], sched=ILP),
+        ("bwd_dq", "d256"): replace(_GFX1250[("bwd_dq", "d256")], sched=ILP),
+        ("decode", "d64"): replace(_GFX1250[("decode", "d64")], sched=MAX_ILP),
     }
 )
 
