@@ -154,6 +154,24 @@ def test_prefill_builds_k_and_v_descriptors_once_for_both_kv_loops():
     assert fig["vgpr"] <= fig0["vgpr"]
 
 
+def test_prefill_loads_q_in_the_mfma_lane_order():
+    # Config.q_lanes (common._load_q_lanes): gfx950's d64 entry loads Q as the QK MFMA's A
+    # operand takes it, so Q skips the LDS round trip the plain load took (its 4 writes and 4
+    # reads per lane, a barrier), and the loops take no more instructions for it
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    ck, fig, cfg = _compile("fwd", "d64")
+    ck0, fig0, _ = _compile("fwd", "d64", replace(cfg, q_lanes=0))
+    assert cfg.q_lanes and not configs.TABLES["gfx942"][("fwd", "d64")].q_lanes
+    asm, asm0 = ck.stages()["amdgcn"], ck0.stages()["amdgcn"]
+    for op in ("ds_write", "ds_read", "s_barrier"):
+        n, n0 = (len(re.findall(rf"^\s*{op}", a, re.M)) for a in (asm, asm0))
+        assert n < n0, (op, n, n0)
+    loops, loops0 = matrix_loops(asm), matrix_loops(asm0)
+    assert all(a.always <= b.always for a, b in zip(loops, loops0, strict=True))
+    assert fig["occ"] >= fig0["occ"] and not fig["spills"]
+
+
 def test_direct_to_lds_where_the_pipeline_allows_it():
     # two stages: K and V go global -> LDS with no VGPR round trip (buffer_load ... lds)
     _, fig, _ = _compile("fwd", "d128", configs.Config(256, 64, 8, 2, 32, lazy=False))

@@ -63,6 +63,36 @@ def _load_q(q, bq, row0, hk, g0, c0, cs, C, rmask, G):
     return view.load(m, bounds_check=False).reshape(C.BM, cs)
 
 
+def _load_q_lanes(q, bq, row0, hk, g0, c0, cs, C, nrows):
+    """``_load_q``'s ``(BM, cs)`` tile (``GP == 1``; the rows from ``nrows`` on masked), loaded
+    in the lane order of the ``C.KROWS`` MFMA's A operand with ``C.QLANES`` head dims per lane
+    and ``C.QWARPS`` warps along the rows: with ``ng = 64 / KROWS`` lane groups, as ``(BM /
+    (QWARPS KROWS), cs / (ng QLANES), QWARPS, ng, KROWS, QLANES)`` (row block, head-dim block,
+    warp, lane group, row, head dim) permuted back. The load's coalesced layout (``QLANES``
+    contiguous head dims per lane, lanes along the rows, then the groups, then the warps) is
+    then the operand's: the plain load took a round trip through LDS (its writes, a barrier,
+    its reads and their wait, which the first KV loop's barrier waited on again)."""
+    kw, nk, nw = C.QLANES, C.KROWS, C.QWARPS
+    ng = 64 // nk
+    kb = ng * kw
+    d = (
+        c0
+        + fly.arange(0, cs // kb)[None, :, None, None, None, None] * kb
+        + fly.arange(0, ng)[None, None, None, :, None, None] * kw
+        + fly.arange(0, kw)[None, None, None, None, None, :]
+    )
+    r = (
+        fly.arange(0, C.BM // (nw * nk))[:, None, None, None, None, None] * (nw * nk)
+        + fly.arange(0, nw)[None, None, :, None, None, None] * nk
+        + fly.arange(0, nk)[None, None, None, None, :, None]
+    )
+    m = r < nrows
+    if c0 + cs > C.D:
+        m = m & (d < C.D)
+    x = q.gather(bq, row0 + r, hk, g0, d).load(m, bounds_check=False)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(C.BM, cs)
+
+
 def _store_rows(o, bq, row0, hk, g0, c0, cs, C, val, rmask, G):
     """Store ``(BM, cs)`` rows with explicit masks only (rows, heads past ``G``, the head dim
     past ``DV``): no automatic bounds check, so the tensor's sizes need not stay live in scalar

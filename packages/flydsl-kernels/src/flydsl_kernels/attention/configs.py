@@ -109,6 +109,11 @@ class Config:
     #: ``flydsl_core.backends.triton.llir.split_buffer_offsets``), where Triton 3.9 adds it to
     #: every lane's offset and shifts the sum into bytes on each trip
     split_off: bool = False
+    #: prefill, one head per tile: Q loaded in the lane order of the QK MFMA's A operand with
+    #: this many head dims per lane (its k width: 8 for gfx950's bf16 MFMAs;
+    #: ``forward.Fwd.QLANES``, ``common._load_q_lanes``), so that it needs no round trip
+    #: through LDS; 0 the plain load
+    q_lanes: int = 0
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -163,6 +168,8 @@ class Config:
             d["soffset"] = True
         if self.split_off:
             d["split_off"] = True
+        if self.q_lanes:
+            d["q_lanes"] = self.q_lanes
         return d
 
 
@@ -207,6 +214,7 @@ def _c(
     st=False,
     so=False,
     sp=False,
+    ql=0,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -227,6 +235,7 @@ def _c(
         share_t=st,
         soffset=so,
         split_off=sp,
+        q_lanes=ql,
         notes=notes,
     )
 
@@ -302,6 +311,13 @@ _GFX950 = {
     # 12.06 / 16.12, 166 VGPRs, 3 waves; hr "shared": 176, 2 waves), the model problem 182 ->
     # 178. The left loop's 2 over 16 per MFMA are its masks: 32 v_cmp, 32 v_cndmask and the
     # bound, 65 over the main loop's 193 (the right loop's 63, two waits fewer)
+    # Q loaded in the QK MFMA's lane order (ql: Config.q_lanes): no LDS round trip for it,
+    # and the left loop's first barrier no longer waits on Q's reads: gpt-oss 258 / 193 / 256
+    # -> 257 / 193 / 256 (16.12 -> 16.06, 166 -> 168 VGPRs, 3 waves), the model problem 178
+    # -> 177 (152 -> 156 VGPRs, 3 waves). The lazy rescale's new max as the old one less
+    # alpha's exponent (a subtract for the tile max's multiply and a select) took every lazy
+    # loop 1 lower (gpt-oss 256 / 192 / 255) but is wrong from the first tile on: the old max
+    # is FP32_LOWEST there, and m + (m_tile - m) cancels to 0
     ("fwd", "d64"): _c(
         256,
         64,
@@ -318,6 +334,7 @@ _GFX950 = {
         kte=True,
         hr="all",
         sp=True,
+        ql=8,
     ),
     ("fwd", "d128"): _c(
         256,
@@ -533,6 +550,17 @@ def _row_sums(tab: dict) -> None:
             tab[k] = replace(c, lane_sums=False)
 
 
+def _plain_q(tab: dict) -> None:
+    """``tab``'s forward entries with Q's plain load: gfx950's ``q_lanes`` is its MFMAs' k
+    width (gfx942's bf16 MFMAs take 4 head dims per lane, gfx1250's wave32 WMMA another
+    order). With 4, gpt-oss's window tile (loops left / main / right, instructions per trip):
+    gfx942 544 / 504 / 535 -> 543 / 504 / 670 and an SGPR spill, gfx1250 743 / 544 / 693 ->
+    783 / 549 / 687."""
+    for k, c in list(tab.items()):
+        if c.q_lanes:
+            tab[k] = replace(c, q_lanes=0)
+
+
 _eager(_SM90)
 _default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for clarity
 
@@ -582,6 +610,7 @@ _GFX942[("bwd_dq", "d192")] = _c(64, 32, 4, 1, 16, True)
 _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
 _default_sched(_GFX942)
 _row_sums(_GFX942)
+_plain_q(_GFX942)
 _k_rows(_GFX942, [("fwd", "d192")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned.
 #: Their share_t (Q / dO or K staged once) holds here too: llama dK/dV 23.69 / 28.88 -> 23.38
@@ -608,6 +637,7 @@ _GFX1250[("bwd_dkdv", "d128")] = replace(_GFX1250[("bwd_dkdv", "d128")], bwd_loa
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
 _row_sums(_GFX1250)
+_plain_q(_GFX1250)
 _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 # gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
 # masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)

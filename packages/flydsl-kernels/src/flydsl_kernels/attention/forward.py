@@ -21,6 +21,7 @@ from .common import (
     _load_kT,
     _load_kv,
     _load_q,
+    _load_q_lanes,
     _load_v_blocks,
     _mask_scores,
     _nonzero,
@@ -82,6 +83,11 @@ class Fwd:
     #: head dims per lane (``common._load_k_lanes``; 0: the plain load). ``Config.klanes``
     KLANES: int = 0
     KROWS: int = 16  # that MFMA's rows and columns (16 or 32)
+    #: prefill with one head per tile (``GP == 1``): Q loaded in the lane order of the QK
+    #: MFMA's A operand with this many head dims per lane (``common._load_q_lanes``, the
+    #: ``KROWS`` MFMA, ``QWARPS`` warps along the rows); 0 the plain load. ``Config.q_lanes``
+    QLANES: int = 0
+    QWARPS: int = 1
     #: the softmax's row sums as ``(BM, LANE_SUM_N)`` partial sums (``Config.lane_sums``):
     #: a KV tile's keys are added within each lane, the sum across lanes runs once after the loop
     LANE_SUMS: bool = False
@@ -261,7 +267,12 @@ def _fwd_tile(
     if gr is None:
         h = fly.full((C.BM,), 0, fly.int32) + h
     off = sk - sq
-    qts = [_load_q(q, bq, q_off + i0, hk, g0, c0, cs, C, rmask, G) for c0, cs in chunks(C.D)]
+    if C.QLANES:
+        qts = [
+            _load_q_lanes(q, bq, q_off + i0, hk, g0, c0, cs, C, sq - i0) for c0, cs in chunks(C.D)
+        ]
+    else:
+        qts = [_load_q(q, bq, q_off + i0, hk, g0, c0, cs, C, rmask, G) for c0, cs in chunks(C.D)]
     slope = _per_head(alibi, b, hk, g0, C, G) if C.ALIBI else None
     if slope is not None and C.GP == 1:
         slope = fly.full((C.BM,), 0.0, fly.fp32) + slope

@@ -24,7 +24,7 @@ from flydsl_core import cdiv
 from .._target import buffer_ops, table_target
 from ..launch import Launch
 from . import configs
-from .common import BASED_STRIDE_MAX, PAGE_OFFSET_MAX, vblk_ok
+from .common import BASED_STRIDE_MAX, PAGE_OFFSET_MAX, chunks, vblk_ok
 from .kernels import (
     Bwd,
     Fwd,
@@ -266,6 +266,15 @@ def plan_forward(
     vblk = cfg.vblk if kind == "decode" and whole else 0
     if vblk and not vblk_ok(vblk, p.page_size, cfg.BN, p.head_dim_v):
         vblk = 0
+    # Q in the QK MFMA's lane order (Config.q_lanes): one head per tile, 16-bit operands, and
+    # whole lane-group blocks of head dims and warp row blocks (Triton's MFMA layout puts the
+    # warps along the rows: common._load_q_lanes)
+    qlanes = cfg.q_lanes if kind == "fwd" and GP == 1 and p.dtype != "fp32" else 0
+    if qlanes and not (
+        BM % (cfg.num_warps * cfg.nonkdim) == 0
+        and all(cs % (64 // cfg.nonkdim * qlanes) == 0 for _, cs in chunks(p.head_dim))
+    ):
+        qlanes = 0
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
     programs = p.batch * p.heads_k * NG * mblocks
@@ -311,6 +320,8 @@ def plan_forward(
         NARROW=narrow_band(p, BMS, cfg.BN, "fwd"),
         KLANES=klanes,
         KROWS=cfg.nonkdim,
+        QLANES=qlanes,
+        QWARPS=cfg.num_warps,
         LANE_SUMS=cfg.lane_sums and cfg.BN % 16 == 0,  # forward.LANE_SUM_N
         KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
         SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
