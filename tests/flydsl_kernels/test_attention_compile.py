@@ -172,6 +172,24 @@ def test_prefill_loads_q_in_the_mfma_lane_order():
     assert fig["occ"] >= fig0["occ"] and not fig["spills"]
 
 
+def test_prefill_waits_once_for_v_transposed_reads():
+    # Config.tr_wait (the core's wait_tr_reads, llir.wait_tr_reads): one lgkmcnt(0) before the
+    # P @ V MFMAs that read V through ds_read_b64_tr_b16, where LLVM waited before most of
+    # them, one read at a time: every KV loop of gfx950's d64 entry takes fewer waits and
+    # fewer instructions, the registers unchanged
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    ck, fig, cfg = _compile("fwd", "d64")
+    ck0, fig0, _ = _compile("fwd", "d64", replace(cfg, tr_wait=False))
+    assert cfg.tr_wait and "@llvm.amdgcn.s.waitcnt(i32 49279)" in ck.stages()["llir"]
+    loops, loops0 = matrix_loops(ck.stages()["amdgcn"]), matrix_loops(ck0.stages()["amdgcn"])
+    assert loops and len(loops) == len(loops0)
+    for lp, lp0 in zip(loops, loops0):
+        n, n0 = lp.mnemonics().count("s_waitcnt"), lp0.mnemonics().count("s_waitcnt")
+        assert n < n0 and lp.always < lp0.always, (n, n0, lp.always, lp0.always)
+    assert fig["vgpr"] <= fig0["vgpr"] and fig["occ"] >= fig0["occ"] and not fig["spills"]
+
+
 def test_direct_to_lds_where_the_pipeline_allows_it():
     # two stages: K and V go global -> LDS with no VGPR round trip (buffer_load ... lds)
     _, fig, _ = _compile("fwd", "d128", configs.Config(256, 64, 8, 2, 32, lazy=False))
