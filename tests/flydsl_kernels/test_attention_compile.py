@@ -10,13 +10,15 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 kind / head dim  tile (BM x BN, warps)               VGPR  loop instr  per MFMA
 ===============  ==================================  ====  ==========  ==============
 fwd d64          256x64, 8 (coexec, ls, kt)          154   182         11.38 / 15.38
-fwd d128         256x64, 8 (coexec, ls, kt, hr, sp)  228   222         6.94 / 9.41
-fwd d192/128     256x64, 8 (ls, kt, hr, sp)          248   250         6.25 / 8.05
+fwd d128         256x64, 8 (coexec, ls, kt, hr, sp,  228   219         6.84 / 9.31
+                 tw)
+fwd d192/128     256x64, 8 (ls, kt, hr, sp, tw)      248   247         6.17 / 7.90
 fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   151         9.44 / 10.69
                  hr, sp)
 bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st, hr,  242   144         9.0 / 11.56
                  sp)
-bwd dQ d128      256 q x 32 k, 8 (coexec, hr, sp)    246   137         5.71 / 7.58
+bwd dQ d128      256 q x 32 k, 8 (coexec, hr, sp,    246   133         5.54 / 7.42
+                 tw)
 decode d128      16 x 64, 1 (K lane, based, hr, so)  254   209         13.06 / 20.69
 ===============  ==================================  ====  ==========  ==============
 
@@ -27,7 +29,8 @@ share (dK/dV: every one) built once at the kernel's entry (``Config.hoist_rsrc``
 backward's loads with their own offsets (``Config.bwd_loads``); "st": Q and dO staged through
 LDS once per query step (``Config.share_t``); "so": the KV loads' page origin in their scalar
 offset (``Config.soffset``); "sp": the loops' buffer loads with the uniform part of their
-offsets as the scalar offset (``Config.split_off``).
+offsets as the scalar offset (``Config.split_off``); "tw": one LDS wait before the P @ V
+MFMAs that read V transposed (``Config.tr_wait``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
