@@ -313,3 +313,60 @@ def test_split_buffer_offsets_option_on_amd_only():
     assert opts["split_buffer_offsets"] is True
     with pytest.raises(CompileError, match="split_buffer_offsets"):
         triton_options(get_target("sm90"), {"split_buffer_offsets": True})
+
+
+# -- llir.wait_tr_reads ---------------------------------------------------------------------------
+
+MFMA = "tail call <16 x float> @llvm.amdgcn.mfma.f32.32x32x16.bf16"
+TR = "tail call <4 x bfloat> @llvm.amdgcn.ds.read.tr16.b64.v4bf16"
+# two transposed reads make V's operand of two chained MFMAs; %q's MFMA (no LDS read) comes
+# before them; a second tile's read after the first wait needs one of its own
+TR_IR = f"""\
+target triple = "amdgpu9.50-amd-amdhsa"
+
+define amdgpu_kernel void @k(ptr addrspace(3) %p, <8 x bfloat> %q, <8 x bfloat> %b) #0 {{
+  %r0 = {TR}(ptr addrspace(3) %p)
+  %r1 = {TR}(ptr addrspace(3) %p)
+  %s = {MFMA}(<8 x bfloat> %q, <8 x bfloat> %b, <16 x float> zeroinitializer, i32 0, i32 0, i32 0)
+  %v = shufflevector <4 x bfloat> %r0, <4 x bfloat> %r1, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>
+  %a0 = {MFMA}(<8 x bfloat> %v, <8 x bfloat> %b, <16 x float> %s, i32 0, i32 0, i32 0), !dbg !9
+  %a1 = {MFMA}(<8 x bfloat> %v, <8 x bfloat> %b, <16 x float> %a0, i32 0, i32 0, i32 0)
+  %r2 = {TR}(ptr addrspace(3) %p)
+  %w = shufflevector <4 x bfloat> %r2, <4 x bfloat> %r1, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>
+  %a2 = {MFMA}(<8 x bfloat> %b, <8 x bfloat> %w, <16 x float> %a1, i32 0, i32 0, i32 0)
+  ret void
+}}
+"""
+WAIT = "call void @llvm.amdgcn.s.waitcnt(i32 49279)"  # lgkmcnt(0) alone: 0xC07F
+
+
+def test_one_lds_wait_before_the_mfmas_of_transposed_reads():
+    from flydsl_core.backends.triton.llir import LGKMCNT0_GFX9, wait_tr_reads
+
+    assert LGKMCNT0_GFX9 == 49279
+    out = wait_tr_reads(TR_IR)
+    lines = [ln.strip() for ln in out.splitlines()]
+    waits = [i for i, ln in enumerate(lines) if ln == WAIT]
+    at = {ln.split(" =")[0]: i for i, ln in enumerate(lines) if " = " in ln}
+    # before %a0 (the first MFMA of %r0 / %r1) and %a2 (%r2's, a B operand), not %s or %a1
+    assert waits == [at["%a0"] - 1, at["%a2"] - 1], out
+    assert out.count("declare void @llvm.amdgcn.s.waitcnt(i32)") == 1
+    kept = [ln for ln in lines if ln and ln != WAIT]  # nothing else changed
+    assert kept == [ln.strip() for ln in TR_IR.splitlines() if ln.strip()] + [
+        "declare void @llvm.amdgcn.s.waitcnt(i32)"
+    ]
+    assert wait_tr_reads(out) == out  # idempotent
+    other = TR_IR.replace("amdgpu9.50", "amdgpu12.50")  # gfx1250's counters differ: untouched
+    assert wait_tr_reads(other) == other
+    plain = TR_IR.replace("ds.read.tr16.b64.v4bf16", "ds.read.b64.v4bf16")  # no transposed read
+    assert wait_tr_reads(plain) == plain
+
+
+@pytest.mark.compile
+def test_wait_tr_reads_option_on_amd_only():
+    from flydsl_core.backends.triton.compiler import CompileError, triton_options
+    from flydsl_core.targets import get_target
+
+    assert triton_options(get_target("gfx950"), {"wait_tr_reads": True})["wait_tr_reads"] is True
+    with pytest.raises(CompileError, match="wait_tr_reads"):
+        triton_options(get_target("sm90"), {"wait_tr_reads": True})

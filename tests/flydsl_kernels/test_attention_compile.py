@@ -9,15 +9,17 @@ instructions per useful 32x32x16 MFMA-equivalent (``model.useful_mfma``), main /
 ===============  ==================================  ====  ==========  ==============
 kind / head dim  tile (BM x BN, warps)               VGPR  loop instr  per MFMA
 ===============  ==================================  ====  ==========  ==============
-fwd d64          256x64, 8 (coexec, ls, kt, hr, sp,  156   177         11.06 / 15.12
-                 ql)
-fwd d128         256x64, 8 (coexec, ls, kt, hr, sp)  228   222         6.94 / 9.41
-fwd d192/128     256x64, 8 (ls, kt, hr, sp)          248   250         6.25 / 8.05
+fwd d64          256x64, 8 (coexec, ls, kt, hr, sp,  156   173         10.81 / 14.88
+                 ql, tw)
+fwd d128         256x64, 8 (coexec, ls, kt, hr, sp,  228   219         6.84 / 9.31
+                 tw)
+fwd d192/128     256x64, 8 (ls, kt, hr, sp, tw)      248   247         6.17 / 7.90
 fwd d256         128x32, 8 (16x16x32, ilp, ls, kt,   212   151         9.44 / 10.69
                  hr, sp)
 bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st, hr,  242   144         9.0 / 11.56
                  sp)
-bwd dQ d128      256 q x 32 k, 8 (coexec, hr, sp)    246   137         5.71 / 7.58
+bwd dQ d128      256 q x 32 k, 8 (coexec, hr, sp,    246   133         5.54 / 7.42
+                 tw)
 decode d128      16 x 64, 1 (K lane, based, hr, so)  254   209         13.06 / 20.69
 ===============  ==================================  ====  ==========  ==============
 
@@ -29,7 +31,8 @@ backward's loads with their own offsets (``Config.bwd_loads``); "st": Q and dO s
 LDS once per query step (``Config.share_t``); "so": the KV loads' page origin in their scalar
 offset (``Config.soffset``); "sp": the loops' buffer loads with the uniform part of their
 offsets as the scalar offset (``Config.split_off``); "ql": Q loaded in the QK MFMA's lane
-order (``Config.q_lanes``).
+order (``Config.q_lanes``); "tw": one LDS wait before the P @ V MFMAs that read V transposed
+(``Config.tr_wait``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
@@ -172,6 +175,24 @@ def test_prefill_loads_q_in_the_mfma_lane_order():
     loops, loops0 = matrix_loops(asm), matrix_loops(asm0)
     assert all(a.always <= b.always for a, b in zip(loops, loops0, strict=True))
     assert fig["occ"] >= fig0["occ"] and not fig["spills"]
+
+
+def test_prefill_waits_once_for_v_transposed_reads():
+    # Config.tr_wait (the core's wait_tr_reads, llir.wait_tr_reads): one lgkmcnt(0) before the
+    # P @ V MFMAs that read V through ds_read_b64_tr_b16, where LLVM waited before most of
+    # them, one read at a time: every KV loop of gfx950's d64 entry takes fewer waits and
+    # fewer instructions, the registers unchanged
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    ck, fig, cfg = _compile("fwd", "d64")
+    ck0, fig0, _ = _compile("fwd", "d64", replace(cfg, tr_wait=False))
+    assert cfg.tr_wait and "@llvm.amdgcn.s.waitcnt(i32 49279)" in ck.stages()["llir"]
+    loops, loops0 = matrix_loops(ck.stages()["amdgcn"]), matrix_loops(ck0.stages()["amdgcn"])
+    assert loops and len(loops) == len(loops0)
+    for lp, lp0 in zip(loops, loops0):
+        n, n0 = lp.mnemonics().count("s_waitcnt"), lp0.mnemonics().count("s_waitcnt")
+        assert n < n0 and lp.always < lp0.always, (n, n0, lp.always, lp0.always)
+    assert fig["vgpr"] <= fig0["vgpr"] and fig["occ"] >= fig0["occ"] and not fig["spills"]
 
 
 def test_direct_to_lds_where_the_pipeline_allows_it():

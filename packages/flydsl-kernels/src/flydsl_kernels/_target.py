@@ -55,6 +55,7 @@ AMD_ONLY_OPTIONS = frozenset(
         "share_transposed_operands",
         "buffer_soffset",
         "split_buffer_offsets",
+        "wait_tr_reads",
     }
 )
 

@@ -114,6 +114,11 @@ class Config:
     #: ``forward.Fwd.QLANES``, ``common._load_q_lanes``), so that it needs no round trip
     #: through LDS; 0 the plain load
     q_lanes: int = 0
+    #: AMD gfx9: one ``s_waitcnt lgkmcnt(0)`` before the P @ V MFMAs that take V's transposed
+    #: LDS reads (gfx950's ``ds_read_b64_tr_b16``; the core's LLVM IR rewrite,
+    #: ``flydsl_core.backends.triton.llir.wait_tr_reads``), where LLVM waited before most of
+    #: them one read at a time
+    tr_wait: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -136,6 +141,8 @@ class Config:
             opts["buffer_soffset"] = True
         if self.split_off:
             opts["split_buffer_offsets"] = True
+        if self.tr_wait:
+            opts["wait_tr_reads"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -170,6 +177,8 @@ class Config:
             d["split_off"] = True
         if self.q_lanes:
             d["q_lanes"] = self.q_lanes
+        if self.tr_wait:
+            d["tr_wait"] = True
         return d
 
 
@@ -215,6 +224,7 @@ def _c(
     so=False,
     sp=False,
     ql=0,
+    tw=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -236,6 +246,7 @@ def _c(
         soffset=so,
         split_off=sp,
         q_lanes=ql,
+        tr_wait=tw,
         notes=notes,
     )
 
@@ -318,6 +329,17 @@ _GFX950 = {
     # alpha's exponent (a subtract for the tile max's multiply and a select) took every lazy
     # loop 1 lower (gpt-oss 256 / 192 / 255) but is wrong from the first tile on: the old max
     # is FP32_LOWEST there, and m + (m_tile - m) cancels to 0
+    # One s_waitcnt lgkmcnt(0) before the P @ V MFMAs (tw: Config.tr_wait, the core's
+    # wait_tr_reads), where LLVM's wait insertion waited on V's ds_read_b64_tr_b16 one read at a
+    # time before most of the 8 MFMAs (6 waits in gpt-oss's left and main loops, 5 in the right
+    # one; 2 with it), all long returned by then (issued before the softmax): gpt-oss 257 / 193
+    # / 256 -> 253 / 189 / 253 (16.06 -> 15.81, 168 VGPRs, 3 waves), the model problems fwd d64
+    # 177 -> 173, d128 222 -> 219 (llama 6.94 / 9.41 -> 6.84 / 9.31), d192 250 -> 247 (MLA 6.25
+    # / 7.97 -> 6.17 / 7.9), dQ d128 137 -> 133 (5.71 / 7.58 -> 5.54 / 7.42), registers
+    # unchanged. Not taken: fwd d256 151 -> 152, dK/dV d64 188 -> 193 (218 -> 226 VGPRs), d128
+    # 144 -> 145, dQ d64 212 -> 212, decode d128 209 -> 505 (its reads right before the MFMAs).
+    # Tried first: the P @ V MFMAs interleaved in the LLVM IR as the right loop orders them
+    # (acc0 k0, acc1 k0, acc0 k1, ...): LLVM's scheduler reorders them back, 257 / 193 / 256
     ("fwd", "d64"): _c(
         256,
         64,
@@ -326,8 +348,8 @@ _GFX950 = {
         32,
         True,
         156,
-        177,
-        11.06,
+        173,
+        10.81,
         sched=COEXEC,
         ls=True,
         kt=True,
@@ -335,6 +357,7 @@ _GFX950 = {
         hr="all",
         sp=True,
         ql=8,
+        tw=True,
     ),
     ("fwd", "d128"): _c(
         256,
@@ -344,16 +367,17 @@ _GFX950 = {
         32,
         True,
         228,
-        222,
-        6.94,
+        219,
+        6.84,
         sched=COEXEC,
         ls=True,
         kt=True,
         hr="shared",
         sp=True,
+        tw=True,
     ),
     ("fwd", "d192"): _c(
-        256, 64, 8, 1, 32, True, 248, 250, 6.25, ls=True, kt=True, hr="shared", sp=True
+        256, 64, 8, 1, 32, True, 248, 247, 6.17, ls=True, kt=True, hr="shared", sp=True, tw=True
     ),
     # d256 at 16 query rows a warp pays 3 LDS reads per MFMA-equivalent (K 1, V 2) and the
     # softcap case an exp, an add and a reciprocal per score (softcap_r; 1.75 per MFMA): 11.31 /
@@ -473,7 +497,7 @@ _GFX950 = {
         128, 64, 4, 1, 32, True, 224, 212, 8.83, sched=ILP, st=True, hr="all", sp=True
     ),
     ("bwd_dq", "d128"): _c(
-        256, 32, 8, 1, 32, True, 246, 137, 5.71, sched=COEXEC, hr="shared", sp=True
+        256, 32, 8, 1, 32, True, 246, 133, 5.54, sched=COEXEC, hr="shared", sp=True, tw=True
     ),
     ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 275, 8.59, st=True, hr="all", sp=True),
     ("bwd_dq", "d256"): _c(
@@ -549,6 +573,15 @@ def _row_sums(tab: dict) -> None:
             tab[k] = replace(c, lane_sums=False)
 
 
+def _no_tr_wait(tab: dict) -> None:
+    """``tab``'s entries without ``tr_wait``: gfx950's transposed LDS reads (the rewrite finds
+    none on gfx942 and leaves gfx1250's text alone: its own wait counters), dropped for
+    clarity."""
+    for k, c in list(tab.items()):
+        if c.tr_wait:
+            tab[k] = replace(c, tr_wait=False)
+
+
 def _plain_q(tab: dict) -> None:
     """``tab``'s forward entries with Q's plain load: gfx950's ``q_lanes`` is its MFMAs' k
     width (gfx942's bf16 MFMAs take 4 head dims per lane, gfx1250's wave32 WMMA another
@@ -610,6 +643,7 @@ _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d25
 _default_sched(_GFX942)
 _row_sums(_GFX942)
 _plain_q(_GFX942)
+_no_tr_wait(_GFX942)
 _k_rows(_GFX942, [("fwd", "d192")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned.
 #: Their share_t (Q / dO or K staged once) holds here too: llama dK/dV 23.69 / 28.88 -> 23.38
@@ -637,6 +671,7 @@ _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
 _default_sched(_GFX1250)
 _row_sums(_GFX1250)
 _plain_q(_GFX1250)
+_no_tr_wait(_GFX1250)
 _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 # gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
 # masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)

@@ -23,6 +23,9 @@ in the text is left as it is.
 
 ``split_buffer_offsets``: a loop's buffer loads take the uniform part of their offsets as the
 scalar offset (below).
+
+``wait_tr_reads``: one wait for LDS before the matrix products that read transposed LDS reads
+(below).
 """
 
 from __future__ import annotations
@@ -508,3 +511,62 @@ def _uniform(defs, args, body: str) -> set[str]:
     if any(c not in uni and c not in args for c in conds):
         uni = closure(n for n in cand if _opcode(defs[n][1]) != "phi")
     return uni
+
+
+#: a matrix op's call: its result and its first two (matrix) operands
+_MFMA_CALL = re.compile(
+    rf"^\s*{_NAME} = (?:tail )?call [^@]*@llvm\.amdgcn\.mfma\.[\w.]+\(<\d+ x \w+> ({_NAME}), "
+    rf"<\d+ x \w+> ({_NAME}),"
+)
+_TR_READ = re.compile(rf"^\s*({_NAME}) = (?:tail )?call [^@]*@llvm\.amdgcn\.ds\.read\.tr")
+_SHUFFLE = re.compile(
+    rf"^\s*({_NAME}) = shufflevector <\d+ x \w+> ({_NAME}), <\d+ x \w+> ({_NAME}),"
+)
+#: gfx9's ``s_waitcnt`` immediate for ``lgkmcnt(0)`` alone: vmcnt (bits 3:0 and 15:14) and
+#: expcnt (6:4) at their maxima, which wait on nothing
+LGKMCNT0_GFX9 = 0xC07F
+_WAITCNT_DECL = "declare void @llvm.amdgcn.s.waitcnt(i32)"
+
+
+def wait_tr_reads(llir: str) -> str:
+    """``llir`` with an ``s_waitcnt lgkmcnt(0)`` (``llvm.amdgcn.s.waitcnt``) before the first
+    matrix op that takes a transposed LDS read (``llvm.amdgcn.ds.read.tr*``, directly or
+    through a ``shufflevector`` of two) issued since the last such wait; gfx9 targets only
+    (another target's text comes back unchanged).
+
+    gfx950's P @ V reads V with ``ds_read_b64_tr_b16``, two per MFMA operand, issued before the
+    softmax that makes P; the MFMAs come after it. LLVM's wait insertion counts outstanding LDS
+    reads, not time: in the order the scheduler leaves reads and MFMAs, it put one
+    ``s_waitcnt lgkmcnt(n)`` before most of the 8 MFMAs (gpt-oss's window tile: 6 in the left
+    and main loops, 5 in the right one) although every read had long returned. One wait for
+    all of them, which the scheduler keeps after the reads (a wait is ordered with memory
+    operations) and the wait insertion merges with its own: 2 per loop. A wait only ever
+    delays, so the results are unchanged."""
+    if not re.search(r'target triple = "amdgpu9\.|"target-cpu"="gfx9', llir):
+        return llir
+    lines = llir.split("\n")
+    parts: dict[str, tuple[str, str]] = {}  # shufflevector -> its two inputs
+    unwaited: set[str] = set()  # transposed reads issued since the last wait
+    out = []
+    for ln in lines:
+        m = _MFMA_CALL.match(ln)
+        if m and unwaited:
+            srcs = set()
+            for o in m.groups():
+                srcs.update(parts.get(o, (o,)))
+            if srcs & unwaited:
+                out.append(f"  call void @llvm.amdgcn.s.waitcnt(i32 {LGKMCNT0_GFX9})")
+                unwaited.clear()
+        out.append(ln)
+        if "@llvm.amdgcn.s.waitcnt(" in ln and not ln.lstrip().startswith("declare"):
+            unwaited.clear()  # a wait already there (this rewrite's own, run twice)
+        elif t := _TR_READ.match(ln):
+            unwaited.add(t.group(1))
+        elif sh := _SHUFFLE.match(ln):
+            parts[sh.group(1)] = (sh.group(2), sh.group(3))
+    if len(out) == len(lines):
+        return llir
+    text = "\n".join(out)
+    if _WAITCNT_DECL not in text:
+        text = text.rstrip("\n") + f"\n\n{_WAITCNT_DECL}\n"
+    return text

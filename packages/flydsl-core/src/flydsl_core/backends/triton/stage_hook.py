@@ -17,7 +17,9 @@ Triton):
 * ``buffer_soffset``: the LLVM IR through ``llir.buffer_soffset`` (a based buffer load's
   scalar origin in the load's scalar offset, the argument's descriptor built once);
 * ``split_buffer_offsets``: the LLVM IR through ``llir.split_buffer_offsets`` (a loop's buffer
-  loads take the uniform part of their offsets as the scalar offset).
+  loads take the uniform part of their offsets as the scalar offset);
+* ``wait_tr_reads``: the LLVM IR through ``llir.wait_tr_reads`` (one LDS wait before the matrix
+  products that read transposed LDS reads, gfx9).
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ import hashlib
 import threading
 from pathlib import Path
 
-from .llir import buffer_soffset, hoist_buffer_rsrc, split_buffer_offsets
+from .llir import buffer_soffset, hoist_buffer_rsrc, split_buffer_offsets, wait_tr_reads
 from .shared_operands import SHARE_TRANSPOSED, rewrite_module
 
 HOIST_RSRC = "hoist_rsrc"
 BUFFER_SOFFSET = "buffer_soffset"
 SPLIT_OFFSETS = "split_buffer_offsets"
+WAIT_TR = "wait_tr_reads"
 #: the compile options that name a rewrite (AMD targets only: ``compiler.triton_options``)
-REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET, SPLIT_OFFSETS})
+REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET, SPLIT_OFFSETS, WAIT_TR})
 #: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
 HOIST_VALUES = (True, "all")
 
@@ -78,6 +81,9 @@ def _hook(*args):
     if SPLIT_OFFSETS in active and "llir" in stages:
         make_split = stages["llir"]
         stages["llir"] = lambda src, metadata: split_buffer_offsets(make_split(src, metadata))
+    if WAIT_TR in active and "llir" in stages:
+        make_wait = stages["llir"]
+        stages["llir"] = lambda src, metadata: wait_tr_reads(make_wait(src, metadata))
     return got
 
 
