@@ -91,22 +91,35 @@ def hoist_buffer_rsrc(llir: str, every: bool = False) -> str:
     return "\n".join(out)
 
 
-def _build(name, p, stride, rtype, records, flags):
+def _build(name, p, stride, rtype, records, flags, pure=False):
     """The lines that build descriptor ``name`` at the entry. Its two constant words come
     from their own ``s_mov_b32`` each (inline asm: opaque to LLVM, so never merged with
     another descriptor's): with the constants shared, the register allocator copied them
     into the second descriptor's register tuple on every trip of a loop that used both
-    (gfx950 llama forward, V's: 2 ``s_mov_b32`` per trip)."""
+    (gfx950 llama forward, V's: 2 ``s_mov_b32`` per trip).
+
+    ``pure`` (``buffer_soffset``): the asm reads and writes no memory (``memory(none)``), each
+    call naming its descriptor in a comment so that LLVM merges no two. A side-effecting asm
+    call at the entry counted as a possible store before every load of the kernel, and LLVM
+    read the block table with vector loads (their page offset then divergent: a waterfall
+    loop per buffer load); gfx950 decode d64 page256 without the asm words: the V
+    descriptor's two shared words copied every trip (268 -> 266)."""
     n = name[1:]
     if not (0 <= int(records) < 1 << 32):  # an i64 count past 32 bits stays a constant
         return [
             f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
             f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {records}, i32 {flags})"
         ]
-    words = [
-        f'  %{n}.records = call i32 asm sideeffect "s_mov_b32 $0, {int(records) & 0xFFFFFFFF:#x}", "=s"()',
-        f'  %{n}.flags = call i32 asm sideeffect "s_mov_b32 $0, {int(flags) & 0xFFFFFFFF:#x}", "=s"()',
-    ]
+
+    def word(what, value):
+        if pure:
+            return (
+                f'  %{n}.{what} = call i32 asm "s_mov_b32 $0, {value:#x} ; {n}", "=s"() '
+                "nounwind memory(none)"
+            )
+        return f'  %{n}.{what} = call i32 asm sideeffect "s_mov_b32 $0, {value:#x}", "=s"()'
+
+    words = [word("records", int(records)), word("flags", int(flags) & 0xFFFFFFFF)]
     rec = f"%{n}.records"
     if rtype == "i64":
         words.append(f"  %{n}.records64 = zext i32 %{n}.records to i64")
@@ -224,37 +237,8 @@ def buffer_soffset(llir: str) -> str:
             )
         out.append(s)
         out.extend(after.get(i, ()))
-    out[d + 1 : d + 1] = [s for key, name in shared.items() for s in _build_pure(name, *key)]
+    out[d + 1 : d + 1] = [s for key, name in shared.items() for s in _build(name, *key, pure=True)]
     return "\n".join(out)
-
-
-def _build_pure(name, p, stride, rtype, records, flags):
-    """``_build``'s descriptor with its constant words from inline asm that reads and writes no
-    memory (``memory(none)``), each naming its descriptor in a comment so that LLVM merges no
-    two: a side-effecting asm call at the entry counted as a possible store before every
-    load of the kernel, and LLVM read the block table with vector loads (their page offset then
-    divergent: a waterfall loop per buffer load). gfx950 decode d64 page256: the V
-    descriptor's two shared words copied every trip without them (268 -> 266)."""
-    n = name[1:]
-    if not (0 <= int(records) < 1 << 32):
-        return [
-            f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
-            f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {records}, i32 {flags})"
-        ]
-    pure = "nounwind memory(none)"
-    lines = [
-        f'  %{n}.records = call i32 asm "s_mov_b32 $0, {int(records):#x} ; {n}", "=s"() {pure}',
-        f'  %{n}.flags = call i32 asm "s_mov_b32 $0, {int(flags) & 0xFFFFFFFF:#x} ; {n}", "=s"() {pure}',
-    ]
-    rec = f"%{n}.records"
-    if rtype == "i64":
-        lines.append(f"  %{n}.records64 = zext i32 %{n}.records to i64")
-        rec = f"%{n}.records64"
-    return [
-        *lines,
-        f"  {name} = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1("
-        f"ptr addrspace(1) {p}, i16 {stride}, {rtype} {rec}, i32 %{n}.flags)",
-    ]
 
 
 # -- buffer offsets split into their uniform and per-lane parts --------------------------------

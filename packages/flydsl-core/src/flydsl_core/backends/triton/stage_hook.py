@@ -40,6 +40,14 @@ WAIT_TR = "wait_tr_reads"
 REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET, SPLIT_OFFSETS, WAIT_TR})
 #: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
 HOIST_VALUES = (True, "all")
+#: the LLVM IR rewrites in the order they run on Triton's ``llir`` stage: each takes the text
+#: and its option's value
+LLIR_REWRITES = (
+    (BUFFER_SOFFSET, lambda text, value: buffer_soffset(text)),
+    (HOIST_RSRC, lambda text, value: hoist_buffer_rsrc(text, value == "all")),
+    (SPLIT_OFFSETS, lambda text, value: split_buffer_offsets(text)),
+    (WAIT_TR, lambda text, value: wait_tr_reads(text)),
+)
 
 #: a part of Triton's cache key for a rewriting compile: changes with the rewrites' code
 _KEY = hashlib.sha256(
@@ -71,19 +79,17 @@ def _hook(*args):
     if SHARE_TRANSPOSED in active and "ttgir" in stages:
         make_ttgir = stages["ttgir"]
         stages["ttgir"] = lambda src, metadata: rewrite_module(make_ttgir(src, metadata))
-    if BUFFER_SOFFSET in active and "llir" in stages:
-        make_soff = stages["llir"]
-        stages["llir"] = lambda src, metadata: buffer_soffset(make_soff(src, metadata))
-    if HOIST_RSRC in active and "llir" in stages:
+    chosen = [(rewrite, active[name]) for name, rewrite in LLIR_REWRITES if name in active]
+    if chosen and "llir" in stages:
         make_llir = stages["llir"]
-        every = active[HOIST_RSRC] == "all"
-        stages["llir"] = lambda src, metadata: hoist_buffer_rsrc(make_llir(src, metadata), every)
-    if SPLIT_OFFSETS in active and "llir" in stages:
-        make_split = stages["llir"]
-        stages["llir"] = lambda src, metadata: split_buffer_offsets(make_split(src, metadata))
-    if WAIT_TR in active and "llir" in stages:
-        make_wait = stages["llir"]
-        stages["llir"] = lambda src, metadata: wait_tr_reads(make_wait(src, metadata))
+
+        def llir(src, metadata):
+            text = make_llir(src, metadata)
+            for rewrite, value in chosen:
+                text = rewrite(text, value)
+            return text
+
+        stages["llir"] = llir
     return got
 
 
