@@ -43,6 +43,15 @@ _RSRC = re.compile(
 _VALUE = r"(?![-\w.$])"  # a value name ends where no name character follows
 
 
+def _one_definition(lines: list[str]) -> int | None:
+    """The line of the text's one function definition (its body opened on that line), or None
+    where there is none or more than one: every rewrite here reads a single kernel."""
+    defines = [i for i, s in enumerate(lines) if s.startswith("define ")]
+    if len(defines) != 1 or not lines[defines[0]].rstrip().endswith("{"):
+        return None
+    return defines[0]
+
+
 def hoist_buffer_rsrc(llir: str, every: bool = False) -> str:
     """``llir`` with every buffer descriptor of a kernel argument and constants that is built
     more than once (``every``: every one) built once, at the start of the kernel's entry block,
@@ -56,10 +65,9 @@ def hoist_buffer_rsrc(llir: str, every: bool = False) -> str:
     llama dK/dV 150 -> 146 loop instructions per trip. Elsewhere it can cost (the forward's
     masked loop, decode page64: one more), so it is its own choice."""
     lines = llir.split("\n")
-    defines = [i for i, s in enumerate(lines) if s.startswith("define ")]
-    if len(defines) != 1 or not lines[defines[0]].rstrip().endswith("{"):
+    d = _one_definition(lines)
+    if d is None:
         return llir
-    d = defines[0]
     args = set(re.findall(r"%\d+" + _VALUE, lines[d]))
     found = [(i, _RSRC.match(s)) for i, s in enumerate(lines) if i > d]
     found = [(i, m) for i, m in found if m is not None and m.group(2) in args]
@@ -164,10 +172,9 @@ def buffer_soffset(llir: str) -> str:
     wrap. A descriptor with any other use (a store, a nonzero scalar offset) is left alone, as
     is text with more than one function definition."""
     lines = llir.split("\n")
-    defines = [i for i, s in enumerate(lines) if s.startswith("define ")]
-    if len(defines) != 1 or not lines[defines[0]].rstrip().endswith("{"):
+    d = _one_definition(lines)
+    if d is None:
         return llir
-    d = defines[0]
     args = set(re.findall(r"%\d+" + _VALUE, lines[d]))
     defs = {}
     for s in lines[d + 1 :]:
@@ -334,10 +341,9 @@ def split_buffer_offsets(llir: str) -> str:
     a part this finds uniform that LLVM does not would be read through a readfirstlane loop
     (correct, slower). Text with more than one function definition comes back unchanged."""
     lines = llir.split("\n")
-    defines = [i for i, s in enumerate(lines) if s.startswith("define ")]
-    if len(defines) != 1 or not lines[defines[0]].rstrip().endswith("{"):
+    d = _one_definition(lines)
+    if d is None:
         return llir
-    d = defines[0]
     end = next((i for i in range(d + 1, len(lines)) if lines[i].startswith("}")), len(lines))
     args = set(re.findall(_NAME + _VALUE, lines[d].split("(", 1)[1]))
     defs: dict[str, tuple[int, str, str]] = {}  # name -> (line, text without metadata, block)
