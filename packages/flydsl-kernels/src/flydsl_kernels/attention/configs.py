@@ -33,7 +33,7 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .._target import compiler_options
 from .._target import num_cus as _num_cus
@@ -46,6 +46,10 @@ PERSIST_WAVES = 4
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+#: the ``Config`` fields ``as_dict`` always reports (the rest only where not at their default)
+_ALWAYS = ("BM", "BN", "num_warps", "num_stages", "nonkdim")
 
 
 @dataclass(frozen=True)
@@ -146,39 +150,13 @@ class Config:
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
-        d = {"BM": self.BM, "BN": self.BN, "num_warps": self.num_warps}
-        d["num_stages"] = self.num_stages
-        d["nonkdim"] = self.nonkdim
-        if self.waves_per_eu:
-            d["waves_per_eu"] = self.waves_per_eu
-        if not self.lazy:
-            d["lazy"] = False
-        if self.sched:
-            d["sched"] = self.sched
-        if self.klanes:
-            d["klanes"] = self.klanes
-        if self.lane_sums:
-            d["lane_sums"] = True
-        if self.vblk:
-            d["vblk"] = self.vblk
-        if self.k_t:
-            d["k_t"] = True
-        if self.kt_edge:
-            d["kt_edge"] = True
-        if self.bwd_loads != "shared":
-            d["bwd_loads"] = self.bwd_loads
-        if self.hoist_rsrc:
-            d["hoist_rsrc"] = self.hoist_rsrc
-        if self.share_t:
-            d["share_t"] = True
-        if self.soffset:
-            d["soffset"] = True
-        if self.split_off:
-            d["split_off"] = True
-        if self.q_lanes:
-            d["q_lanes"] = self.q_lanes
-        if self.tr_wait:
-            d["tr_wait"] = True
+        """The tile and launch fields, then every other field that is not at its default (the
+        notes aside), in the class's order."""
+        d = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in _ALWAYS or (f.name != "notes" and v != f.default):
+                d[f.name] = v
         return d
 
 
@@ -534,14 +512,13 @@ for _k in ("fwd", "decode", "bwd_dkdv", "bwd_dq"):  # MLA heads: the d256 tiles 
     _SM90[(_k, "d192")] = _SM90[(_k, "d256")]
 
 
-def _default_sched(tab: dict) -> None:
-    """``tab``'s entries with LLVM's default scheduler: the tables that start from gfx950's
-    take its schedulers only where checked there (coexec is gfx950 / gfx1250 only in LLVM,
-    and the others spilled some of gfx942's and gfx1250's tiles). gfx1250 then sets its own
-    per entry, each checked on gfx1250 (the notes at its overrides)."""
+def _reset(tab: dict, name: str) -> None:
+    """``tab``'s entries with the field ``name`` back at ``Config``'s default, for the tables
+    that start from gfx950's (each call says why)."""
+    default = next(f.default for f in fields(Config) if f.name == name)
     for k, c in list(tab.items()):
-        if c.sched:
-            tab[k] = replace(c, sched="")
+        if getattr(c, name) != default:
+            tab[k] = replace(c, **{name: default})
 
 
 def _eager(tab: dict, keys=None) -> None:
@@ -573,28 +550,12 @@ def _row_sums(tab: dict) -> None:
             tab[k] = replace(c, lane_sums=False)
 
 
-def _no_tr_wait(tab: dict) -> None:
-    """``tab``'s entries without ``tr_wait``: gfx950's transposed LDS reads (the rewrite finds
-    none on gfx942 and leaves gfx1250's text alone: its own wait counters), dropped for
-    clarity."""
-    for k, c in list(tab.items()):
-        if c.tr_wait:
-            tab[k] = replace(c, tr_wait=False)
-
-
-def _plain_q(tab: dict) -> None:
-    """``tab``'s forward entries with Q's plain load: gfx950's ``q_lanes`` is its MFMAs' k
-    width (gfx942's bf16 MFMAs take 4 head dims per lane, gfx1250's wave32 WMMA another
-    order). With 4, gpt-oss's window tile (loops left / main / right, instructions per trip):
-    gfx942 544 / 504 / 535 -> 543 / 504 / 670 and an SGPR spill, gfx1250 743 / 544 / 693 ->
-    783 / 549 / 687."""
-    for k, c in list(tab.items()):
-        if c.q_lanes:
-            tab[k] = replace(c, q_lanes=0)
-
-
 _eager(_SM90)
-_default_sched(_SM90)  # an AMD option: ignored on NVIDIA targets, dropped for clarity
+# LLVM's default scheduler: the tables that start from gfx950's take its schedulers only where
+# checked there (coexec is gfx950 / gfx1250 only in LLVM, and the others spilled some of
+# gfx942's and gfx1250's tiles). gfx1250 then sets its own per entry, each checked on gfx1250
+# (the notes at its overrides).
+_reset(_SM90, "sched")  # an AMD option: ignored on NVIDIA targets, dropped for clarity
 
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
@@ -640,10 +601,16 @@ _GFX942[("bwd_dq", "d192")] = _c(64, 32, 4, 1, 16, True)
 # the lazy rescale's asm fits the forward's d64 and d128 tiles here (d128: 10.63 -> 9.59 loop
 # instructions per 32x32x8 MFMA); elsewhere LLVM's registers miss its guard (plain multiplies)
 _eager(_GFX942, [k for k in _GFX942 if k[0] == "decode" or k[1] in ("d192", "d256")])
-_default_sched(_GFX942)
+_reset(_GFX942, "sched")
 _row_sums(_GFX942)
-_plain_q(_GFX942)
-_no_tr_wait(_GFX942)
+# Q's plain load in the forward: gfx950's ``q_lanes`` is its MFMAs' k width
+# (gfx942's bf16 MFMAs take 4 head dims per lane, gfx1250's wave32 WMMA another order). With 4,
+# gpt-oss's window tile (loops left / main / right, instructions per trip): gfx942 544 / 504 /
+# 535 -> 543 / 504 / 670 and an SGPR spill, gfx1250 743 / 544 / 693 -> 783 / 549 / 687.
+_reset(_GFX942, "q_lanes")
+# no ``tr_wait``: it is for gfx950's transposed LDS reads (the rewrite finds none on gfx942 and
+# leaves gfx1250's text alone: its own wait counters), dropped for clarity.
+_reset(_GFX942, "tr_wait")
 _k_rows(_GFX942, [("fwd", "d192")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned.
 #: Their share_t (Q / dO or K staged once) holds here too: llama dK/dV 23.69 / 28.88 -> 23.38
@@ -668,10 +635,10 @@ _GFX1250 = {
 # shared based loads (Config.bwd_loads) on gfx950's dK/dV d128 tile: main loop 384 -> 379
 _GFX1250[("bwd_dkdv", "d128")] = replace(_GFX1250[("bwd_dkdv", "d128")], bwd_loads="shared")
 _eager(_GFX1250)  # wave32: no skipping asm (Target.has_wave_skip_asm)
-_default_sched(_GFX1250)
+_reset(_GFX1250, "sched")
 _row_sums(_GFX1250)
-_plain_q(_GFX1250)
-_no_tr_wait(_GFX1250)
+_reset(_GFX1250, "q_lanes")
+_reset(_GFX1250, "tr_wait")
 _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 # gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
 # masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)
@@ -730,8 +697,8 @@ _GFX1250.update(
         ("decode", "d256"): replace(_GFX1250[("decode", "d256")], soffset=True),
     }
 )
-# gfx1250's schedulers per entry. ``_default_sched`` (above) drops gfx950's picks, which were
-# never checked here; these picks were checked here. Each entry compared LLVM's default,
+# gfx1250's schedulers per entry. ``_reset(_GFX1250, "sched")`` (above) drops gfx950's picks,
+# which were never checked here; these picks were checked here. Each entry compared LLVM's default,
 # iterative-ilp, max-ilp and coexec, with split_off on and off (decode: soffset). A pick is kept
 # only where neither the model problem nor any report case using the entry took more
 # instructions in any loop, with no spill, no scratch, no waterfall loop and no fewer waves
