@@ -33,11 +33,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-#: a descriptor from a kernel argument and constants: name, then its operands (pointer,
-#: stride, records' type and value, flags)
+#: a buffer descriptor built from a pointer and constants: name, then its operands (pointer,
+#: stride, records' type and value, flags); hoist_buffer_rsrc keeps those of a kernel argument
 _RSRC = re.compile(
     r"^\s*(%[-\w.$]+) = (?:tail )?call ptr addrspace\(8\) "
-    r"@llvm\.amdgcn\.make\.buffer\.rsrc\.p8\.p1\(ptr addrspace\(1\) (%\d+), "
+    r"@llvm\.amdgcn\.make\.buffer\.rsrc\.p8\.p1\(ptr addrspace\(1\) (%[-\w.$]+), "
     r"i16 (-?\d+), (i32|i64) (-?\d+), i32 (-?\d+)\)(?:, !dbg !\d+)?\s*$"
 )
 _VALUE = r"(?![-\w.$])"  # a value name ends where no name character follows
@@ -139,13 +139,6 @@ def _build(name, p, stride, rtype, records, flags, pure=False):
     ]
 
 
-#: a descriptor of any pointer (name, pointer, then stride, records' type and value, flags)
-_RSRC_ANY = re.compile(
-    r"^\s*(%[-\w.$]+) = (?:tail )?call ptr addrspace\(8\) "
-    r"@llvm\.amdgcn\.make\.buffer\.rsrc\.p8\.p1\(ptr addrspace\(1\) (%[-\w.$]+), "
-    r"i16 (-?\d+), (i32|i64) (-?\d+), i32 (-?\d+)\)(?:, !dbg !\d+)?\s*$"
-)
-_DEF = re.compile(r"^\s*(%[-\w.$]+) = (.*?)(?:, !dbg !\d+)?\s*$")
 #: a buffer load through a descriptor with no scalar offset: prefix, descriptor, voffset
 _LOAD0 = re.compile(
     r"(@llvm\.amdgcn\.raw\.ptr\.buffer\.load\.[\w.]+\(ptr addrspace\(8\) )"
@@ -178,9 +171,9 @@ def buffer_soffset(llir: str) -> str:
     args = set(re.findall(r"%\d+" + _VALUE, lines[d]))
     defs = {}
     for s in lines[d + 1 :]:
-        m = _DEF.match(s)
+        m = _DEF_LINE.match(s)
         if m:
-            defs[m.group(1)] = m.group(2)
+            defs[m.group(1)] = _bare(m.group(2))
 
     def origin(p):
         """(argument, X, k) of a pointer ``inttoptr(ptrtoint(arg) + (ext X << k))``, or None."""
@@ -203,7 +196,7 @@ def buffer_soffset(llir: str) -> str:
     # descriptors to redirect: old name -> (shared descriptor's name, this one's soffset name)
     found = {}
     for i, s in enumerate(lines):
-        m = _RSRC_ANY.match(s) if i > d else None
+        m = _RSRC.match(s) if i > d else None
         o = m and origin(m.group(2))
         if o:
             found[m.group(1)] = (i, o, m.groups()[2:])
