@@ -657,6 +657,77 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
     assert plan.plan_forward(p, target, config=cfg).C.LANE_SUMS
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "page, d, g_, sq, bn, klanes, lazy, extra, fold",
+    [(0, 64, 8, 1, 64, 8, False, "sinks", 2), (128, 64, 4, 1, 64, 8, True, "softcap", 4),
+     (256, 48, 2, 1, 128, 8, False, "window", 8), (0, 80, 1, 2, 32, 0, True, "sinks", 2),
+     (64, 64, 3, 1, 64, 4, False, "window-sinks", 4), (0, 32, 8, 1, 64, 8, True, "scale", 2)],
+)  # fmt: skip
+def test_decode_folded_rows_match_the_reference(
+    target, page, d, g_, sq, bn, klanes, lazy, extra, fold
+):
+    # Config.fold (Fwd.FOLD): the MFMA rows the group leaves spare take the tile's other key
+    # blocks, each row copy its own online softmax merged after the loop. Groups of 8, 4
+    # (3 rounded up), 2 and 1 (two query positions), copies of 16 to 64 keys, dense and
+    # paged caches; lengths of 0 (the empty row: output 0, LSE +inf), 1, and ending inside a
+    # copy's block; sinks (counted once, in copy 0), softcap, a sliding window (masked tiles'
+    # per-copy keys), a scale below 1; split-KV on top; both rescales
+    g = gen(140 + page + d + g_)
+    B, Hk, S = 4, 2, 512
+    H = Hk * g_
+    q = rand(B, sq, H, d, g=g, scale=2.0)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([0, 1, 75, 509], dtype=torch.int32)
+    kw = {}
+    if "sinks" in extra:
+        kw["sinks"] = torch.randn(H, generator=g)
+    if extra == "softcap":
+        kw["softcap"] = 7.5
+    if "window" in extra:
+        kw["window_size"] = (40, 0)
+    if extra == "scale":
+        kw["softmax_scale"] = 0.05
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens, **kw)
+    kc, vc, table = _paged(kfull, vfull, page, g) if page else (kfull, vfull, None)
+    cfg = configs.Config(16, bn, 1, 1, 16, lazy=lazy, klanes=klanes, lane_sums=True, fold=8)
+    for splits in (1, 3):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, target=target, config=cfg, **kw,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    p = plan.Problem(B, sq, S, H, Hk, d, d, causal=True, seqused=True, page_size=page,
+                     decode=True, window=kw.get("window_size", (-1, -1)),
+                     softcap=kw.get("softcap", 0.0), sinks="sinks" in kw)  # fmt: skip
+    fp = plan.plan_forward(p, target, config=cfg)
+    assert (fp.C.FOLD, fp.C.BM * fold) == (fold, 16)
+    unfolded = plan.plan_forward(p, target, config=replace(cfg, fold=0))
+    assert unfolded.C.FOLD == 1 and unfolded.C.BM == 16
+
+
+def test_decode_fold_rule():
+    # plan.decode_fold: off unless the table sets it, up to its count; copies while the real
+    # rows fit and a copy keeps 16 keys; never under ALiBi, mods or tiles spanning pages
+    cfg = configs.Config(16, 64, 1, 1, 16, klanes=8, fold=8)
+
+    def fold(**kw):
+        base = dict(causal=True, seqused=True, decode=True)
+        args = {"sq": 1, "h": 8, "hk": 1, "page": 0, **kw}
+        p = plan.Problem(3, args["sq"], 300, args["h"], args["hk"], 64, 64,
+                         page_size=args["page"], **{**base, **args.get("p", {})})  # fmt: skip
+        return plan.plan_forward(p, REF, config=args.get("cfg", cfg)).C.FOLD
+
+    assert fold() == 2
+    assert fold(h=4) == 4 and fold(h=2) == 4 and fold(h=16) == 1
+    assert fold(sq=2, h=4) == 2 and fold(sq=3, h=4) == 1
+    assert fold(page=64) == 2 and fold(page=32) == 1
+    assert fold(cfg=replace(cfg, fold=0)) == 1 and fold(cfg=replace(cfg, fold=1)) == 1
+    assert fold(h=2, cfg=replace(cfg, fold=2)) == 2
+    assert fold(p={"alibi": True}) == 1
+
+
 def _strided_cache(kc, pad, step):
     """``kc``'s values in a cache whose rows are ``pad`` heads' worth of elements longer and
     whose head dim is strided by ``step`` (a view of a larger random tensor)."""

@@ -450,3 +450,27 @@ def test_other_amd_tables_take_scalar_offsets_per_entry():
     assert t942[("decode", "d256")].soffset and not t942[("decode", "d128")].soffset
     assert t1250[("bwd_dkdv", "d128")].split_off and not t1250[("fwd", "d192")].split_off
     assert t1250[("decode", "d64")].soffset and not t1250[("decode", "d128")].soffset
+
+
+@pytest.mark.parametrize("target", ["gfx950", "gfx942", "gfx1250"])
+def test_decode_folds_the_spare_rows_into_key_blocks(target):
+    # Config.fold (Fwd.FOLD): the model problem's group of 4 heads fills 4 of the 16x16 MFMA's
+    # 16 rows; with 2 row copies each taking half of a 128-key tile, a trip issues the same
+    # MFMAs and runs the softmax on half the scores (half the exps), with no spill and no
+    # wave lost (gfx950 page256: 262 -> 214 instructions per trip)
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    cfg = configs.TABLES[target][("decode", "d64")]
+    assert cfg.fold == 2 and not configs.TABLES[target][("decode", "d128")].fold
+    p = replace(model.model_problem("decode", "d64"), page_size=256)
+    figs, mains = [], []
+    for c in (cfg, replace(cfg, fold=0)):
+        ck = model.compile_config("decode", c, p, target)
+        figs.append(model.figures(ck, "decode", c, p))
+        mains.append(matrix_loops(ck.stages()["amdgcn"], None, target)[0])
+    (f1, f0), (m1, m0) = figs, mains
+    assert m1.matrix == m0.matrix and f1["loop_mfma"] == f0["loop_mfma"]
+    exp1, exp0 = (sum(op.startswith("v_exp") for op in m.mnemonics()) for m in (m1, m0))
+    assert exp1 * 2 <= exp0 + 2, (exp1, exp0)
+    assert m1.always < m0.always - 30, (m1.always, m0.always)
+    assert f1["occ"] >= min(f0["occ"], 4) and not f1["spills"] and not f1["scratch"]

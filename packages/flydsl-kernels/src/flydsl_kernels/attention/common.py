@@ -243,25 +243,29 @@ def based_ok(C) -> bool:
     return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
 
 
-def _load_kv(t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=None, fold=True):
+def _load_kv(
+    t, bk, n0, hk, c0, cs, BN, D, PAGE, pages, kmask, based=False, st=None, fold=True, k0=0
+):
     """``(BN, cs)`` keys ``n0 + [0, BN)`` of ``t`` (dense ``(B, S, Hk, D)``, or paged with the
     tile's ``pages`` from ``_kv_pages``).
 
     No bounds check: ``kmask`` (keys, or None in the interior) and the head-dim mask (only
-    where the chunk runs past ``D``) are the whole mask."""
+    where the chunk runs past ``D``) are the whole mask. ``k0`` (a constant; one page per
+    tile): the keys start ``k0`` past ``n0``, in ``n0``'s page (``Fwd.FOLD``'s key blocks:
+    the block's offset a constant of the per-element offsets, not another page offset)."""
     dm = None
     if c0 + cs > D:
         dm = (c0 + fly.arange(0, cs)) < D
     if based:
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         origin = (bk, n0, hk, c0) if PAGE == 0 else (pages, n0 % PAGE, hk, c0)
-        r = fly.arange(0, BN)[:, None]
+        r = fly.arange(0, BN)[:, None] + k0
         return _load_based(t, origin, r, fly.arange(0, cs)[None, :], 1, m, st, fold)
     if PAGE == 0 or PAGE >= BN:
         if PAGE == 0:
-            view = t[bk, fly.ds(n0, BN), hk, fly.ds(c0, cs)]
+            view = t[bk, fly.ds(n0 + k0, BN), hk, fly.ds(c0, cs)]
         else:
-            view = t[pages, fly.ds(n0 % PAGE, BN), hk, fly.ds(c0, cs)]
+            view = t[pages, fly.ds(n0 % PAGE + k0, BN), hk, fly.ds(c0, cs)]
         m = _and(None if kmask is None else kmask[:, None], None if dm is None else dm[None, :])
         return view.load(m, bounds_check=False)
     # pages smaller than the tile: each row from its page (a 2-D gather, whose layout is the
@@ -289,7 +293,7 @@ def _load_kT(t, bk, n0, hk, c0, cs, BN, D, based=False, fold=True):
     return t.gather(bk, rows[None, :], hk, cols[:, None]).load(m, bounds_check=False)
 
 
-def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, based=False):
+def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, based=False, k0=0):
     """``_load_kv``'s ``(BN, cs)`` K tile, loaded in the lane order of a one-warp ``nk x nk``
     MFMA's B operand with ``kw`` (its k width) head dims per lane, so that ``q @ k.T`` takes K
     as loaded. With ``ng = 64 / nk`` lane groups, loaded as ``(BN / nk, cs / (ng kw), ng, nk,
@@ -298,7 +302,7 @@ def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, base
     the groups) is then the operand's, where the plain ``(BN, cs)`` load put 8 lanes along the
     head dim and Triton moved every element across lanes (gfx950 decode d64: 32
     ``ds_bpermute`` and 64 ``v_cndmask`` per KV tile) or through LDS (d128: 8 writes, 8 reads,
-    their waits). A key block never spans pages (``k_lanes_fit``)."""
+    their waits). A key block never spans pages (``k_lanes_fit``). ``k0``: as ``_load_kv``'s."""
     ng = 64 // nk
     kb = ng * kw
     nb = BN // nk
@@ -308,7 +312,7 @@ def _load_k_lanes(t, bk, n0, hk, c0, cs, BN, PAGE, pages, kmask, kw, nk=16, base
         + fly.arange(0, ng)[None, None, :, None, None] * kw
         + fly.arange(0, kw)[None, None, None, None, :]
     )
-    key = fly.arange(0, nk)[None, None, None, :, None]
+    key = fly.arange(0, nk)[None, None, None, :, None] + k0
     m = None if kmask is None else kmask.reshape(nb, nk)[:, None, None, :, None]
     if based:
         key = key + fly.arange(0, nb)[:, None, None, None, None] * nk

@@ -123,6 +123,13 @@ class Config:
     #: ``flydsl_core.backends.triton.llir.wait_tr_reads``), where LLVM waited before most of
     #: them one read at a time
     tr_wait: bool = False
+    #: decode whose query rows (the group's heads times the query positions, rounded up to a
+    #: power of two) fill only part of the MFMA's rows: up to this many copies of them, the
+    #: spare rows taking the tile's other key blocks (``forward.Fwd.FOLD``,
+    #: ``plan.decode_fold``: each copy its own online softmax over its keys, merged once after
+    #: the KV loop), so the softmax runs on the scores the tile needs, not on padding rows; 0
+    #: or 1 off
+    fold: int = 0
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -203,6 +210,7 @@ def _c(
     sp=False,
     ql=0,
     tw=False,
+    fo=0,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -225,6 +233,7 @@ def _c(
         split_off=sp,
         q_lanes=ql,
         tr_wait=tw,
+        fold=fo,
         notes=notes,
     )
 
@@ -388,12 +397,18 @@ _GFX950 = {
     # (17.06 / 27.12 -> 16.38 / 26.44), d128 page64 220 -> 212 (13.75 / 21.25 -> 13.25 /
     # 20.94), model problem 216 -> 209; page16 unchanged (its V origin is outside the loop,
     # which the rewrite leaves). gfx942 loses with so (d64 347 -> 356, d128 256 -> 261 at its
-    # model problems). Still above the decode goal (15 per MFMA, 240 per trip) at d64 page256:
-    # its 262 are 112 memory and MFMA instructions (32 loads, 16 LDS writes and 32 transposed
-    # reads of V, 32 MFMAs), 112 softmax ones at their floor, 13 of page walk and loop, 16
-    # waits and nops, and 7 f32 pairs LLVM unpacks beside the MFMAs (gfx950's co-issue)
+    # model problems). That left d64 page256 above the decode goal (15 per MFMA, 240 per
+    # trip): its 262 were 112 memory and MFMA instructions (32 loads, 16 LDS writes and 32
+    # transposed reads of V, 32 MFMAs), 112 softmax ones, 13 of page walk and loop, 16 waits
+    # and nops. Half the softmax was padding: a group of 8 heads (4 at the model problem)
+    # fills 8 of the MFMA's 16 rows. Two row copies, each over half of the tile's keys (fo:
+    # Config.fold, Fwd.FOLD; the same MFMAs, 16 of 33 exps): page256 262 -> 214 (16.38 /
+    # 26.44 -> 13.38 / 24.25, 240 -> 236 VGPRs), 262 -> 214 at the model problem with pages of
+    # 256; 4 copies there 224 (230 VGPRs). Tiles spanning pages (the model problem's 64) do
+    # not fold. d128 page64 212 -> 233 (two 32-key copies: their accumulators' eager rescale
+    # and K's waits), 202 at one wave without hr, 221 under max-ilp: not set
     ("decode", "d64"): _c(
-        16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True, so=True
+        16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True, so=True, fo=2
     ),
     ("decode", "d128"): _c(
         16,
@@ -565,7 +580,10 @@ _GFX942 = {
     **_GFX950,
     # K in the lane order of gfx942's 16x16x16 MFMA (4 head dims per lane); gfx950's wider
     # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
-    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4, ls=True),
+    # two row copies (fo, as gfx950's): page256 350 -> 268 loop instructions per trip at the
+    # model problem (4 copies 269 with 236 VGPRs), the report's gpt-oss case 21.88 / 27.0 ->
+    # 16.75 / 22.31 per MFMA; d128 page64 16.62 / 20.56 -> 16.56 / 20.81: not set
+    ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4, ls=True, fo=2),
     ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4, ls=True),
     ("fwd", "d128"): _c(128, 32, 4, 1, 32, True, kt=True),
     ("decode", "d256"): _c(16, 32, 2, 1, 16, False),
@@ -692,7 +710,10 @@ _GFX1250.update(
         ("bwd_dkdv", "d192"): replace(_GFX1250[("bwd_dkdv", "d192")], split_off=False),
         ("bwd_dkdv", "d256"): replace(_GFX1250[("bwd_dkdv", "d256")], split_off=True),
         ("bwd_dq", "d256"): replace(_GFX1250[("bwd_dq", "d256")], split_off=True),
-        ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True),
+        # two row copies (Config.fold): page256 289 -> 247 at the model problem (4 copies:
+        # 342, 3 waves), gpt-oss's decode 48.17 / 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4
+        # waves); d128 (page64 42.38 -> 34.25) took one wave at the model problem: not set
+        ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True, fold=2),
         ("decode", "d192"): replace(_GFX1250[("decode", "d192")], soffset=True),
         ("decode", "d256"): replace(_GFX1250[("decode", "d256")], soffset=True),
     }

@@ -127,6 +127,16 @@ class Fwd:
     #: (gfx950 loop instructions per trip: d128 page16 234 -> 230, page64 224 -> 220, d64
     #: page256 279 -> 273)
     VK_STRIDES: bool = False
+    #: decode whose real rows (``BM``: the group's heads times the query positions) fill only
+    #: part of the MFMA's rows (``plan.decode_fold``, ``Config.fold``): the tile computes
+    #: ``FOLD * BM`` rows, copy ``f`` of the real rows taking key block ``f`` of each KV tile
+    #: (``BN / FOLD`` keys). Q enters copy ``f``'s rows only, so one ``q @ k.T`` per key block
+    #: accumulates the copies' scores side by side: the same MFMAs as the padded tile, and the
+    #: softmax over the tile's ``BM x BN`` scores instead of ``FOLD * BM x BN``, half of them
+    #: padding. Each copy keeps its own running max, sum and accumulator (one per key block:
+    #: P @ V of a copy's keys; the other copies' rows in it are never read), merged per real
+    #: row once after the loop as split-KV partials are (``_fold_merge``)
+    FOLD: int = 1
 
     @property
     def BMS(self) -> int:
@@ -192,6 +202,53 @@ def _update(st: _Softmax, z, zc, vts, C):
         if vt.ndim == 3:  # head-dim blocks (Fwd.VBLK): P broadcast over them
             pv = fly.broadcast_to(pv[None, :, :], (vt.shape[0], *pv.shape))
         a += fly.dot(pv, vt)
+
+
+def _fold_rows(x, F):
+    """``x`` (per row: ``(BM,)`` or ``(BM, n)``) repeated for the ``F`` row copies of a folded
+    tile (``Fwd.FOLD``): row ``f BM + r`` is row ``r``."""
+    bm = x.shape[0]
+    return fly.broadcast_to(x[None], (F, *x.shape)).reshape(F * bm, *x.shape[1:])
+
+
+def _fold_visible(C, i, j, sk, off, wl, wr, kind, sk_bound=True):
+    """``common._visible``'s test on a folded tile (``Fwd.FOLD``), whose rows' keys differ per
+    copy: ``i`` the rows' positions, ``j`` their ``(rows, keys)`` key indices; None where
+    ``kind`` crosses no bound."""
+    vis = None
+    if kind in ("both", "right"):
+        if sk_bound:
+            vis = j < sk
+        if C.HAS_WR:
+            hi = j <= i[:, None] + (off + wr)
+            vis = hi if vis is None else vis & hi
+    if kind in ("both", "left") and C.HAS_WL:
+        lo = j >= i[:, None] + (off - wl)
+        vis = lo if vis is None else vis & lo
+    return vis
+
+
+def _fold_merge(m, l_sum, acc, C):
+    """A folded tile's copies (``Fwd.FOLD``) merged per real row, as split-KV partials are:
+    ``(m, l, [acc per V chunk])`` of the ``BM`` rows from the ``FOLD`` copies' running maxima,
+    sums and accumulators (``FOLD`` per V chunk, copy ``f``'s rows of the ``f``-th valid). A
+    copy that saw no key has the lowest max and a zero sum: its weight is 0, or 1 with every
+    other copy's where no copy saw one (sum 0: the empty row's output)."""
+    F, BM = C.FOLD, C.BM
+    mr = m.reshape(F, BM)
+    mx = fly.max(mr, 0)
+    w = fly.exp2(mr - mx[None, :])
+    l_out = fly.sum(w * l_sum.reshape(F, BM), 0)
+    wrow = w.reshape(F * BM)
+    fr = fly.arange(0, F * BM) // BM
+    out = []
+    for ci, (_, cs) in enumerate(chunks(C.DV)):
+        rows = None
+        for f in range(F):
+            a = fly.where((fr == f)[:, None], acc[ci * F + f], 0.0)
+            rows = a if rows is None else rows + a
+        out.append(fly.sum((rows * wrow[:, None]).reshape(F, BM, cs), 0))
+    return mx, l_out, out
 
 
 def _rows_of(x, a):
@@ -273,18 +330,33 @@ def _fwd_tile(
         ]
     else:
         qts = [_load_q(q, bq, q_off + i0, hk, g0, c0, cs, C, rmask, G) for c0, cs in chunks(C.D)]
+    F = C.FOLD
+    MR = C.BM * F  # the rows the tile computes: FOLD copies of its rows (Fwd.FOLD)
+    if F > 1:
+        # copy f of Q in copy f's rows, zeros elsewhere: q_f @ k_f.T puts key block f's
+        # scores in those rows only, so the copies' dots add up to the folded score tile
+        fr = fly.arange(0, MR) // C.BM
+        qts = [
+            [fly.where((fr == f)[:, None], _fold_rows(qt, F), 0.0).to(qt.dtype) for f in range(F)]
+            for qt in qts
+        ]
+        i = _fold_rows(i, F)
     slope = _per_head(alibi, b, hk, g0, C, G) if C.ALIBI else None
     if slope is not None and C.GP == 1:
         slope = fly.full((C.BM,), 0.0, fly.fp32) + slope
     shift = softcap_shift(C, softcap)  # the logits' constant left out by _scores
-    m0 = fly.full((C.BM,), FP32_LOWEST, fly.fp32)
-    l0 = fly.zeros((C.BM, LANE_SUM_N) if C.LANE_SUMS else (C.BM,), fly.fp32)
+    m0 = fly.full((MR,), FP32_LOWEST, fly.fp32)
+    l0 = fly.zeros((MR, LANE_SUM_N) if C.LANE_SUMS else (MR,), fly.fp32)
     if C.SINKS and C.SPLITS == 1:
         # the sink is a logit with no value row: the softmax starts from it (running max the
         # sink, sum 1; the lowest fp32 and 0 for a -inf sink), so nothing of it stays live
         # across the KV loop (gfx950 gpt-oss: its pointer, then its value, spilled SGPRs there
         # under coexec with lane sums) and no epilogue folds it in
         sink = _per_head(sinks, 0, hk, g0, C, G) * LOG2E - shift
+        if F > 1:  # the sink starts copy 0 only (-inf: max and sum unchanged in the others)
+            sink = fly.where(
+                fr == 0, _fold_rows(fly.full((C.BM,), 0.0, fly.fp32) + sink, F), NEG_INF
+            )
         m0 = fly.maximum(m0, sink)
         e0 = fly.exp2(sink - m0)
         if C.LANE_SUMS:
@@ -299,8 +371,8 @@ def _fwd_tile(
     vblk = vblk_ok(C.VBLK, C.PAGE, C.BN, C.DV)
     if vblk:  # V's head-dim blocks (Fwd.VBLK): one (DV / VBLK, BM, VBLK) accumulator
         acc0 = [fly.zeros((C.DV // C.VBLK, C.BM, C.VBLK), fly.fp32)]
-    else:
-        acc0 = [fly.zeros((C.BM, cs), fly.fp32) for _, cs in chunks(C.DV)]
+    else:  # FOLD accumulators per V chunk (copy f's key block's P @ V)
+        acc0 = [fly.zeros((MR, cs), fly.fp32) for _, cs in chunks(C.DV) for _ in range(F)]
     st = _Softmax(m0, l0, acc0)
     lo, full_lo, full_hi, hi = _kv_range(C, i0, sq, sk, off, wl, wr)
     if C.SPLITS > 1:
@@ -374,21 +446,73 @@ def _fwd_tile(
             ]
         _update(st, z, zc, vts, C)
 
+    def fold_block(n0, kind, below_sk=False):
+        """``block`` of a folded decode tile (``Fwd.FOLD``; no mods, ALiBi or sparsity, one
+        page per tile): copy ``f``'s rows take keys ``n0 + f BNF + [0, BNF)``."""
+        BNF = BN // F
+        pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, None)
+        masked = kind not in (None, "left") and not below_sk
+        kms = [(n0 + f * BNF + fly.arange(0, BNF)) < sk if masked else None for f in range(F)]
+        s = None
+        for (c0, cs), qf in zip(chunks(C.D), qts):
+            for f in range(F):
+                if k_lanes_fit(C, cs):
+                    kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BNF, C.PAGE, pages,
+                                       kms[f], C.KLANES, C.KROWS, based, f * BNF)  # fmt: skip
+                else:
+                    kt = _load_kv(
+                        k, bk, k_off + n0, hk, c0, cs, BNF, C.D, C.PAGE, pages, kms[f], based,
+                        fold=C.FOLD_BASE, k0=f * BNF,
+                    )  # fmt: skip
+                d = fly.dot(qf[f], kt.T)
+                s = d if s is None else s + d
+        z, zc = _scores(s, C, scale, softcap, None, i, None, off, b, h, mt)
+        if kind is not None:
+            j = n0 + (fr * BNF)[:, None] + fly.arange(0, BNF)[None, :]
+            vis = _fold_visible(C, i, j, sk, off, wl, wr, kind, not below_sk)
+            if vis is not None:
+                z = fly.where(vis, z, NEG_INF)
+        vst = k.stride if C.VK_STRIDES else None
+        vts = [
+            _load_kv(
+                v,
+                bk,
+                k_off + n0,
+                hk,
+                c0,
+                cs,
+                BNF,
+                C.DV,
+                C.PAGE,
+                pages,
+                kms[f],
+                based,
+                vst,
+                fold=C.FOLD_BASE,
+                k0=f * BNF,
+            )
+            for c0, cs in chunks(C.DV)
+            for f in range(F)
+        ]
+        _update(st, z, zc, vts, C)
+
+    step = fold_block if F > 1 else block
+
     if C.SPARSE_KV:
         sp = mt[4]
         hq = hk * G + g0  # GP == 1 under block sparsity
         qb = i0 // C.SPARSE_Q
-        _sparse_loop(block, sp[0], sp[1], b, hq, qb, C.SPARSE_KV, BN, "both")
+        _sparse_loop(step, sp[0], sp[1], b, hq, qb, C.SPARSE_KV, BN, "both")
         if C.SPARSE_FULL:
-            _sparse_loop(block, sp[2], sp[3], b, hq, qb, C.SPARSE_KV, BN, "full")
+            _sparse_loop(step, sp[2], sp[3], b, hq, qb, C.SPARSE_KV, BN, "full")
     elif C.mask_mod is not None:
         for n0 in fly.range(lo, hi, BN):
-            block(n0, "both")
+            step(n0, "both")
     else:
         for start, stop, kind in _kv_segments(C, lo, full_lo, full_hi, hi):
             if kind != "right" or not C.SK_TAIL:
                 for n0 in fly.range(start, stop, BN):
-                    block(n0, kind)
+                    step(n0, kind)
                 continue
             # the right-bound tiles below sk load without a key mask (gfx950: its compares
             # and address selects were 15 of the gpt-oss diagonal loop's 309 instructions per
@@ -397,16 +521,18 @@ def _fwd_tile(
             # gpt-oss tile spilled 4 SGPRs (kernel pointers the epilogue reads)
             e = fly.maximum(start, fly.minimum(stop, (sk // BN) * BN))
             with fly.if_(e < stop):
-                block(e, kind)
+                step(e, kind)
             for n0 in fly.range(start, e, BN):
-                block(n0, kind, below_sk=True)
+                step(n0, kind, below_sk=True)
 
     m, l_sum = st.m, st.l
     if C.LANE_SUMS:
         l_sum = fly.sum(l_sum, 1)
+    acc = st.acc
+    if F > 1:
+        m, l_sum, acc = _fold_merge(m, l_sum, acc, C)
     scale_o = fly.where(l_sum > 0, 1.0 / _nonzero(l_sum), 0.0)
     row0 = q_off + i0
-    acc = st.acc
     if vblk:  # the head-dim blocks side by side: (BM, DV)
         acc = [acc[0].permute(1, 0, 2).reshape(C.BM, C.DV)]
     for (c0, cs), a in zip(chunks(C.DV), acc):

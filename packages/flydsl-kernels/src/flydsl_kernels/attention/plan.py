@@ -275,6 +275,9 @@ def plan_forward(
         and all(cs % (64 // cfg.nonkdim * qlanes) == 0 for _, cs in chunks(p.head_dim))
     ):
         qlanes = 0
+    fold = decode_fold(p, cfg, kind, BM, GP, vblk)
+    BM //= fold
+    BMS = BM // GP
     NG = cdiv(G, GP)
     mblocks = cdiv(p.seqlen_q, BMS)
     programs = p.batch * p.heads_k * NG * mblocks
@@ -325,11 +328,12 @@ def plan_forward(
         LANE_SUMS=cfg.lane_sums and cfg.BN % 16 == 0,  # forward.LANE_SUM_N
         KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
         SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
-        KT=cfg.k_t and not p.page_size and not klanes,
+        KT=cfg.k_t and not p.page_size and not klanes and fold == 1,
         KT_EDGE=cfg.kt_edge,
         BASED=based,
         FOLD_BASE=not prefill_based,
         VBLK=vblk,
+        FOLD=fold,
         # where the launch finds V's strides equal to K's, V's offsets take K's (Fwd.VK_STRIDES):
         # on the buffer-load tables only (sm90's d64 page256 decode went 80 -> 89 registers)
         VK_STRIDES=bool(based or vblk) and buffer_ops(table),
@@ -419,6 +423,26 @@ def sparse_tiles(cfg: configs.Config, blocks) -> configs.Config:
 
 def next_gp(G: int) -> int:
     return configs.next_pow2(max(G, 1))
+
+
+def decode_fold(p: Problem, cfg: configs.Config, kind: str, rows: int, gp: int, vblk: int) -> int:
+    """The row copies of a decode tile (``Fwd.FOLD``): how many times the tile's real rows
+    (the group's heads times its query positions, each a power of two) fit in the ``rows``
+    the MFMA computes, up to ``Config.fold``, while each copy keeps a key block of at least 16
+    keys (the lane sums' and the 16x16 MFMA's). 1 where the table leaves it off, and for what the
+    folded loop does not handle: score and mask mods, ALiBi, and tiles spanning pages (a
+    copy's keys are then on another page)."""
+    if not (kind == "decode" and cfg.fold and not vblk and not p.alibi):
+        return 1
+    if p.score_mod is not None or p.mask_mod is not None or p.sparse[0]:
+        return 1
+    if p.page_size and p.page_size < cfg.BN:
+        return 1
+    real = configs.next_pow2(max(p.seqlen_q, 1)) * gp
+    f = 1
+    while f < cfg.fold and rows // (2 * f) >= real and cfg.BN // (2 * f) >= max(16, cfg.nonkdim):
+        f *= 2
+    return f
 
 
 def append_launch(

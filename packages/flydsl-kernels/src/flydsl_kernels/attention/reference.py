@@ -66,7 +66,8 @@ def _one(q, k, v, scale, causal, window, softcap, alibi, sinks, score_mod, mask_
     if sinks is not None:
         col = sinks.double()[:, None, None].expand(H, sq, 1)
         s = torch.cat([s, col], -1)
-    m = s.amax(-1, keepdim=True)
+    # no key at all (a cache length of 0, no sink): every row is empty (output 0, LSE +inf)
+    m = s.amax(-1, keepdim=True) if s.shape[-1] else s.new_full((H, sq, 1), -math.inf)
     m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m).detach()
     e = torch.exp(s - m)
     den = e.sum(-1, keepdim=True)
