@@ -662,7 +662,9 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
     "page, d, g_, sq, bn, klanes, lazy, extra, fold",
     [(0, 64, 8, 1, 64, 8, False, "sinks", 2), (128, 64, 4, 1, 64, 8, True, "softcap", 4),
      (256, 48, 2, 1, 128, 8, False, "window", 8), (0, 80, 1, 2, 32, 0, True, "sinks", 2),
-     (64, 64, 3, 1, 64, 4, False, "window-sinks", 4), (0, 32, 8, 1, 64, 8, True, "scale", 2)],
+     (64, 64, 3, 1, 64, 4, False, "window-sinks", 4), (0, 32, 8, 1, 64, 8, True, "scale", 2),
+     (16, 64, 8, 1, 128, 8, False, "sinks", 2), (32, 48, 4, 1, 128, 8, True, "window", 4),
+     (64, 64, 2, 2, 128, 8, False, "softcap", 4)],
 )  # fmt: skip
 def test_decode_folded_rows_match_the_reference(
     target, page, d, g_, sq, bn, klanes, lazy, extra, fold
@@ -670,7 +672,8 @@ def test_decode_folded_rows_match_the_reference(
     # Config.fold (Fwd.FOLD): the MFMA rows the group leaves spare take the tile's other key
     # blocks, each row copy its own online softmax merged after the loop. Groups of 8, 4
     # (3 rounded up), 2 and 1 (two query positions), copies of 16 to 64 keys, dense and
-    # paged caches; lengths of 0 (the empty row: output 0, LSE +inf), 1, and ending inside a
+    # paged caches (a page holding the tile; a copy per page; a copy spanning 4 pages of 16,
+    # pages in random order); lengths of 0 (the empty row: output 0, LSE +inf), 1, and ending inside a
     # copy's block; sinks (counted once, in copy 0), softcap, a sliding window (masked tiles'
     # per-copy keys), a scale below 1; split-KV on top; both rescales
     g = gen(140 + page + d + g_)
@@ -709,7 +712,7 @@ def test_decode_folded_rows_match_the_reference(
 
 def test_decode_fold_rule():
     # plan.decode_fold: off unless the table sets it, up to its count; copies while the real
-    # rows fit and a copy keeps 16 keys; never under ALiBi, mods or tiles spanning pages
+    # rows fit and a copy keeps 16 keys (over pages too); never under ALiBi or mods
     cfg = configs.Config(16, 64, 1, 1, 16, klanes=8, fold=8)
 
     def fold(**kw):
@@ -722,7 +725,7 @@ def test_decode_fold_rule():
     assert fold() == 2
     assert fold(h=4) == 4 and fold(h=2) == 4 and fold(h=16) == 1
     assert fold(sq=2, h=4) == 2 and fold(sq=3, h=4) == 1
-    assert fold(page=64) == 2 and fold(page=32) == 1
+    assert fold(page=64) == 2 and fold(page=32) == 2 and fold(page=16) == 2
     assert fold(cfg=replace(cfg, fold=0)) == 1 and fold(cfg=replace(cfg, fold=1)) == 1
     assert fold(h=2, cfg=replace(cfg, fold=2)) == 2
     assert fold(p={"alibi": True}) == 1

@@ -239,8 +239,8 @@ def _load_v_blocks(t, n0, hk, C, pages, klast, st):
 
 def based_ok(C) -> bool:
     """Whether a forward tile loads K and V with ``load_at`` (``Fwd.BASED``): one page per
-    tile (or a dense cache)."""
-    return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN)
+    tile, or per key block of a folded tile (``Fwd.FOLD``), or a dense cache."""
+    return C.BASED and (C.PAGE == 0 or C.PAGE >= C.BN // C.FOLD)
 
 
 def _load_kv(

@@ -403,12 +403,13 @@ _GFX950 = {
     # and nops. Half the softmax was padding: a group of 8 heads (4 at the model problem)
     # fills 8 of the MFMA's 16 rows. Two row copies, each over half of the tile's keys (fo:
     # Config.fold, Fwd.FOLD; the same MFMAs, 16 of 33 exps): page256 262 -> 214 (16.38 /
-    # 26.44 -> 13.38 / 24.25, 240 -> 236 VGPRs), 262 -> 214 at the model problem with pages of
-    # 256; 4 copies there 224 (230 VGPRs). Tiles spanning pages (the model problem's 64) do
-    # not fold. d128 page64 212 -> 233 (two 32-key copies: their accumulators' eager rescale
-    # and K's waits), 202 at one wave without hr, 221 under max-ilp: not set
+    # 26.44 -> 13.38 / 24.25, 240 -> 236 VGPRs); at the model problem (pages of 64, each
+    # copy's keys on its own page) 306 -> 216 (19.12 -> 13.5 per MFMA, 230 -> 238 VGPRs),
+    # pages of 16 320 -> 268, of 256 262 -> 214 (4 copies there 224). d128 page64 212 -> 233
+    # (two 32-key copies: their accumulators' eager rescale and K's waits), 202 at one wave
+    # without hr, 221 under max-ilp: not set
     ("decode", "d64"): _c(
-        16, 128, 1, 1, 16, False, 230, 306, 19.12, sched=ILP, klanes=8, ls=True, so=True, fo=2
+        16, 128, 1, 1, 16, False, 238, 216, 13.5, sched=ILP, klanes=8, ls=True, so=True, fo=2
     ),
     ("decode", "d128"): _c(
         16,
@@ -580,8 +581,9 @@ _GFX942 = {
     **_GFX950,
     # K in the lane order of gfx942's 16x16x16 MFMA (4 head dims per lane); gfx950's wider
     # tiles (d64 128 keys, d128 64) took one wave per SIMD here (and SGPR spills at d64)
-    # two row copies (fo, as gfx950's): page256 350 -> 268 loop instructions per trip at the
-    # model problem (4 copies 269 with 236 VGPRs), the report's gpt-oss case 21.88 / 27.0 ->
+    # two row copies (fo, as gfx950's): at the model problem 347 -> 265 loop instructions per
+    # trip, pages of 16 401 -> 296, of 256 350 -> 268 (4 copies 269 with 236 VGPRs), the
+    # report's gpt-oss case 21.88 / 27.0 ->
     # 16.75 / 22.31 per MFMA; d128 page64 16.62 / 20.56 -> 16.56 / 20.81: not set
     ("decode", "d64"): _c(16, 64, 1, 1, 16, True, klanes=4, ls=True, fo=2),
     ("decode", "d128"): _c(16, 32, 1, 1, 16, True, klanes=4, ls=True),
@@ -710,8 +712,9 @@ _GFX1250.update(
         ("bwd_dkdv", "d192"): replace(_GFX1250[("bwd_dkdv", "d192")], split_off=False),
         ("bwd_dkdv", "d256"): replace(_GFX1250[("bwd_dkdv", "d256")], split_off=True),
         ("bwd_dq", "d256"): replace(_GFX1250[("bwd_dq", "d256")], split_off=True),
-        # two row copies (Config.fold): page256 289 -> 247 at the model problem (4 copies:
-        # 342, 3 waves), gpt-oss's decode 48.17 / 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4
+        # two row copies (Config.fold): at the model problem 286 -> 244 loop instructions
+        # per trip, pages of 256 289 -> 247 (4 copies: 342, 3 waves), of 16 unchanged (its
+        # 16-key tile), gpt-oss's decode 48.17 / 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4
         # waves); d128 (page64 42.38 -> 34.25) took one wave at the model problem: not set
         ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True, fold=2),
         ("decode", "d192"): replace(_GFX1250[("decode", "d192")], soffset=True),

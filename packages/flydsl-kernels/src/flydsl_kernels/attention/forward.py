@@ -447,22 +447,30 @@ def _fwd_tile(
         _update(st, z, zc, vts, C)
 
     def fold_block(n0, kind, below_sk=False):
-        """``block`` of a folded decode tile (``Fwd.FOLD``; no mods, ALiBi or sparsity, one
-        page per tile): copy ``f``'s rows take keys ``n0 + f BNF + [0, BNF)``."""
+        """``block`` of a folded decode tile (``Fwd.FOLD``; no mods, ALiBi or sparsity): copy
+        ``f``'s rows take keys ``n0 + f BNF + [0, BNF)``. A page holding the tile: its id once,
+        each block at a constant offset ``k0`` in it; else each block's own pages."""
         BNF = BN // F
-        pages = _kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, None)
         masked = kind not in (None, "left") and not below_sk
         kms = [(n0 + f * BNF + fly.arange(0, BNF)) < sk if masked else None for f in range(F)]
+        if 0 < C.PAGE < BN:
+            pgs = [_kv_pages(block_table, btrow, k_off + n0 + f * BNF, BNF, C.PAGE, kms[f])
+                   for f in range(F)]  # fmt: skip
+            starts = [(k_off + n0 + f * BNF, 0) for f in range(F)]
+        else:
+            pgs = [_kv_pages(block_table, btrow, k_off + n0, BN, C.PAGE, None)] * F
+            starts = [(k_off + n0, f * BNF) for f in range(F)]
         s = None
         for (c0, cs), qf in zip(chunks(C.D), qts):
             for f in range(F):
+                (nf, k0), pg = starts[f], pgs[f]
                 if k_lanes_fit(C, cs):
-                    kt = _load_k_lanes(k, bk, k_off + n0, hk, c0, cs, BNF, C.PAGE, pages,
-                                       kms[f], C.KLANES, C.KROWS, based, f * BNF)  # fmt: skip
+                    kt = _load_k_lanes(k, bk, nf, hk, c0, cs, BNF, C.PAGE, pg, kms[f],
+                                       C.KLANES, C.KROWS, based, k0)  # fmt: skip
                 else:
                     kt = _load_kv(
-                        k, bk, k_off + n0, hk, c0, cs, BNF, C.D, C.PAGE, pages, kms[f], based,
-                        fold=C.FOLD_BASE, k0=f * BNF,
+                        k, bk, nf, hk, c0, cs, BNF, C.D, C.PAGE, pg, kms[f], based,
+                        fold=C.FOLD_BASE, k0=k0,
                     )  # fmt: skip
                 d = fly.dot(qf[f], kt.T)
                 s = d if s is None else s + d
@@ -477,19 +485,19 @@ def _fwd_tile(
             _load_kv(
                 v,
                 bk,
-                k_off + n0,
+                starts[f][0],
                 hk,
                 c0,
                 cs,
                 BNF,
                 C.DV,
                 C.PAGE,
-                pages,
+                pgs[f],
                 kms[f],
                 based,
                 vst,
                 fold=C.FOLD_BASE,
-                k0=f * BNF,
+                k0=starts[f][1],
             )
             for c0, cs in chunks(C.DV)
             for f in range(F)

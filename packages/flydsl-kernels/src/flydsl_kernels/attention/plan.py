@@ -276,6 +276,8 @@ def plan_forward(
     ):
         qlanes = 0
     fold = decode_fold(p, cfg, kind, BM, GP, vblk)
+    # a folded tile's key blocks each within one page load from a scalar base too
+    based = based or (fold > 1 and p.page_size >= cfg.BN // fold)
     BM //= fold
     BMS = BM // GP
     NG = cdiv(G, GP)
@@ -430,13 +432,10 @@ def decode_fold(p: Problem, cfg: configs.Config, kind: str, rows: int, gp: int, 
     (the group's heads times its query positions, each a power of two) fit in the ``rows``
     the MFMA computes, up to ``Config.fold``, while each copy keeps a key block of at least 16
     keys (the lane sums' and the 16x16 MFMA's). 1 where the table leaves it off, and for what the
-    folded loop does not handle: score and mask mods, ALiBi, and tiles spanning pages (a
-    copy's keys are then on another page)."""
+    folded loop does not handle: score and mask mods, ALiBi, V in head-dim blocks."""
     if not (kind == "decode" and cfg.fold and not vblk and not p.alibi):
         return 1
     if p.score_mod is not None or p.mask_mod is not None or p.sparse[0]:
-        return 1
-    if p.page_size and p.page_size < cfg.BN:
         return 1
     real = configs.next_pow2(max(p.seqlen_q, 1)) * gp
     f = 1
