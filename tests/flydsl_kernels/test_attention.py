@@ -660,9 +660,9 @@ def test_decode_lane_sums_match_the_reference(target, bn, page, d, g_, lazy, dty
 @pytest.mark.parametrize("target", [REF, INTERP])
 @pytest.mark.parametrize(
     "page, d, g_, sq, bn, klanes, lazy, extra, fold",
-    [(0, 64, 8, 1, 64, 8, False, "sinks", 2), (128, 64, 4, 1, 64, 8, True, "softcap", 4),
-     (256, 48, 2, 1, 128, 8, False, "window", 8), (0, 80, 1, 2, 32, 0, True, "sinks", 2),
-     (64, 64, 3, 1, 64, 4, False, "window-sinks", 4), (0, 32, 8, 1, 64, 8, True, "scale", 2),
+    [(0, 64, 8, 1, 64, 8, False, "sinks", 2), (128, 64, 4, 1, 64, 8, True, "softcap", 2),
+     (256, 48, 2, 1, 128, 8, False, "window", 4), (0, 80, 1, 2, 64, 0, True, "sinks", 2),
+     (64, 64, 3, 1, 64, 4, False, "window-sinks", 2), (0, 32, 8, 1, 64, 8, True, "scale", 2),
      (16, 64, 8, 1, 128, 8, False, "sinks", 2), (32, 48, 4, 1, 128, 8, True, "window", 4),
      (64, 64, 2, 2, 128, 8, False, "softcap", 4)],
 )  # fmt: skip
@@ -671,7 +671,7 @@ def test_decode_folded_rows_match_the_reference(
 ):
     # Config.fold (Fwd.FOLD): the MFMA rows the group leaves spare take the tile's other key
     # blocks, each row copy its own online softmax merged after the loop. Groups of 8, 4
-    # (3 rounded up), 2 and 1 (two query positions), copies of 16 to 64 keys, dense and
+    # (3 rounded up), 2 and 1 (two query positions), copies of 32 and 64 keys, dense and
     # paged caches (a page holding the tile; a copy per page; a copy spanning 4 pages of 16,
     # pages in random order); lengths of 0 (the empty row: output 0, LSE +inf), 1, and ending inside a
     # copy's block; sinks (counted once, in copy 0), softcap, a sliding window (masked tiles'
@@ -712,8 +712,8 @@ def test_decode_folded_rows_match_the_reference(
 
 def test_decode_fold_rule():
     # plan.decode_fold: off unless the table sets it, up to its count; copies while the real
-    # rows fit and a copy keeps 16 keys (over pages too); never under ALiBi or mods
-    cfg = configs.Config(16, 64, 1, 1, 16, klanes=8, fold=8)
+    # rows fit and a copy keeps 32 keys (over pages too); never under ALiBi or mods
+    cfg = configs.Config(16, 128, 1, 1, 16, klanes=8, fold=8)
 
     def fold(**kw):
         base = dict(causal=True, seqused=True, decode=True)
@@ -723,7 +723,8 @@ def test_decode_fold_rule():
         return plan.plan_forward(p, REF, config=args.get("cfg", cfg)).C.FOLD
 
     assert fold() == 2
-    assert fold(h=4) == 4 and fold(h=2) == 4 and fold(h=16) == 1
+    assert fold(h=4) == 4 and fold(h=2) == 4 and fold(h=16) == 1  # 2 copies of 32 keys at most
+    assert fold(h=2, cfg=replace(cfg, BN=64)) == 2 and fold(cfg=replace(cfg, BN=32)) == 1
     assert fold(sq=2, h=4) == 2 and fold(sq=3, h=4) == 1
     assert fold(page=64) == 2 and fold(page=32) == 2 and fold(page=16) == 2
     assert fold(cfg=replace(cfg, fold=0)) == 1 and fold(cfg=replace(cfg, fold=1)) == 1

@@ -713,8 +713,8 @@ _GFX1250.update(
         ("bwd_dkdv", "d256"): replace(_GFX1250[("bwd_dkdv", "d256")], split_off=True),
         ("bwd_dq", "d256"): replace(_GFX1250[("bwd_dq", "d256")], split_off=True),
         # two row copies (Config.fold): at the model problem 286 -> 244 loop instructions
-        # per trip, pages of 256 289 -> 247 (4 copies: 342, 3 waves), of 16 unchanged (its
-        # 16-key tile), gpt-oss's decode 48.17 / 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4
+        # per trip, pages of 256 289 -> 247 (4 copies: 342, 3 waves), of 16 and 32 unchanged
+        # (their tiles shrink to a page, below plan.FOLD_KEYS_MIN), gpt-oss's decode 48.17 / 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4
         # waves); d128 (page64 42.38 -> 34.25) took one wave at the model problem: not set
         ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True, fold=2),
         ("decode", "d192"): replace(_GFX1250[("decode", "d192")], soffset=True),

@@ -427,11 +427,17 @@ def next_gp(G: int) -> int:
     return configs.next_pow2(max(G, 1))
 
 
+#: the fewest keys a folded decode tile's copy takes (``decode_fold``): the P @ V reduction of
+#: gfx950's and gfx1250's 16x16x32 matrix instructions, which a 16-key block pads to 32 (and
+#: gfx1250's 16-key copies at pages of 32 took 168 -> 174 loop instructions per trip)
+FOLD_KEYS_MIN = 32
+
+
 def decode_fold(p: Problem, cfg: configs.Config, kind: str, rows: int, gp: int, vblk: int) -> int:
     """The row copies of a decode tile (``Fwd.FOLD``): how many times the tile's real rows
     (the group's heads times its query positions, each a power of two) fit in the ``rows``
-    the MFMA computes, up to ``Config.fold``, while each copy keeps a key block of at least 16
-    keys (the lane sums' and the 16x16 MFMA's). 1 where the table leaves it off, and for what the
+    the MFMA computes, up to ``Config.fold``, while each copy keeps a key block of at least
+    ``FOLD_KEYS_MIN``. 1 where the table leaves it off, and for what the
     folded loop does not handle: score and mask mods, ALiBi, V in head-dim blocks."""
     if not (kind == "decode" and cfg.fold and not vblk and not p.alibi):
         return 1
@@ -439,7 +445,7 @@ def decode_fold(p: Problem, cfg: configs.Config, kind: str, rows: int, gp: int, 
         return 1
     real = configs.next_pow2(max(p.seqlen_q, 1)) * gp
     f = 1
-    while f < cfg.fold and rows // (2 * f) >= real and cfg.BN // (2 * f) >= max(16, cfg.nonkdim):
+    while f < cfg.fold and rows // (2 * f) >= real and cfg.BN // (2 * f) >= FOLD_KEYS_MIN:
         f *= 2
     return f
 
