@@ -710,6 +710,34 @@ def test_decode_folded_rows_match_the_reference(
     assert unfolded.C.FOLD == 1 and unfolded.C.BM == 16
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize(
+    "sq, sk, h, hk, d, kw, packed",
+    [(1, 300, 16, 2, 64, {}, True), (3, 77, 8, 2, 80, {"causal": True, "window_size": (20, 0)}, True),
+     (5, 129, 12, 3, 128, {"causal": True, "softcap": 10.0}, True),
+     (2, 40, 8, 1, 64, {"sinks": "sinks"}, True), (1, 0, 4, 1, 64, {}, True),
+     (9, 50, 8, 1, 32, {}, False), (4, 60, 4, 4, 64, {}, False)],
+)  # fmt: skip
+def test_flash_attn_func_packs_the_group_for_few_queries(
+    target, sq, sk, h, hk, d, kw, packed, monkeypatch
+):
+    # flash_attn_func with few queries per KV head (a decode step through SDPA) runs the
+    # GQA-packed decode tile (configs.packs_heads: sq * next_pow2(group) <= 64, group > 1), as
+    # flash_attn_with_kvcache does; forward and backward against the reference, causal
+    # (bottom-right), a window, softcap, sinks, no keys at all; 9 x 8 rows and MHA stay prefill
+    seen = []
+    real = plan.plan_forward
+    monkeypatch.setattr(plan, "plan_forward", lambda p, *a, **k: seen.append(p) or real(p, *a, **k))
+    q, k, v = qkv(2, sq, sk, h, hk, d, seed=170 + sq + d, grad=sk > 0)
+    kw = dict(kw)
+    extra = ()
+    if kw.get("sinks") == "sinks":
+        kw["sinks"] = torch.randn(h, generator=gen(171)).requires_grad_()
+        extra = (kw["sinks"],)
+    check_fwd_bwd(q, k, v, target, config=None, extra_grad=extra, **kw)
+    assert seen and all(p.decode == packed for p in seen), [p.decode for p in seen]
+
+
 def test_decode_fold_rule():
     # plan.decode_fold: off unless the table sets it, up to its count; copies while the real
     # rows fit and a copy keeps 32 keys (over pages too); never under ALiBi or mods

@@ -355,6 +355,10 @@ def flash_attn_func(
         )
     splits = None if num_splits is None else V.integer(num_splits, "num_splits", what)
     bsp = check_block_sparse(block_sparse, B, H, Sq, Sk, q.device)
+    # few queries per KV head (a decode step through SDPA): the group's heads share a tile,
+    # as flash_attn_with_kvcache's do (flash-attn 3's pack_gqa), instead of a prefill tile of
+    # one head's few rows
+    decode = bsp is None and configs.packs_heads(Sq, H // max(Hk, 1))
     p, mt = _problem(
         what,
         q,
@@ -373,6 +377,7 @@ def flash_attn_func(
         alibi=alibi_slopes,
         sinks=sinks,
         lse_log2=lse_log2,
+        decode=decode,
         sparse=bsp,
     )
     G, Dv = H // Hk, v.shape[-1]
