@@ -21,6 +21,7 @@ bwd dK/dV d128   32 q x 128 k, 8 (ilp, own, st, hr,  242   144         9.0 / 11.
 bwd dQ d128      256 q x 32 k, 8 (coexec, hr, sp,    246   133         5.54 / 7.42
                  tw)
 decode d128      16 x 64, 1 (K lane, based, hr, so)  254   209         13.06 / 20.69
+decode d64       16 x 128, 1 (K lane, based, so, fo) 238   216         13.5 / 24.5
 ===============  ==================================  ====  ==========  ==============
 
 The forward's rescale is lazy (``fly.rescale``); "(coexec)", "(ilp)": LLVM's scheduler
@@ -32,7 +33,8 @@ LDS once per query step (``Config.share_t``); "so": the KV loads' page origin in
 offset (``Config.soffset``); "sp": the loops' buffer loads with the uniform part of their
 offsets as the scalar offset (``Config.split_off``); "ql": Q loaded in the QK MFMA's lane
 order (``Config.q_lanes``); "tw": one LDS wait before the P @ V MFMAs that read V transposed
-(``Config.tr_wait``).
+(``Config.tr_wait``); "fo": the MFMA rows the KV group leaves spare folded into the tile's key
+blocks (``Config.fold``).
 
 Anchors (attention.md, 128x64 with 4 waves, d128): aiter's Triton kernel 10.4, the Triton
 tutorial 11.6 per MFMA; AMD FlyDSL's dual-wave kernel 7.3 (256x64, 8 waves).
@@ -54,8 +56,8 @@ LDS_LIMIT = 160 * 1024
 #: regressions past these margins fail (VGPRs, loop instructions)
 VGPR_MARGIN, LOOP_MARGIN = 8, 8
 #: gfx950 entries the compile tier pins (the rest compile in the report)
-PINNED = [("fwd", "d64"), ("fwd", "d128"), ("fwd", "d192"), ("fwd", "d256"), ("decode", "d128"),
-          ("bwd_dkdv", "d128"), ("bwd_dq", "d128")]  # fmt: skip
+PINNED = [("fwd", "d64"), ("fwd", "d128"), ("fwd", "d192"), ("fwd", "d256"), ("decode", "d64"),
+          ("decode", "d128"), ("bwd_dkdv", "d128"), ("bwd_dq", "d128")]  # fmt: skip
 
 
 def _compile(kind, dcls, cfg=None, target="gfx950", **problem_kw):
