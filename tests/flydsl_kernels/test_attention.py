@@ -739,6 +739,38 @@ def test_flash_attn_func_packs_the_group_for_few_queries(
     assert seen and all(p.decode == packed for p in seen), [p.decode for p in seen]
 
 
+@pytest.mark.parametrize("target", [REF, INTERP])
+@pytest.mark.parametrize("sq, g_, page, d", [(4, 8, 64, 64), (8, 8, 16, 128), (16, 4, 0, 64)])
+def test_decode_with_several_query_positions_adds_warps(target, sq, g_, page, d, monkeypatch):
+    # speculative decoding: sq positions x a group of g_ heads grow the decode tile past the
+    # table's 16 rows (configs.decode_rows, up to 64); the tile then takes a warp per 16 rows
+    # and K's plain load (plan.grown_decode): output and LSE against the reference, causal
+    # bottom-right over cache lengths ending inside tiles, split-KV on top
+    g = gen(200 + sq + page + d)
+    B, Hk, S = 3, 2, 256
+    q = rand(B, sq, Hk * g_, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    lens = torch.tensor([sq, 131, 250], dtype=torch.int32)
+    kc, vc, table = _paged(kfull, vfull, page, g) if page else (kfull, vfull, None)
+    seen = []
+    real = plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]
+    )
+    ro, rl = reference.attention(q, kfull, vfull, causal=True, seqused_k=lens)
+    for splits in (1, 2):
+        out, lse = flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
+            return_softmax_lse=True, target=target,
+        )  # fmt: skip
+        close(out, ro, OUT_TOL[BF16], f"splits={splits}")
+        close_lse(lse, rl)
+    rows = sq * configs.next_pow2(g_)
+    for fp in seen:
+        got = (fp.C.BM, fp.C.GP, fp.C.FOLD, fp.config.num_warps, fp.C.KLANES)
+        assert got == (rows, configs.next_pow2(g_), 1, rows // 16, 0)
+
+
 def test_decode_fold_rule():
     # plan.decode_fold: off unless the table sets it, up to its count; copies while the real
     # rows fit and a copy keeps 32 keys (over pages too); never under ALiBi or mods

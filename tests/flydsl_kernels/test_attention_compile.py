@@ -476,3 +476,21 @@ def test_decode_folds_the_spare_rows_into_key_blocks(target):
     assert exp1 * 2 <= exp0 + 2, (exp1, exp0)
     assert m1.always < m0.always - 30, (m1.always, m0.always)
     assert f1["occ"] >= min(f0["occ"], 4) and not f1["spills"] and not f1["scratch"]
+
+
+@pytest.mark.parametrize("target", ["gfx950", "gfx942", "gfx1250", "sm90"])
+@pytest.mark.parametrize("d, dv", [(64, 64), (128, 128), (256, 256)])
+def test_decode_with_several_query_positions_does_not_spill(target, d, dv):
+    # 8 query positions of a group of 8 (speculative decoding): a 64-row decode tile, one warp
+    # per 16 rows (plan.grown_decode, at most 8 warps); one warp of 64 rows spilled on every
+    # target (gfx950 d64 71 registers, sm90 d128 280 B of scratch)
+    from flydsl_kernels.attention import plan
+
+    for page in (16, 64):
+        p = plan.Problem(4, 8, 4096, 64, 8, d, dv, causal=True, seqused=True, page_size=page,
+                         decode=True)  # fmt: skip
+        fp = plan.plan_forward(p, target)
+        assert fp.C.BM == 64 and fp.config.num_warps <= 8
+        fig = model.figures(model.compile_config("decode", fp.config, p, target))
+        assert not fig["spills"] and not fig["scratch"], (page, fig)
+        assert target == "sm90" or fig["occ"] >= 2, (page, fig)

@@ -234,6 +234,11 @@ def plan_forward(
         cfg = configs.mod_config(cfg)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
+    G = p.group
+    GP = next_gp(G) if kind == "decode" else 1
+    BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
+    if kind == "decode" and BM > cfg.BM:
+        cfg = grown_decode(cfg, BM)
     klanes = cfg.klanes if p.dtype != "fp32" else 0
     if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % cfg.nonkdim == 0):
         # a tile spanning several pages gathers them row by row, which held scalar registers
@@ -245,9 +250,6 @@ def plan_forward(
         cfg = replace(cfg, BN=max(p.page_size, 16))
     if kind == "fwd" and config is None:
         cfg = configs.band_config("fwd", cfg, band(p))
-    G = p.group
-    GP = next_gp(G) if kind == "decode" else 1
-    BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
     # costs about 15 us, and a decode call plans on every call (9 of them were 140 us of a
@@ -425,6 +427,20 @@ def sparse_tiles(cfg: configs.Config, blocks) -> configs.Config:
 
 def next_gp(G: int) -> int:
     return configs.next_pow2(max(G, 1))
+
+
+def grown_decode(cfg: configs.Config, rows: int) -> configs.Config:
+    """``cfg`` for a decode tile whose rows grew past the table's (``configs.decode_rows``:
+    several query positions per head, as speculative decoding sends): a warp per table tile
+    of rows, so each warp keeps the rows the table was tuned for, and K's lane order off (a
+    one-warp load: ``Config.klanes``). One warp of 64 rows spilled on every target (gfx950
+    decode d64, 8 positions of a group of 8: 71 registers, one wave; d128: 81 and 132 B of
+    scratch; sm90 d128: 280 B of scratch); 4 warps of 16 rows take 184 VGPRs there (d128:
+    192) with no spill, and K's lane order at 2 or 4 warps spilled SGPRs on gfx950 d64 at pages
+    of 16 and 64 (27, 28). At most 8 warps (sm90's d192 / d256 entries already take 8 at 16
+    rows: 32 took scratch there)."""
+    warps = min(cfg.num_warps * (rows // cfg.BM), max(cfg.num_warps, 8))
+    return replace(cfg, BM=rows, num_warps=warps, klanes=0, notes={})
 
 
 #: the fewest keys a folded decode tile's copy takes (``decode_fold``): the P @ V reduction of
