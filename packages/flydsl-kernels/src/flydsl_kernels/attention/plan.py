@@ -236,9 +236,8 @@ def plan_forward(
         cfg = sparse_tiles(cfg, p.sparse)
     G = p.group
     GP = next_gp(G) if kind == "decode" else 1
-    BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
-    if kind == "decode" and BM > cfg.BM:
-        cfg = grown_decode(cfg, BM)
+    if kind == "decode" and configs.decode_rows(cfg.BM, p.seqlen_q, GP) > cfg.BM:
+        cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
     klanes = cfg.klanes if p.dtype != "fp32" else 0
     if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % cfg.nonkdim == 0):
         # a tile spanning several pages gathers them row by row, which held scalar registers
@@ -250,6 +249,7 @@ def plan_forward(
         cfg = replace(cfg, BN=max(p.page_size, 16))
     if kind == "fwd" and config is None:
         cfg = configs.band_config("fwd", cfg, band(p))
+    BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
     # costs about 15 us, and a decode call plans on every call (9 of them were 140 us of a
