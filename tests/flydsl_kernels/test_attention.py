@@ -1456,13 +1456,18 @@ def test_plan_picks_schedules_by_shape():
     fp = plan.plan_forward(p, "gfx950")
     assert fp.C.GP == 4 and fp.splits > 1 and fp.grid[2] == fp.splits
     mid = plan.Problem(1, 4096, 4096, 32, 8, 128, 128, causal=True)  # 32 heads x 16 m-blocks
-    fp = plan.plan_forward(mid, "gfx950")
-    assert fp.persistent == 256 and fp.C.PERSIST and fp.grid == (256, 1, 1)
-    assert plan.plan_forward(plan.Problem(1, 4096, 4096, 32, 8, 128, 128), "gfx950").persistent == 0
+    mid_sm90 = plan.Problem(1, 1024, 1024, 32, 8, 128, 128, causal=True)  # 64-row tiles: 512
+    fp = plan.plan_forward(mid_sm90, "sm90")  # 132 SMs: 512 tiles are 1 to 4 waves
+    assert fp.persistent == 132 and fp.C.PERSIST and fp.grid == (132, 1, 1)
+    # gfx950's d128 entry leaves the persistent grid off (Config.persist: its kernel spilled)
+    assert not plan.plan_forward(mid, "gfx950").persistent
+    mid_gfx942 = plan.Problem(1, 4096, 4096, 32, 8, 256, 256, causal=True)
+    assert plan.plan_forward(mid_gfx942, "gfx942").persistent == 304
+    assert plan.plan_forward(plan.Problem(1, 4096, 4096, 32, 8, 128, 128), "sm90").persistent == 0
     assert (
         plan.plan_forward(
             plan.Problem(4, 8192, 8192, 32, 8, 128, 128, causal=True),
-            "gfx950",  # 4096 tiles
+            "sm90",  # 4096 tiles
         ).persistent
         == 0
     )

@@ -394,6 +394,20 @@ def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     assert bad.startswith("gfx942 bwd_dq d256") and "occupancy 1 below the floor 2" in bad
 
 
+def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):
+    # Config.persist: the persistent kernel is compiled (plain and windowed) where an entry
+    # sets it; gfx950's d128 one spilled and took one wave windowed, so the table leaves it off
+    keys = {("fwd", "d128")}
+    assert not configs.TABLES["gfx950"][("fwd", "d128")].persist
+    assert model.check_tables(("gfx950",), keys) == []
+    tab = dict(configs.TABLES["gfx950"])
+    tab[("fwd", "d128")] = replace(tab[("fwd", "d128")], persist=True)
+    monkeypatch.setitem(model.TABLES, "gfx950", tab)
+    bad = model.check_tables(("gfx950",), keys)
+    assert bad and all(b.startswith("gfx950 fwd d128 persistent") for b in bad), bad
+    assert any("window" in b for b in bad), bad
+
+
 def test_decode_reads_pages_at_scalar_offsets():
     # Config.soffset (the core's buffer_soffset, llir.buffer_soffset): K's and V's loads read
     # through their tensors' own descriptors at the page's byte offset (an SGPR soffset),

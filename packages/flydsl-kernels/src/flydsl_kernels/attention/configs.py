@@ -19,7 +19,8 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
 * **window tiles** (``band_config``): a window narrower than the tile shrinks the tile until
   the window is wider than it (the KV loop then has unmasked interior trips); dK/dV then
   trades query rows per step for keys per warp where ``BAND_WARP_KEYS`` says;
-* **persistent grid** (forward, not split): ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
+* **persistent grid** (forward, not split, where the table entry sets ``Config.persist``):
+  ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
   uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;
   decode's single m-block is even) and ``CUs <= T <
   PERSIST_WAVES * CUs`` (a few waves, so the last wave's imbalance is a large share of the
@@ -130,6 +131,13 @@ class Config:
     #: the KV loop), so the softmax runs on the scores the tile needs, not on padding rows; 0
     #: or 1 off
     fold: int = 0
+    #: prefill: the persistent grid where the schedule rule asks for one (``persistent_programs``:
+    #: causal tiles of uneven cost, one to ``PERSIST_WAVES`` waves of them). Set per entry where
+    #: the persistent kernel compiles as cleanly as the plain one (``model.check_tables``
+    #: compiles it, with and without a window): its loop over tiles keeps more values live, and
+    #: on most AMD entries it spilled or lost a wave (gfx950 d128 228 -> 256 VGPRs and a spill,
+    #: windowed 268 VGPRs at one wave; d192 93 spills and 236 B of scratch)
+    persist: bool = False
     notes: dict = field(default_factory=dict, compare=False, hash=False)
 
     def options(self, target) -> dict:
@@ -211,6 +219,7 @@ def _c(
     ql=0,
     tw=False,
     fo=0,
+    pe=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -234,6 +243,7 @@ def _c(
         q_lanes=ql,
         tr_wait=tw,
         fold=fo,
+        persist=pe,
         notes=notes,
     )
 
@@ -766,6 +776,21 @@ _GFX1250.update(
         ("decode", "d64"): replace(_GFX1250[("decode", "d64")], sched=MAX_ILP),
     }
 )
+
+# The persistent grid (Config.persist) on the forward entries whose persistent kernel compiles
+# as cleanly as the plain one at the model problem and under a window of 256 (VGPRs, spills,
+# scratch, waves: plain -> persistent). Set: gfx942 d192 177 -> 230 and d256 219 -> 250 (no
+# spill, 2 waves either way), gfx1250 d192 250 -> 307 (4 -> 3 waves) and d256 438 -> 484,
+# sm90 d64, d128 and d192 (no spill, no scratch). Left off: every gfx950 entry (d64 156 ->
+# 177 with 6 SGPR spills, d128 228 -> 256 with 1 and 268 at one wave windowed, d192 93 spills
+# and 236 B of scratch, d256 7 spills and 32 B), gfx942 d64 and d128 (windowed: 37 and 2
+# spills), gfx1250 d64 (windowed: 5 spills, 3 -> 2 waves) and d128 (75 spills, 228 B of
+# scratch), sm90 d256 (16 B of scratch, 80 windowed). The rule was never timed: the plain grid
+# is what every table was tuned and timed on
+for _tab, _dcls in ((_GFX942, ("d192", "d256")), (_GFX1250, ("d192", "d256")),
+                    (_SM90, ("d64", "d128", "d192"))):  # fmt: skip
+    for _d in _dcls:
+        _tab[("fwd", _d)] = replace(_tab[("fwd", _d)], persist=True)
 
 #: one table per tuned target (``_target.TUNED_TARGETS``); any other target reads gfx950's
 TABLES: dict[str, dict[tuple[str, str], Config]] = {

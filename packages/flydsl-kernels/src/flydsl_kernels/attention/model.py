@@ -21,6 +21,8 @@ compile; survivors are ranked (``score``) by
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flydsl_core import cdiv
 
 from . import plan
@@ -289,12 +291,28 @@ def check_tables(targets=tuple(TABLES), keys=None) -> list[str]:
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
-            rep = ck.executable.report.to_dict()
             amd = t.startswith("gfx") and (t, kind, dcls) not in BELOW_FLOOR
-            why = judge(Candidate(None, rep), tgt, OCCUPANCY_FLOOR if amd else 1).rejected
-            if why or rep.get("spill_store_bytes"):
-                bad.append(f"{t} {kind} {dcls} {cfg.as_dict()}: {why or 'spill stores'}")
+            floor = OCCUPANCY_FLOOR if amd else 1
+            for what, k in [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]:
+                rep = k.executable.report.to_dict()
+                why = judge(Candidate(None, rep), tgt, floor).rejected
+                if why or rep.get("spill_store_bytes"):
+                    bad.append(f"{t} {kind} {dcls}{what} {cfg.as_dict()}: {why or 'spill stores'}")
     return bad
+
+
+def _persistent_kernels(kind, dcls, cfg, target):
+    """``(label, CompiledKernel)`` of a forward entry's persistent grid (``Config.persist``) at
+    its model problem, plain and under a causal window of 256 keys (the band tile): the
+    variants ``check_tables`` holds to the same bar as the plain kernel."""
+    if kind != "fwd" or not cfg.persist:
+        return []
+    out = []
+    for label, window in ((" persistent", (-1, -1)), (" persistent window", (255, 0))):
+        p = replace(model_problem(kind, dcls), window=window)
+        fp = plan.plan_forward(p, target, persistent=256, splits=1)
+        out.append((label, forward_launches(fp)[0].compile(target)))
+    return out
 
 
 def main(argv=None):  # pragma: no cover - a developer tool

@@ -296,7 +296,8 @@ def plan_forward(
     if s == 1:
         if persistent is None:
             # causal tiles cost unevenly only across m-blocks: one m-block (decode) is even
-            pers = configs.persistent_programs(programs, cus, uneven=p.causal and mblocks > 1)
+            uneven = p.causal and mblocks > 1
+            pers = configs.persistent_programs(programs, cus, uneven) if cfg.persist else 0
         else:
             pers = int(persistent)
     C = Fwd(
