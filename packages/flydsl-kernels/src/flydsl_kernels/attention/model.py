@@ -286,14 +286,15 @@ def check_tables(targets=tuple(TABLES), keys=None) -> list[str]:
         for (kind, dcls), cfg in TABLES[t].items():
             if keys is not None and (kind, dcls) not in keys:
                 continue
-            try:
+            try:  # the plain kernel, then the persistent ones the entry ships
                 ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
+                kernels = [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
             amd = t.startswith("gfx") and (t, kind, dcls) not in BELOW_FLOOR
             floor = OCCUPANCY_FLOOR if amd else 1
-            for what, k in [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]:
+            for what, k in kernels:
                 rep = k.executable.report.to_dict()
                 why = judge(Candidate(None, rep), tgt, floor).rejected
                 if why or rep.get("spill_store_bytes"):

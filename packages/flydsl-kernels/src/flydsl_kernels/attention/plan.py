@@ -236,7 +236,7 @@ def plan_forward(
         cfg = sparse_tiles(cfg, p.sparse)
     G = p.group
     GP = next_gp(G) if kind == "decode" else 1
-    if kind == "decode" and configs.decode_rows(cfg.BM, p.seqlen_q, GP) > cfg.BM:
+    if kind == "decode":
         cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
     klanes = cfg.klanes if p.dtype != "fp32" else 0
     if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % cfg.nonkdim == 0):
@@ -439,7 +439,9 @@ def grown_decode(cfg: configs.Config, rows: int) -> configs.Config:
     scratch; sm90 d128: 280 B of scratch); 4 warps of 16 rows take 184 VGPRs there (d128:
     192) with no spill, and K's lane order at 2 or 4 warps spilled SGPRs on gfx950 d64 at pages
     of 16 and 64 (27, 28). At most 8 warps (sm90's d192 / d256 entries already take 8 at 16
-    rows: 32 took scratch there)."""
+    rows: 32 took scratch there). ``cfg`` itself where the rows did not grow."""
+    if rows <= cfg.BM:
+        return cfg
     warps = min(cfg.num_warps * (rows // cfg.BM), max(cfg.num_warps, 8))
     return replace(cfg, BM=rows, num_warps=warps, klanes=0, notes={})
 
@@ -456,9 +458,9 @@ def decode_fold(p: Problem, cfg: configs.Config, kind: str, rows: int, gp: int, 
     the MFMA computes, up to ``Config.fold``, while each copy keeps a key block of at least
     ``FOLD_KEYS_MIN``. 1 where the table leaves it off, and for what the
     folded loop does not handle: score and mask mods, ALiBi, V in head-dim blocks."""
-    if not (kind == "decode" and cfg.fold and not vblk and not p.alibi):
+    if not (kind == "decode" and cfg.fold and not vblk and not p.alibi):  # decode: not sparse
         return 1
-    if p.score_mod is not None or p.mask_mod is not None or p.sparse[0]:
+    if p.score_mod is not None or p.mask_mod is not None:
         return 1
     real = configs.next_pow2(max(p.seqlen_q, 1)) * gp
     f = 1
