@@ -59,6 +59,29 @@ def close(out, ref, tol, what=""):
     torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol, msg=what)
 
 
+@pytest.mark.parametrize(
+    "table, d, dv, window, kind, want",
+    [
+        # configs.WINDOW_TILES: gfx950 d192's 1-warp level takes the 2-warp tile at 32 keys
+        # (a 16-key window narrower than it: every trip masked)
+        ("gfx950", 192, 128, (15, 0), "fwd", {"BM": 64, "BN": 32, "num_warps": 2}),
+        ("gfx950", 128, 128, (127, 0), "fwd", {"BM": 64, "num_warps": 2, "k_t": False}),
+        ("gfx942", 128, 128, (40, 0), "bwd_dq", {"BM": 64, "BN": 16, "num_warps": 2}),
+        ("sm90", 128, 128, (15, 0), "bwd_dkdv", {"BM": 16, "BN": 32, "num_warps": 2}),
+    ],
+)
+def test_window_tiles_against_the_reference(table, d, dv, window, kind, want):
+    p = plan.Problem(1, 77, 77, 2, 1, d, dv, causal=True, window=window)
+    if kind == "fwd":
+        c = plan.plan_forward(p, REF, table=table).config
+    else:
+        bp = plan.plan_backward(p, REF, table=table)
+        c = bp.dkdv if kind == "bwd_dkdv" else bp.dq
+    assert {f: getattr(c, f) for f in want} == want
+    q, k, v = qkv(1, 77, 77, 2, 1, d, dv, seed=37, grad=True)
+    check_fwd_bwd(q, k, v, REF, table=table, config=None, causal=True, window_size=window)
+
+
 def close_lse(lse, ref):
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(lse), fin) and torch.equal(lse[~fin], ref[~fin].float())
@@ -1399,6 +1422,31 @@ def test_band_config_makes_the_window_wider_than_the_tile():
     bp = plan.plan_backward(p, "gfx950")
     assert not bp.C_dq.NARROW and not bp.C_dkdv.NARROW
     assert (bp.dkdv.BM, bp.dkdv.BN, bp.dkdv.num_warps) == (32, 64, 2)
+
+
+def test_window_config_takes_its_level_changes_under_a_left_bound(monkeypatch):
+    # configs.WINDOW_TILES: by (kind, dclass, the warps band_config left), only with a left
+    # window bound (its edge loops are what the table's tile had no room for)
+    base = configs.Config(256, 64, 8, 1, 32, lane_sums=True)
+    tiles = {("fwd", "d128", 2): {"lane_sums": False}, ("fwd", "d128", 8): {"BN": 32}}
+    monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", tiles)
+    c = configs.window_config("fwd", base, (127, 0), "d128", "gfx950")
+    assert (c.BM, c.BN, c.num_warps, c.lane_sums) == (64, 64, 2, False)
+    c = configs.window_config("fwd", base, (4095, 0), "d128", "gfx950")  # no shrink, level 8
+    assert (c.BM, c.BN, c.num_warps, c.lane_sums) == (256, 32, 8, True)
+    c = configs.window_config("fwd", base, (255, 0), "d128", "gfx950")  # a level without
+    assert (c.BM, c.BN, c.num_warps, c.lane_sums) == (128, 64, 4, True)
+    assert configs.window_config("fwd", base, (-1, 0), "d128", "gfx950") is base  # causal
+    assert configs.window_config("fwd", base, (127, 0), "d64", "gfx950").lane_sums  # class
+    assert configs.window_config("bwd_dq", base, (127, 0), "d128", "gfx950").lane_sums  # kind
+    # the default table (None, the CPU backends) is gfx950's; the plan applies it (forward and
+    # backward)
+    assert not configs.window_config("fwd", base, (127, 0), "d128", None).lane_sums
+    p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, window=(127, 0))
+    assert not plan.plan_forward(p, "gfx950").config.lane_sums
+    assert plan.plan_forward(replace(p, window=(-1, -1)), "gfx950").config.BN == 64
+    tiles[("bwd_dq", "d128", 4)] = {"BN": 16}
+    assert plan.plan_backward(replace(p, window=(255, 0)), "gfx950").dq.BN == 16
 
 
 def _crosses_both(sq, sk, rows, keys, left, right, mirrored):

@@ -390,8 +390,43 @@ def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     keys = {("bwd_dq", "d256")}
     assert model.check_tables(("gfx942",), keys) == []
     monkeypatch.setattr(model, "BELOW_FLOOR", set())
-    (bad,) = model.check_tables(("gfx942",), keys)
+    (bad,) = model.check_tables(("gfx942",), keys, windows=False)
     assert bad.startswith("gfx942 bwd_dq d256") and "occupancy 1 below the floor 2" in bad
+    bad = model.check_tables(("gfx942",), keys)  # its window tiles too
+    assert len(bad) > 1 and all("occupancy 1 below the floor 2" in b for b in bad), bad
+
+
+# windowed problems whose tile spilled, needed scratch or lost a wave before
+# configs.WINDOW_TILES (or, gfx1250's, ended the process in Triton's TTGIR parser)
+WINDOWED = [
+    ("gfx950", "fwd", "d128", (127, 0)),  # 64 x 64, 2 warps: 260 VGPRs, one wave
+    ("gfx950", "fwd", "d192", (4095, 0)),  # the table's tile: 7 spills, 32 B of scratch
+    ("gfx950", "bwd_dq", "d256", (1023, 0)),  # a Gemma-style window: 41 spills, 152 B
+    ("gfx942", "bwd_dq", "d128", (4095, 0)),  # 52 spills, 212 B
+    ("gfx1250", "bwd_dkdv", "d128", (31, 0)),  # one warp: "ctaLayout = {}" (shared_operands)
+    ("sm90", "fwd", "d128", (31, 0)),  # 128 B of scratch
+]
+
+
+@pytest.mark.parametrize("target, kind, dcls, window", WINDOWED)
+def test_windowed_tiles_compile_clean(target, kind, dcls, window):
+    p = replace(model.model_problem(kind, dcls), window=window)
+    ck = model.window_kernel(kind, p, target)
+    assert model.shortfall(ck, target, model.floor_of(target, kind, dcls)) is None
+
+
+def test_check_tables_compiles_every_window_level(monkeypatch):
+    # model.window_problems: each band level and loop shape of an entry under a causal window;
+    # without gfx950's WINDOW_TILES its d128 forward's 2- and 1-warp tiles fall short
+    keys = {("fwd", "d128")}
+    levels = model.window_problems(
+        "fwd", "d128", configs.TABLES["gfx950"][("fwd", "d128")], "gfx950"
+    )
+    assert {w for w, _ in levels} == {8, 4, 2, 1}
+    monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {})
+    bad = model.check_tables(("gfx950",), keys)
+    assert bad and all(" window (" in b for b in bad), bad
+    assert model.check_tables(("gfx950",), keys, windows=False) == []
 
 
 def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):

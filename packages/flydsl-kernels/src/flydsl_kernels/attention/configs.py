@@ -859,6 +859,102 @@ def band_config(kind: str, cfg: Config, band: int | None, warp_keys: int = 0) ->
     return c
 
 
+#: per target: the field changes the tile of a problem with a left window bound takes, by
+#: ``(kind, dclass, warps)``, ``warps`` those of the tile ``band_config`` left (each step of its
+#: shrink halves them: one key per level). A left bound adds the KV loops that mask at the
+#: window's edges (``common._segments``), whose per-lane bounds and masks the table's entry,
+#: tuned without a window, has no room for: at some levels it spilled or lost a wave. Chosen
+#: by ``model.window_search`` (``flydsl-kernels model attention --windows``), which compiles
+#: each level at its narrowest window and at a wide one and takes the change with the fewest
+#: loop instructions per MFMA that compiles clean at every window of the level;
+#: ``model.check_tables`` compiles every level of every entry under a window
+#: (Triton 3.9, the model problems; before: what the plain tile compiled to at that level).
+#: gfx950: fwd d64 2 warps (gpt-oss's tile) Q's lane order off, 1 SGPR spill before (the
+#: gpt-oss report case 11.81 / 15.81 -> 11.81 / 15.88, its sinks had hidden the spill); d128 2
+#: warps K^T off (260 VGPRs, one wave), 1 warp 32 keys (298, 7 spills); d192 8 warps K^T off (7
+#: spills, 32 B of scratch), 4 and 2 warps 32 keys (324 VGPRs and 3 spills; 304 and 1), 1 warp
+#: the 2-warp tile at 32 keys (38 SGPR spills; 32 keys alone one wave); d256 1 warp LLVM's
+#: default scheduler (300 VGPRs, one wave); dQ d128 2 warps the default scheduler (268, one
+#: wave), 1 warp 16 keys (290); dQ d256 8 warps the default scheduler (41 spills, 152 B of
+#: scratch), 4 and 2 coexec (292 and 308 VGPRs, one wave), 1 warp 16 keys (332). gfx942: dQ
+#: d128 16 keys at every level (8 warps: 52 spills, 212 B of scratch), its 1-warp level the
+#: 2-warp tile; dQ d256 (one wave allowed: ``model.BELOW_FLOOR``) 84 spills and 340 B of
+#: scratch at 2 warps before. sm90: scratch (8 to 128 B) at its smallest tiles before
+WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
+    "gfx950": {
+        ("fwd", "d64", 2): {"q_lanes": 0},
+        ("fwd", "d128", 2): {"k_t": False, "kt_edge": False},
+        ("fwd", "d128", 1): {"BN": 32},
+        ("fwd", "d192", 8): {"k_t": False, "kt_edge": False},
+        ("fwd", "d192", 4): {"BN": 32},
+        ("fwd", "d192", 2): {"BN": 32},
+        ("fwd", "d192", 1): {"BM": 64, "BN": 32, "num_warps": 2},
+        ("fwd", "d256", 1): {"sched": ""},
+        ("bwd_dkdv", "d192", 1): {"sched": ""},
+        ("bwd_dq", "d128", 2): {"sched": ""},
+        ("bwd_dq", "d128", 1): {"BN": 16},
+        ("bwd_dq", "d192", 1): {"BN": 32},
+        ("bwd_dq", "d256", 8): {"sched": ""},
+        ("bwd_dq", "d256", 4): {"sched": "coexec"},
+        ("bwd_dq", "d256", 2): {"sched": "coexec"},
+        ("bwd_dq", "d256", 1): {"BN": 16},
+    },
+    "gfx942": {
+        ("fwd", "d64", 8): {"split_off": False},
+        ("fwd", "d64", 4): {"sched": "iterative-ilp"},
+        ("fwd", "d128", 1): {"BN": 16},
+        ("fwd", "d256", 1): {"BN": 16},
+        ("bwd_dkdv", "d256", 2): {"BN": 32, "num_warps": 4},
+        ("bwd_dq", "d128", 8): {"BN": 16},
+        ("bwd_dq", "d128", 4): {"BN": 16},
+        ("bwd_dq", "d128", 2): {"BN": 16},
+        ("bwd_dq", "d128", 1): {"BM": 64, "BN": 16, "num_warps": 2},
+        ("bwd_dq", "d192", 1): {"BN": 16},
+        ("bwd_dq", "d256", 2): {"BM": 128, "num_warps": 4},
+        ("bwd_dq", "d256", 1): {"BM": 64, "BN": 16, "num_warps": 2},
+    },
+    "gfx1250": {
+        ("fwd", "d128", 2): {"waves_per_eu": 2},
+        ("fwd", "d128", 1): {"BN": 32},
+        ("fwd", "d256", 2): {"waves_per_eu": 2},
+        ("fwd", "d256", 1): {"BN": 16},
+        ("bwd_dq", "d64", 1): {"sched": ""},
+        ("bwd_dq", "d128", 4): {"num_stages": 1},
+        ("bwd_dq", "d128", 2): {"num_stages": 1},
+        ("bwd_dq", "d128", 1): {"BN": 32, "num_stages": 1},
+        ("bwd_dq", "d192", 2): {"BN": 32},
+        ("bwd_dq", "d192", 1): {"BN": 32},
+        ("bwd_dq", "d256", 1): {"split_off": False},
+    },
+    "sm90": {
+        ("fwd", "d128", 1): {"BN": 32},
+        ("fwd", "d256", 2): {"BN": 16},
+        ("fwd", "d256", 1): {"BN": 16},
+        ("bwd_dkdv", "d128", 1): {"BN": 32, "num_warps": 2},
+        ("bwd_dq", "d64", 1): {"BN": 32},
+        ("bwd_dq", "d128", 2): {"BN": 32},
+        ("bwd_dq", "d128", 1): {"BN": 32},
+        ("bwd_dq", "d192", 2): {"num_stages": 2},
+        ("bwd_dq", "d256", 1): {"num_stages": 2},
+    },
+}
+
+
+def window_config(
+    kind: str, cfg: Config, bounds: tuple[int, int], dcls: str, target, warp_keys: int = 0
+) -> Config:
+    """``cfg`` for a problem with window ``bounds`` (``Problem.bounds``: ``(left, right)``, -1
+    unbounded): shrunk by ``band_config`` under a two-sided window, then, under a left bound,
+    with the ``WINDOW_TILES`` changes of ``target`` (an untuned one reads gfx950's) at the
+    level it reached."""
+    left, right = bounds
+    c = band_config(kind, cfg, left + right + 1 if left >= 0 and right >= 0 else None, warp_keys)
+    if left < 0:
+        return c
+    changes = _table_for(WINDOW_TILES, target).get((kind, dcls, c.num_warps))
+    return replace(c, notes={}, **changes) if changes else c
+
+
 #: the key-offset bits a lane decides in the forward's score tile, per target and MFMA size
 #: (``Config.nonkdim``): Triton's AMD attention accumulators are transposed MFMA layouts, a lane
 #: holding one query row's keys ``32 b + 8 g + 4 (lane // 32) + k`` in a 32x32 block, so bit 2

@@ -271,35 +271,198 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
     return ok + [r for r in rows if r[2] is not None]
 
 
-def check_tables(targets=tuple(TABLES), keys=None) -> list[str]:
-    """Compile every shipped entry of every target's table at its model problem; the problems
+def check_tables(targets=tuple(TABLES), keys=None, *, windows=True) -> list[str]:
+    """Compile every shipped entry of every target's table at its model problem, and the
+    prefill ones under every window problem (``window_problems``; ``windows``); the problems
     found (compile failures, scratch, spills, LDS over the target's limit, and on AMD targets
     fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only
     those ``(kind, dclass)`` entries."""
-    from flydsl_core.autotune.prune import Candidate, judge
     from flydsl_core.exc import FlyDSLError
-    from flydsl_core.targets import get_target
 
     bad = []
     for t in targets:
-        tgt = get_target(t)
         for (kind, dcls), cfg in TABLES[t].items():
             if keys is not None and (kind, dcls) not in keys:
                 continue
-            try:  # the plain kernel, then the persistent ones the entry ships
+            try:  # the plain kernel, the persistent ones the entry ships, the windowed ones
                 ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
                 kernels = [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]
+                if windows:
+                    kernels += _windowed_kernels(kind, dcls, cfg, t)
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
-            amd = t.startswith("gfx") and (t, kind, dcls) not in BELOW_FLOOR
-            floor = OCCUPANCY_FLOOR if amd else 1
+            floor = floor_of(t, kind, dcls)
             for what, k in kernels:
-                rep = k.executable.report.to_dict()
-                why = judge(Candidate(None, rep), tgt, floor).rejected
-                if why or rep.get("spill_store_bytes"):
-                    bad.append(f"{t} {kind} {dcls}{what} {cfg.as_dict()}: {why or 'spill stores'}")
+                why = shortfall(k, t, floor)
+                if why:
+                    bad.append(f"{t} {kind} {dcls}{what} {cfg.as_dict()}: {why}")
     return bad
+
+
+def _windowed_kernels(kind, dcls, cfg, target):
+    """``(label, CompiledKernel)`` of a prefill entry under each of its window problems
+    (``window_problems``), as the plan compiles them (``configs.WINDOW_TILES`` applied)."""
+    if kind == "decode":
+        return []
+    out = []
+    for window, _ in window_problems(kind, dcls, cfg, target).values():
+        p = replace(model_problem(kind, dcls), window=window)
+        out.append((f" window {window}", window_kernel(kind, p, target)))
+    return out
+
+
+#: the left bounds of the causal windows an entry is compiled under (``window_problems``):
+#: narrow to wide around the band tile's levels (``configs.band_config`` halves a tile's rows
+#: or keys with its warps until ``rows + keys <= band + 1``), so that every level and both of
+#: its loop shapes (``plan.narrow_band``: whether a tile may cross both window bounds) are met
+WINDOW_LEFTS = (15, 31, 47, 62, 63, 94, 95, 126, 127, 158, 159, 190, 191, 254, 255, 318, 319,
+                382, 383, 510, 511, 4095)  # fmt: skip
+
+
+def window_problems(kind: str, dcls: str, cfg: Config, target) -> dict:
+    """``{(warps, narrow): (window, tile)}``: the windowed problems (``WINDOW_LEFTS``, causal)
+    whose kernels differ for the entry ``cfg`` of ``kind``: one per band level (the tile's warps
+    after ``configs.band_config``, before any ``configs.WINDOW_TILES`` change) and loop shape,
+    the narrowest window first met; ``tile`` is the level's unchanged tile."""
+    from .configs import band_config, band_warp_keys
+
+    out = {}
+    base = model_problem(kind, dcls)
+    wk = band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
+    for left in WINDOW_LEFTS:
+        p = replace(base, window=(left, 0))
+        tile = band_config(kind, cfg, plan.band(p), wk)
+        narrow = plan.narrow_band(p, tile.BM, tile.BN, kind)
+        out.setdefault((tile.num_warps, narrow), (p.window, tile))
+    return out
+
+
+def window_kernel(kind, p, target, cfg=None):
+    """The kernel of ``kind`` at the windowed problem ``p``: the plan's (``cfg`` None: the table
+    with its ``WINDOW_TILES``) or ``cfg``'s."""
+    if kind == "fwd":
+        fp = plan.plan_forward(p, target, config=cfg, splits=1, persistent=0)
+        return forward_launches(fp)[0].compile(target)
+    return backward_launch(p, target, kind, cfg).compile(target)
+
+
+def shortfall(ck, target, floor) -> str | None:
+    """Why ``ck`` falls short of the shipped bar (``prune.judge`` at ``floor`` waves per SIMD,
+    and no spill stores); None where it does not."""
+    from flydsl_core.autotune.prune import Candidate, judge
+    from flydsl_core.targets import get_target
+
+    rep = ck.executable.report.to_dict()
+    why = judge(Candidate(None, rep), get_target(target), floor).rejected
+    return why or ("spill stores" if rep.get("spill_store_bytes") else None)
+
+
+def floor_of(target, kind, dcls) -> int:
+    """The waves per SIMD an entry must reach (band tiles under a window too):
+    ``OCCUPANCY_FLOOR`` on AMD outside ``BELOW_FLOOR``, one elsewhere."""
+    amd = str(target).startswith("gfx") and (target, kind, dcls) not in BELOW_FLOOR
+    return OCCUPANCY_FLOOR if amd else 1
+
+
+def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]:
+    """The single field changes ``window_search`` tries on a band level's ``tile`` (of the
+    table's ``entry``) for ``target``: on AMD, LLVM's schedulers, the options that keep values
+    live across the loop (descriptors at the entry, split offsets, shared transposed operands,
+    Q in lane order, the backward's loads) and a waves-per-EU hint; on every target the row
+    sums as lane partials or not, K^T or not, one stage fewer (or, on NVIDIA, one more), a
+    smaller tile (half the keys per forward / dQ step, half the query rows per dK/dV step), and
+    the level above's tile (rows, or dK/dV's keys, and warps doubled: a window narrower than it
+    then masks every trip, but each warp keeps the registers it has at that level); only those
+    that change the tile."""
+    amd = str(target).startswith("gfx")
+    cands = []
+    if amd:
+        cands += [{"sched": s} for s in ("", "coexec", "iterative-ilp", "max-ilp")]
+        # (the 16x16 MFMA is not tried: Triton 3.9 aborted the process compiling gfx950's
+        # d128 forward band tile with it)
+        cands += [{"hoist_rsrc": ""}, {"split_off": False}, {"waves_per_eu": 2}]
+        if kind == "fwd":
+            cands += [{"q_lanes": 0}, {"tr_wait": False}]
+        else:
+            cands += [{"share_t": False}, {"bwd_loads": "own"}, {"bwd_loads": "view"}]
+    elif tile.num_stages < 2:
+        cands.append({"num_stages": tile.num_stages + 1})
+    cands += [{"num_stages": tile.num_stages - 1}] if tile.num_stages > 1 else []
+    if kind == "fwd":
+        cands += [{"lane_sums": not tile.lane_sums}, {"k_t": False, "kt_edge": False}]
+    if kind == "bwd_dkdv" and tile.BM > 16:
+        cands.append({"BM": tile.BM // 2})
+    elif kind != "bwd_dkdv" and tile.BN > 16:
+        cands.append({"BN": tile.BN // 2})
+    if tile.num_warps < entry.num_warps:
+        grown = "BN" if kind == "bwd_dkdv" else "BM"
+        cands.append({grown: getattr(tile, grown) * 2, "num_warps": tile.num_warps * 2})
+    return [c for c in cands if any(getattr(tile, k) != v for k, v in c.items())]
+
+
+#: the single changes nearest the bar whose pairs ``window_search`` tries where none alone mends
+PAIR_FROM = 6
+
+
+def window_search(kind: str, dcls: str, target: str, log=print) -> dict:
+    """``{warps: changes}`` for the band levels of ``target``'s ``(kind, dcls)`` entry whose
+    tile falls short of the shipped bar under a window (``shortfall``): the single change
+    (``window_changes``), else the pair of them, that compiles clean at every window problem
+    of the level (``window_problems``) with the fewest loop instructions per useful MFMA summed
+    over them; a level no change mends is logged and left out."""
+    from flydsl_core.exc import FlyDSLError
+
+    cfg = TABLES[target][(kind, dcls)]
+    floor = floor_of(target, kind, dcls)
+    levels: dict[int, list] = {}
+    for (warps, _), (window, tile) in window_problems(kind, dcls, cfg, target).items():
+        levels.setdefault(warps, []).append(
+            (replace(model_problem(kind, dcls), window=window), tile)
+        )
+
+    def trial(probs, changes):
+        """(per-MFMA sum or None, why not clean, how far off: spills, then registers)"""
+        total = 0.0
+        for p, tile in probs:
+            c = replace(tile, **changes)
+            try:
+                ck = window_kernel(kind, p, target, c)
+            except FlyDSLError as e:
+                return None, f"compile failed: {e.msg.splitlines()[0]}", (1e9, 0)
+            why = shortfall(ck, target, floor)
+            if why:
+                f = figures(ck)
+                return None, why, (f["spills"] + f["scratch"], f["vgpr"] or 0)
+            total += figures(ck, kind, c, p).get("per_mfma") or 1e9
+        return total, None, (0, 0)
+
+    def best_of(probs, cands):
+        best, near = None, []
+        for ch in cands:
+            total, why, off = trial(probs, ch)
+            w = probs[0][1].num_warps
+            log(f"{target} {kind} {dcls} {w} warps {ch}: {why or round(total, 2)}")
+            if why is None and (best is None or total < best[0]):
+                best = (total, ch)
+            near.append((off, why, ch))
+        return best, near
+
+    out = {}
+    for warps, probs in sorted(levels.items(), reverse=True):
+        if trial(probs, {})[1] is None:
+            continue
+        singles = window_changes(kind, probs[0][1], cfg, target)
+        best, near = best_of(probs, singles)
+        if best is None:  # pairs of the singles nearest the bar
+            top = [ch for _, _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+            pairs = [a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)]
+            best, _ = best_of(probs, pairs)
+        if best is None:
+            log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean")
+        else:
+            out[warps] = best[1]
+    return out
 
 
 def _persistent_kernels(kind, dcls, cfg, target):
@@ -342,7 +505,16 @@ def main(argv=None):  # pragma: no cover - a developer tool
     ap.add_argument(
         "--check-tables", action="store_true", help="compile every shipped entry, every target"
     )
+    ap.add_argument(
+        "--windows",
+        action="store_true",
+        help="search the changes the --kind / --dclass entry's window tiles need "
+        "(configs.WINDOW_TILES) on --target",
+    )
     a = ap.parse_args(argv)
+    if a.windows:
+        print(window_search(a.kind, a.dclass, a.target))
+        return
     if a.check_tables:
         bad = check_tables()
         print("\n".join(bad) or "every shipped entry compiles without scratch or spills")

@@ -248,7 +248,8 @@ def plan_forward(
         # d128, pages of 16: 64-key tiles, 4 pages, no padding of P @ V's 16-key reduction)
         cfg = replace(cfg, BN=max(p.page_size, 16))
     if kind == "fwd" and config is None:
-        cfg = configs.band_config("fwd", cfg, band(p))
+        dcls = configs.dclass(p.head_dim, p.head_dim_v)
+        cfg = configs.window_config("fwd", cfg, p.bounds, dcls, table)
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
@@ -590,17 +591,23 @@ def plan_backward(
     """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
     table = _table(target, table)
     d, dv = p.head_dim, p.head_dim_v
+    dcls = configs.dclass(d, dv)
     c1 = dkdv_config or fp32_tiles(
-        configs.band_config(
+        configs.window_config(
             "bwd_dkdv",
             configs.select("bwd_dkdv", d, table, dv),
-            band(p),
-            configs.band_warp_keys(table, configs.dclass(d, dv)),
+            p.bounds,
+            dcls,
+            table,
+            configs.band_warp_keys(table, dcls),
         ),
         p,
     )
     c2 = dq_config or fp32_tiles(
-        configs.band_config("bwd_dq", configs.select("bwd_dq", d, table, dv), band(p)), p
+        configs.window_config(
+            "bwd_dq", configs.select("bwd_dq", d, table, dv), p.bounds, dcls, table
+        ),
+        p,
     )
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)

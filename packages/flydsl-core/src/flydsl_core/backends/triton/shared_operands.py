@@ -43,6 +43,12 @@ _SWZ = re.compile(
     r"^#ttg\.swizzled_shared<\{vec = (\d+), perPhase = (\d+), maxPhase = (\d+), "
     r"order = \[(\d+), (\d+)\]\}>$"
 )
+#: a one-warp layout's CGA layout as Triton 3.9 prints it (``ctaLayout = {}``: the empty warp
+#: basis left out), which its own parser rejects with a fatal error that ends the process
+#: ("Expected basis of 'warp' not found"; gfx1250's one-warp dK/dV band tile hit it); written
+#: back with the empty basis it stands for, which parses to the same layout
+_EMPTY_CGA = "ctaLayout = {}"
+_EMPTY_CGA_PARSED = "ctaLayout = {warp = []}"
 _CVT = re.compile(
     r"^(?P<ind> *)%(?P<c>[\w.]+) = ttg\.convert_layout %(?P<x>[\w.]+) : "
     r"tensor<(?P<r>\d+)x(?P<k>\d+)x(?P<t>\w+), (?P<src>#[\w.]+)> -> "
@@ -165,6 +171,7 @@ def rewrite_module(mod):
     text, n = share_transposed(str(mod))
     if n == 0:
         return mod
+    text = text.replace(_EMPTY_CGA, _EMPTY_CGA_PARSED)
     try:
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "rewritten.ttgir")
