@@ -740,15 +740,17 @@ def test_decode_folded_rows_match_the_reference(
     [(1, 300, 16, 2, 64, {}, True), (3, 77, 8, 2, 80, {"causal": True, "window_size": (20, 0)}, True),
      (5, 129, 12, 3, 128, {"causal": True, "softcap": 10.0}, True),
      (2, 40, 8, 1, 64, {"sinks": "sinks"}, True), (1, 0, 4, 1, 64, {}, True),
-     (9, 50, 8, 1, 32, {}, False), (4, 60, 4, 4, 64, {}, False)],
+     (9, 50, 8, 1, 32, {}, False), (4, 60, 4, 4, 64, {}, True), (1, 33, 3, 3, 128, {}, True),
+     (65, 70, 2, 2, 64, {"causal": True}, False)],
 )  # fmt: skip
 def test_flash_attn_func_packs_the_group_for_few_queries(
     target, sq, sk, h, hk, d, kw, packed, monkeypatch
 ):
     # flash_attn_func with few queries per KV head (a decode step through SDPA) runs the
-    # GQA-packed decode tile (configs.packs_heads: sq * next_pow2(group) <= 64, group > 1), as
+    # GQA-packed decode tile (configs.packs_heads: sq * next_pow2(group) <= 64), as
     # flash_attn_with_kvcache does; forward and backward against the reference, causal
-    # (bottom-right), a window, softcap, sinks, no keys at all; 9 x 8 rows and MHA stay prefill
+    # (bottom-right), a window, softcap, sinks, no keys at all; MHA's few queries too (a group
+    # of one); 9 x 8 rows and 65 MHA queries stay prefill
     seen = []
     real = plan.plan_forward
     monkeypatch.setattr(plan, "plan_forward", lambda p, *a, **k: seen.append(p) or real(p, *a, **k))
@@ -1389,7 +1391,8 @@ def test_persistent_rule_boundaries():
 
 
 def test_decode_packing_rule_boundaries():
-    assert not configs.packs_heads(1, 1)  # MHA: nothing to pack
+    assert configs.packs_heads(1, 1) and configs.packs_heads(64, 1)  # MHA: the decode tile
+    assert not configs.packs_heads(65, 1)
     assert configs.packs_heads(1, 8)
     assert configs.packs_heads(8, 8) and not configs.packs_heads(9, 8)  # 8 * 8 = 64 rows max
     assert configs.decode_rows(16, 1, 8) == 16

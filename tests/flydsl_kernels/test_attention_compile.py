@@ -416,13 +416,17 @@ def test_windowed_tiles_compile_clean(target, kind, dcls, window):
 
 
 def test_check_tables_compiles_every_window_level(monkeypatch):
-    # model.window_problems: each band level and loop shape of an entry under a causal window;
-    # without gfx950's WINDOW_TILES its d128 forward's 2- and 1-warp tiles fall short
+    # model.window_problems: each band level and loop shape of an entry under a causal window,
+    # and a left bound alone (not causal, the table's tile); without gfx950's WINDOW_TILES its
+    # d128 forward's 2- and 1-warp tiles fall short
     keys = {("fwd", "d128")}
     levels = model.window_problems(
         "fwd", "d128", configs.TABLES["gfx950"][("fwd", "d128")], "gfx950"
     )
-    assert {w for w, _ in levels} == {8, 4, 2, 1}
+    assert {w for w, _, causal in levels if causal} == {8, 4, 2, 1}
+    assert [(w, p.window) for (w, _, causal), (p, _) in levels.items() if not causal] == [
+        (8, (4095, -1))
+    ]
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {})
     bad = model.check_tables(("gfx950",), keys)
     assert bad and all(" window (" in b for b in bad), bad

@@ -871,21 +871,24 @@ def band_config(kind: str, cfg: Config, band: int | None, warp_keys: int = 0) ->
 #: (Triton 3.9, the model problems; before: what the plain tile compiled to at that level).
 #: gfx950: fwd d64 2 warps (gpt-oss's tile) Q's lane order off, 1 SGPR spill before (the
 #: gpt-oss report case 11.81 / 15.81 -> 11.81 / 15.88, its sinks had hidden the spill); d128 2
-#: warps K^T off (260 VGPRs, one wave), 1 warp 32 keys (298, 7 spills); d192 8 warps K^T off (7
-#: spills, 32 B of scratch), 4 and 2 warps 32 keys (324 VGPRs and 3 spills; 304 and 1), 1 warp
-#: the 2-warp tile at 32 keys (38 SGPR spills; 32 keys alone one wave); d256 1 warp LLVM's
+#: warps K^T off (260 VGPRs, one wave), 1 warp 32 keys (298, 7 spills); d192 8, 4 and 2 warps
+#: 32 keys (7 spills and 32 B of scratch, with a left bound alone 4 spills and 20 B; 324 VGPRs
+#: and 3 spills; 304 and 1), 1 warp the 2-warp tile at 32 keys (38 SGPR spills; 32 keys alone
+#: one wave); d256 1 warp LLVM's
 #: default scheduler (300 VGPRs, one wave); dQ d128 2 warps the default scheduler (268, one
 #: wave), 1 warp 16 keys (290); dQ d256 8 warps the default scheduler (41 spills, 152 B of
 #: scratch), 4 and 2 coexec (292 and 308 VGPRs, one wave), 1 warp 16 keys (332). gfx942: dQ
 #: d128 16 keys at every level (8 warps: 52 spills, 212 B of scratch), its 1-warp level the
 #: 2-warp tile; dQ d256 (one wave allowed: ``model.BELOW_FLOOR``) 84 spills and 340 B of
-#: scratch at 2 warps before. sm90: scratch (8 to 128 B) at its smallest tiles before
+#: scratch at 2 warps before; fwd d64 8 warps K's and V's descriptors in the loop (a left
+#: bound alone: 2 SGPR spills), 4 warps iterative-ilp (269 VGPRs, a spill, one wave). sm90:
+#: scratch (8 to 128 B) at its smallest tiles before
 WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
     "gfx950": {
         ("fwd", "d64", 2): {"q_lanes": 0},
         ("fwd", "d128", 2): {"k_t": False, "kt_edge": False},
         ("fwd", "d128", 1): {"BN": 32},
-        ("fwd", "d192", 8): {"k_t": False, "kt_edge": False},
+        ("fwd", "d192", 8): {"BN": 32},
         ("fwd", "d192", 4): {"BN": 32},
         ("fwd", "d192", 2): {"BN": 32},
         ("fwd", "d192", 1): {"BM": 64, "BN": 32, "num_warps": 2},
@@ -900,7 +903,7 @@ WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
         ("bwd_dq", "d256", 1): {"BN": 16},
     },
     "gfx942": {
-        ("fwd", "d64", 8): {"split_off": False},
+        ("fwd", "d64", 8): {"hoist_rsrc": ""},
         ("fwd", "d64", 4): {"sched": "iterative-ilp"},
         ("fwd", "d128", 1): {"BN": 16},
         ("fwd", "d256", 1): {"BN": 16},
@@ -1029,8 +1032,11 @@ DECODE_ROWS_MAX = 64
 
 def packs_heads(seqlen_q: int, group: int) -> bool:
     """Decode packing (the query heads of a KV group share a tile) pays when a KV head's
-    queries are few: ``seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX`` and ``group > 1``."""
-    return group > 1 and seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX
+    queries are few: ``seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX``. A group of one (MHA)
+    then runs the decode tile too: its rows are the table's 16, grown with the queries
+    (``decode_rows``), where the prefill tile held a few real rows among 256 (8 warps' MFMAs
+    and softmax on padding)."""
+    return seqlen_q * next_pow2(group) <= DECODE_ROWS_MAX
 
 
 def decode_rows(bm: int, seqlen_q: int, gp: int) -> int:

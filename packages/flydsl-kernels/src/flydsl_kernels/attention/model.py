@@ -306,9 +306,9 @@ def _windowed_kernels(kind, dcls, cfg, target):
     if kind == "decode":
         return []
     out = []
-    for window, _ in window_problems(kind, dcls, cfg, target).values():
-        p = replace(model_problem(kind, dcls), window=window)
-        out.append((f" window {window}", window_kernel(kind, p, target)))
+    for p, _ in window_problems(kind, dcls, cfg, target).values():
+        what = f" window {p.window}" + ("" if p.causal else " not causal")
+        out.append((what, window_kernel(kind, p, target)))
     return out
 
 
@@ -321,20 +321,22 @@ WINDOW_LEFTS = (15, 31, 47, 62, 63, 94, 95, 126, 127, 158, 159, 190, 191, 254, 2
 
 
 def window_problems(kind: str, dcls: str, cfg: Config, target) -> dict:
-    """``{(warps, narrow): (window, tile)}``: the windowed problems (``WINDOW_LEFTS``, causal)
-    whose kernels differ for the entry ``cfg`` of ``kind``: one per band level (the tile's warps
-    after ``configs.band_config``, before any ``configs.WINDOW_TILES`` change) and loop shape,
-    the narrowest window first met; ``tile`` is the level's unchanged tile."""
+    """``{(warps, narrow, causal): (problem, tile)}``: the windowed problems whose kernels
+    differ for the entry ``cfg`` of ``kind``: causal windows (``WINDOW_LEFTS``), one per band
+    level (the tile's warps after ``configs.band_config``, before any ``configs.WINDOW_TILES``
+    change) and loop shape, the narrowest first met; and a left bound without a right one (not
+    causal: no band, the table's tile, no right-bound loop). ``tile`` is the level's unchanged
+    tile."""
     from .configs import band_config, band_warp_keys
 
     out = {}
-    base = model_problem(kind, dcls)
     wk = band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
-    for left in WINDOW_LEFTS:
-        p = replace(base, window=(left, 0))
+    probs = [replace(model_problem(kind, dcls), window=(left, 0)) for left in WINDOW_LEFTS]
+    probs.append(replace(model_problem(kind, dcls, causal=False), window=(WINDOW_LEFTS[-1], -1)))
+    for p in probs:
         tile = band_config(kind, cfg, plan.band(p), wk)
         narrow = plan.narrow_band(p, tile.BM, tile.BN, kind)
-        out.setdefault((tile.num_warps, narrow), (p.window, tile))
+        out.setdefault((tile.num_warps, narrow, p.causal), (p, tile))
     return out
 
 
@@ -416,10 +418,8 @@ def window_search(kind: str, dcls: str, target: str, log=print) -> dict:
     cfg = TABLES[target][(kind, dcls)]
     floor = floor_of(target, kind, dcls)
     levels: dict[int, list] = {}
-    for (warps, _), (window, tile) in window_problems(kind, dcls, cfg, target).items():
-        levels.setdefault(warps, []).append(
-            (replace(model_problem(kind, dcls), window=window), tile)
-        )
+    for (warps, _, _), (p, tile) in window_problems(kind, dcls, cfg, target).items():
+        levels.setdefault(warps, []).append((p, tile))
 
     def trial(probs, changes):
         """(per-MFMA sum or None, why not clean, how far off: spills, then registers)"""
