@@ -60,18 +60,23 @@ def close(out, ref, tol, what=""):
 
 
 @pytest.mark.parametrize(
-    "table, d, dv, window, kind, want",
+    "table, d, dv, window, terms, kind, want",
     [
         # configs.WINDOW_TILES: gfx950 d192's 1-warp level takes the 2-warp tile at 32 keys
         # (a 16-key window narrower than it: every trip masked)
-        ("gfx950", 192, 128, (15, 0), "fwd", {"BM": 64, "BN": 32, "num_warps": 2}),
-        ("gfx950", 128, 128, (127, 0), "fwd", {"BM": 64, "num_warps": 2, "k_t": False}),
-        ("gfx942", 128, 128, (40, 0), "bwd_dq", {"BM": 64, "BN": 16, "num_warps": 2}),
-        ("sm90", 128, 128, (15, 0), "bwd_dkdv", {"BM": 16, "BN": 32, "num_warps": 2}),
+        ("gfx950", 192, 128, (15, 0), {}, "fwd", {"BM": 64, "BN": 32, "num_warps": 2}),
+        ("gfx950", 128, 128, (127, 0), {}, "fwd", {"BM": 64, "num_warps": 2, "k_t": False}),
+        ("gfx942", 128, 128, (40, 0), {}, "bwd_dq", {"BM": 64, "BN": 16, "num_warps": 2}),
+        ("sm90", 128, 128, (15, 0), {}, "bwd_dkdv", {"BM": 16, "BN": 32, "num_warps": 2}),
+        # configs.MOD_TILES, over the window's where there is one
+        ("gfx950", 128, 128, (15, 0), {"alibi": True}, "fwd", {"BM": 64, "BN": 32, "num_warps": 2}),
+        ("gfx950", 128, 128, (-1, -1), {"alibi": True}, "fwd", {"BM": 256, "BN": 32}),
+        ("gfx942", 128, 128, (40, 0), {"alibi": True}, "bwd_dq", {"BM": 128, "num_warps": 4}),
+        ("gfx950", 256, 256, (63, 0), {"softcap": 5.0}, "fwd", {"BM": 64, "num_warps": 4}),
     ],
-)
-def test_window_tiles_against_the_reference(table, d, dv, window, kind, want):
-    p = plan.Problem(1, 77, 77, 2, 1, d, dv, causal=True, window=window)
+)  # fmt: skip
+def test_window_tiles_against_the_reference(table, d, dv, window, terms, kind, want):
+    p = plan.Problem(1, 77, 77, 2, 1, d, dv, causal=True, window=window, **terms)
     if kind == "fwd":
         c = plan.plan_forward(p, REF, table=table).config
     else:
@@ -79,7 +84,10 @@ def test_window_tiles_against_the_reference(table, d, dv, window, kind, want):
         c = bp.dkdv if kind == "bwd_dkdv" else bp.dq
     assert {f: getattr(c, f) for f in want} == want
     q, k, v = qkv(1, 77, 77, 2, 1, d, dv, seed=37, grad=True)
-    check_fwd_bwd(q, k, v, REF, table=table, config=None, causal=True, window_size=window)
+    kw = {"softcap": terms["softcap"]} if "softcap" in terms else {}
+    if terms.get("alibi"):
+        kw["alibi_slopes"] = torch.rand(2, generator=gen(38)) * 0.5
+    check_fwd_bwd(q, k, v, REF, table=table, config=None, causal=True, window_size=window, **kw)
 
 
 def close_lse(lse, ref):
@@ -1448,8 +1456,37 @@ def test_window_config_takes_its_level_changes_under_a_left_bound(monkeypatch):
     p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, window=(127, 0))
     assert not plan.plan_forward(p, "gfx950").config.lane_sums
     assert plan.plan_forward(replace(p, window=(-1, -1)), "gfx950").config.BN == 64
+    # a tile another rule shaped (fp32's half keys, a page's) takes the shrink alone: the
+    # changes set tile sizes chosen for the table's tile
+    for other in (replace(p, dtype="fp32"), replace(p, page_size=16, seqused=True)):
+        c = plan.plan_forward(other, "gfx950").config
+        assert c.num_warps == 2 and c.lane_sums, (other, c)
     tiles[("bwd_dq", "d128", 4)] = {"BN": 16}
     assert plan.plan_backward(replace(p, window=(255, 0)), "gfx950").dq.BN == 16
+
+
+def test_mod_tiles_go_on_top_of_the_window_tiles(monkeypatch):
+    # configs.MOD_TILES: by (kind, dclass, score term, warps), with or without a window, over
+    # WINDOW_TILES' changes; ALiBi's key before softcap's (configs.tile_mod)
+    assert configs.tile_mod(True, True) == "alibi" and configs.tile_mod(False, True) == "softcap"
+    assert configs.tile_mod(False, False) == ""
+    base = configs.Config(256, 64, 8, 1, 32, lane_sums=True, k_t=True)
+    monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {("fwd", "d128", 2): {"k_t": False}})
+    mods = {("fwd", "d128", "alibi", 8): {"BN": 32}, ("fwd", "d128", "alibi", 2): {"k_t": True}}
+    monkeypatch.setitem(configs.MOD_TILES, "gfx950", mods)
+    mods[("fwd", "d128", "softcap", 2)] = {"lane_sums": False}
+    c = configs.window_config("fwd", base, (-1, 0), "d128", "gfx950", mod="alibi")
+    assert (c.BM, c.BN, c.k_t) == (256, 32, True)  # no window: the term's changes alone
+    c = configs.window_config("fwd", base, (127, 0), "d128", "gfx950", mod="alibi")
+    assert (c.BM, c.BN, c.k_t) == (64, 64, True)  # the term's over the window's
+    c = configs.window_config("fwd", base, (127, 0), "d128", "gfx950", mod="softcap")
+    assert (c.k_t, c.lane_sums) == (False, False)  # both
+    assert configs.window_config("fwd", base, (-1, 0), "d128", "gfx950", mod="softcap") is base
+    p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, alibi=True)
+    assert plan.plan_forward(p, "gfx950").config.BN == 32
+    assert plan.plan_forward(replace(p, alibi=False), "gfx950").config.BN == 64
+    mods[("bwd_dq", "d128", "softcap", 8)] = {"BN": 16}
+    assert plan.plan_backward(replace(p, alibi=False, softcap=5.0), "gfx950").dq.BN == 16
 
 
 def _crosses_both(sq, sk, rows, keys, left, right, mirrored):

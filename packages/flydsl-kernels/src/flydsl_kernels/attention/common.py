@@ -582,7 +582,7 @@ def _kv_segments(C, lo, full_lo, full_hi, hi):
     as ``_segments`` with the forward's kinds: ``"left"`` tiles cross only the left window
     bound (and lie below ``sk``: no key mask), None tiles nothing (no mask, no bounds check),
     ``"both"``, ``"right"`` tiles the right bound and the sequence's end. With a left bound the
-    interior exists wherever the window is wider than the tile (``plan.window_config``)."""
+    interior exists wherever the window is wider than the tile (``configs.band_config``)."""
     names = {"low": "left", "high": "right", "both": "both", None: None}
     segs = _segments(C.HAS_WL, lo, full_lo, full_hi, hi, C.NARROW, C.BN)
     return [(a, b, names[k]) for a, b, k in segs]

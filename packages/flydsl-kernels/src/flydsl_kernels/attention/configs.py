@@ -943,18 +943,139 @@ WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
 }
 
 
+#: per target: the field changes a tile takes under a score term the table's entry was not
+#: tuned with, by ``(kind, dclass, mod, warps)``: ``mod`` "alibi" (a slope per head and the
+#: key-query distance in every score) or "softcap" (``cap * tanh(s / cap)``: an exp, a
+#: reciprocal and their operands per score; ``tile_mod``), ``warps`` as in ``WINDOW_TILES``,
+#: whose changes they go on top of under a window. Chosen by ``model.window_search`` at the
+#: model problems with the term, with and without windows (``model.window_problems``). Before
+#: (the table's tiles, Triton 3.9): gfx950 fwd d128 with ALiBi and no window 30 VGPR spills and
+#: 124 B of scratch, its dQ d256 39 and 152 B, ALiBi or softcap under a window one wave at most
+#: band levels; gfx1250 fwd d128 with softcap (Gemma 2 27B's: d128, window 4096) 82 spills and
+#: 212 B, with ALiBi under a window 277 and 764 B; gfx942 fwd d64 with ALiBi 14 SGPR spills at
+#: one warp; sm90 dK/dV d64 and dQ d256 scratch. ALiBi and softcap are off the report's cases:
+#: none of its figures moved
+MOD_TILES: dict[str, dict[tuple[str, str, str, int], dict]] = {
+    "gfx950": {
+        ("bwd_dq", "d128", "alibi", 8): {"sched": ""},
+        ("bwd_dq", "d128", "alibi", 4): {"sched": ""},
+        ("bwd_dq", "d128", "alibi", 2): {"BM": 128, "num_warps": 4},
+        ("bwd_dq", "d128", "alibi", 1): {"BM": 64, "num_warps": 2},
+        ("bwd_dq", "d192", "alibi", 4): {"BM": 128, "num_warps": 8},
+        ("bwd_dq", "d192", "alibi", 2): {"BN": 32},
+        ("bwd_dq", "d256", "alibi", 8): {"sched": ""},
+        ("bwd_dq", "d256", "alibi", 4): {"BM": 128, "num_warps": 8},
+        ("bwd_dq", "d256", "alibi", 2): {"BN": 16},
+        ("bwd_dq", "d64", "alibi", 4): {"BN": 32},
+        ("bwd_dq", "d64", "alibi", 2): {"BN": 32},
+        ("bwd_dq", "d64", "alibi", 1): {"BN": 32},
+        ("fwd", "d128", "alibi", 8): {"BN": 32},
+        ("fwd", "d128", "alibi", 4): {"BN": 32},
+        ("fwd", "d128", "alibi", 2): {"BN": 32},
+        ("fwd", "d128", "alibi", 1): {"BM": 64, "num_warps": 2},
+        ("fwd", "d192", "alibi", 8): {"BN": 32},
+        ("fwd", "d192", "alibi", 4): {"BM": 256, "num_warps": 8},
+        ("fwd", "d192", "alibi", 2): {"BN": 16},
+        ("fwd", "d192", "alibi", 1): {"BN": 16},
+        ("fwd", "d256", "alibi", 4): {"waves_per_eu": 2},
+        ("fwd", "d256", "alibi", 2): {"sched": ""},
+        ("fwd", "d256", "alibi", 1): {"BN": 16},
+        ("fwd", "d64", "alibi", 8): {"q_lanes": 0},
+        ("fwd", "d64", "alibi", 1): {"sched": "max-ilp"},
+        ("bwd_dkdv", "d128", "softcap", 1): {"BM": 16},
+        ("bwd_dkdv", "d192", "softcap", 2): {"BM": 16},
+        ("bwd_dkdv", "d192", "softcap", 1): {"BM": 16},
+        ("bwd_dkdv", "d64", "softcap", 1): {"sched": ""},
+        ("bwd_dq", "d128", "softcap", 2): {"BN": 16},
+        ("bwd_dq", "d192", "softcap", 2): {"BM": 64, "num_warps": 4},
+        ("bwd_dq", "d256", "softcap", 2): {"sched": "max-ilp"},
+        ("fwd", "d128", "softcap", 8): {"split_off": False},
+        ("fwd", "d128", "softcap", 4): {"hoist_rsrc": ""},
+        ("fwd", "d128", "softcap", 2): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "softcap", 2): {"BM": 64, "num_warps": 4},
+        ("fwd", "d64", "softcap", 2): {"hoist_rsrc": ""},
+    },
+    "gfx942": {
+        ("bwd_dq", "d128", "alibi", 8): {"BN": 16},
+        ("bwd_dq", "d128", "alibi", 2): {"BM": 128, "num_warps": 4},
+        ("bwd_dq", "d128", "alibi", 1): {"BM": 128, "num_warps": 4},
+        ("bwd_dq", "d192", "alibi", 2): {"BM": 64, "num_warps": 4},
+        ("bwd_dq", "d256", "alibi", 4): {"BN": 16},
+        ("bwd_dq", "d256", "alibi", 2): {"BN": 16},
+        ("bwd_dq", "d256", "alibi", 1): {"BM": 128, "num_warps": 4},
+        ("fwd", "d256", "alibi", 2): {"BM": 64, "num_warps": 4},
+        ("fwd", "d64", "alibi", 8): {"BN": 32},
+        ("fwd", "d64", "alibi", 4): {"waves_per_eu": 2},
+        ("fwd", "d64", "alibi", 2): {"BN": 32},
+        ("fwd", "d64", "alibi", 1): {"BN": 32},
+        ("bwd_dq", "d128", "softcap", 8): {"BN": 16},
+        ("bwd_dq", "d128", "softcap", 1): {"waves_per_eu": 2},
+        ("bwd_dq", "d192", "softcap", 2): {"BM": 64, "num_warps": 4},
+        ("bwd_dq", "d256", "softcap", 4): {"BN": 16},
+        ("bwd_dq", "d256", "softcap", 2): {"BN": 16},
+        ("fwd", "d256", "softcap", 2): {"BM": 64, "num_warps": 4},
+    },
+    "gfx1250": {
+        ("bwd_dq", "d128", "alibi", 8): {"sched": ""},
+        ("bwd_dq", "d128", "alibi", 2): {"BM": 64, "num_warps": 4},
+        ("bwd_dq", "d192", "alibi", 8): {"BN": 32},
+        ("bwd_dq", "d192", "alibi", 4): {"BN": 32},
+        ("bwd_dq", "d64", "alibi", 1): {"BN": 32},
+        ("fwd", "d128", "alibi", 2): {"BN": 32},
+        ("bwd_dq", "d128", "softcap", 4): {"BN": 32},
+        ("bwd_dq", "d128", "softcap", 2): {"BN": 32},
+        ("bwd_dq", "d192", "softcap", 8): {"BN": 32},
+        ("bwd_dq", "d192", "softcap", 4): {"BN": 32},
+        ("bwd_dq", "d192", "softcap", 1): {"BM": 32, "num_warps": 2},
+        ("bwd_dq", "d64", "softcap", 4): {"waves_per_eu": 2},
+        ("bwd_dq", "d64", "softcap", 2): {"BN": 32},
+        ("fwd", "d128", "softcap", 8): {"BN": 32},
+        ("fwd", "d128", "softcap", 4): {"BN": 32},
+        ("fwd", "d128", "softcap", 2): {"BN": 32},
+        ("fwd", "d128", "softcap", 1): {"sched": ""},
+        ("fwd", "d256", "softcap", 2): {"BM": 64, "num_warps": 4},
+    },
+    "sm90": {
+        ("bwd_dkdv", "d64", "alibi", 1): {"BM": 16},
+        ("bwd_dq", "d256", "alibi", 4): {"num_stages": 2},
+        ("bwd_dkdv", "d192", "softcap", 4): {"num_stages": 2},
+        ("bwd_dkdv", "d64", "softcap", 1): {"BM": 16},
+    },
+}
+
+
+def tile_mod(alibi: bool, softcap: bool) -> str:
+    """The ``MOD_TILES`` key of a problem's score terms: ALiBi's (the heavier: a slope and the
+    distance live per score) before softcap's; "" neither."""
+    return "alibi" if alibi else "softcap" if softcap else ""
+
+
 def window_config(
-    kind: str, cfg: Config, bounds: tuple[int, int], dcls: str, target, warp_keys: int = 0
+    kind: str,
+    cfg: Config,
+    bounds: tuple[int, int],
+    dcls: str,
+    target,
+    warp_keys: int = 0,
+    mod: str = "",
+    tuned: bool = True,
 ) -> Config:
     """``cfg`` for a problem with window ``bounds`` (``Problem.bounds``: ``(left, right)``, -1
-    unbounded): shrunk by ``band_config`` under a two-sided window, then, under a left bound,
-    with the ``WINDOW_TILES`` changes of ``target`` (an untuned one reads gfx950's) at the
-    level it reached."""
+    unbounded) and score term ``mod`` (``tile_mod``): shrunk by ``band_config`` under a
+    two-sided window, then with the ``WINDOW_TILES`` changes of ``target`` (an untuned one
+    reads gfx950's) at the level it reached under a left bound, and the ``MOD_TILES`` ones
+    under ``mod``. ``tuned`` False (a tile another rule shaped: a score or mask mod's, a block
+    mask's, a page's, fp32's; the changes set tile sizes that may not fit it): the shrink
+    alone."""
     left, right = bounds
     c = band_config(kind, cfg, left + right + 1 if left >= 0 and right >= 0 else None, warp_keys)
-    if left < 0:
+    if not tuned:
         return c
-    changes = _table_for(WINDOW_TILES, target).get((kind, dcls, c.num_warps))
+    changes = {}
+    if left >= 0:
+        changes.update(_table_for(WINDOW_TILES, target).get((kind, dcls, c.num_warps), {}))
+    if mod:
+        changes.update(_table_for(MOD_TILES, target).get((kind, dcls, mod, c.num_warps), {}))
     return replace(c, notes={}, **changes) if changes else c
 
 

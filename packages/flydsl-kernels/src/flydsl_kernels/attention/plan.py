@@ -249,7 +249,17 @@ def plan_forward(
         cfg = replace(cfg, BN=max(p.page_size, 16))
     if kind == "fwd" and config is None:
         dcls = configs.dclass(p.head_dim, p.head_dim_v)
-        cfg = configs.window_config("fwd", cfg, p.bounds, dcls, table)
+        mod = configs.tile_mod(p.alibi, bool(p.softcap))
+        # the table's tile, which the window and score-term changes were chosen for: not a
+        # mod's, a block mask's, a page's or fp32's (their rules shaped it above)
+        tuned = not (
+            p.score_mod is not None
+            or p.mask_mod is not None
+            or sparse
+            or p.page_size
+            or p.dtype == "fp32"
+        )
+        cfg = configs.window_config("fwd", cfg, p.bounds, dcls, table, mod=mod, tuned=tuned)
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
@@ -592,6 +602,7 @@ def plan_backward(
     table = _table(target, table)
     d, dv = p.head_dim, p.head_dim_v
     dcls = configs.dclass(d, dv)
+    mod = configs.tile_mod(p.alibi, bool(p.softcap))
     c1 = dkdv_config or fp32_tiles(
         configs.window_config(
             "bwd_dkdv",
@@ -600,12 +611,13 @@ def plan_backward(
             dcls,
             table,
             configs.band_warp_keys(table, dcls),
+            mod,
         ),
         p,
     )
     c2 = dq_config or fp32_tiles(
         configs.window_config(
-            "bwd_dq", configs.select("bwd_dq", d, table, dv), p.bounds, dcls, table
+            "bwd_dq", configs.select("bwd_dq", d, table, dv), p.bounds, dcls, table, mod=mod
         ),
         p,
     )
