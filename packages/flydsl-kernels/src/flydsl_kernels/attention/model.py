@@ -17,6 +17,11 @@ compile; survivors are ranked (``score``) by
 
 ``specs``, ``forward_launches`` and ``backward_launch`` give the plan's launches with
 ``TensorSpec`` operands: what the model, the report cases and the compile tests compile.
+
+``window_search`` picks the changes a table tile takes under a window or a score term at each
+level of the window's shrink (``configs.WINDOW_TILES``, ``configs.MOD_TILES``), and
+``check_tables`` compiles every entry plain, persistent where it ships so, and under those
+problems (``window_problems``).
 """
 
 from __future__ import annotations
@@ -337,7 +342,7 @@ TILE_MODS = {"alibi": {"alibi": True}, "softcap": {"softcap": 50.0}}
 
 
 def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "") -> dict:
-    """``{(warps, narrow, causal, window): (problem, tile)}``: the windowed problems whose
+    """``{(warps, narrow, causal, windowed): (problem, tile)}``: the windowed problems whose
     kernels differ for the entry ``cfg`` of ``kind``: causal windows (``WINDOW_LEFTS``), one
     per band level (the tile's warps after ``configs.band_config``, before any
     ``configs.WINDOW_TILES`` change) and loop shape, the narrowest first met; and a left bound
@@ -364,7 +369,7 @@ def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "") ->
 
 def window_kernel(kind, p, target, cfg=None):
     """The kernel of ``kind`` at the windowed problem ``p``: the plan's (``cfg`` None: the table
-    with its ``WINDOW_TILES``) or ``cfg``'s."""
+    with its ``WINDOW_TILES`` and ``MOD_TILES`` changes) or ``cfg``'s."""
     if kind == "fwd":
         fp = plan.plan_forward(p, target, config=cfg, splits=1, persistent=0)
         return forward_launches(fp)[0].compile(target)
