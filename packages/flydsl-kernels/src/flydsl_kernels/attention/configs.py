@@ -18,7 +18,9 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
   epilogue amortize over them), whatever the tile or page size;
 * **window tiles** (``band_config``): a window narrower than the tile shrinks the tile until
   the window is wider than it (the KV loop then has unmasked interior trips); dK/dV then
-  trades query rows per step for keys per warp where ``BAND_WARP_KEYS`` says;
+  trades query rows per step for keys per warp where ``BAND_WARP_KEYS`` says; under a left
+  bound, and under ALiBi or softcap, the tile then takes the changes ``WINDOW_TILES`` and
+  ``MOD_TILES`` list for its level (``window_config``);
 * **persistent grid** (forward, not split, where the table entry sets ``Config.persist``):
   ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
   uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;
