@@ -571,3 +571,13 @@ def test_decode_with_several_query_positions_does_not_spill(target, d, dv):
         fig = model.figures(model.compile_config("decode", fp.config, p, target))
         assert not fig["spills"] and not fig["scratch"], (page, fig)
         assert target == "sm90" or fig["occ"] >= 2, (page, fig)
+
+
+def test_window_search_cli_reports_the_levels_it_would_change(capsys):
+    # flydsl-kernels model attention --windows: gfx942's d64 dK/dV compiles clean at every
+    # level as the table ships it (plain and with softcap), so nothing to change
+    for extra in ([], ["--mod", "softcap"]):
+        model.main(
+            ["--windows", "--target", "gfx942", "--kind", "bwd_dkdv", "--dclass", "d64", *extra]
+        )
+        assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"
