@@ -1052,6 +1052,13 @@ def tile_mod(alibi: bool, softcap: bool) -> str:
     return "alibi" if alibi else "softcap" if softcap else ""
 
 
+def band_of(bounds: tuple[int, int]) -> int | None:
+    """Keys a query sees at most under window ``bounds`` (``Problem.bounds``) bounded on both
+    sides (``left + right + 1``); None without such a window (``plan.band``)."""
+    left, right = bounds
+    return left + right + 1 if left >= 0 and right >= 0 else None
+
+
 def window_config(
     kind: str,
     cfg: Config,
@@ -1069,12 +1076,11 @@ def window_config(
     under ``mod``. ``tuned`` False (a tile another rule shaped: a score or mask mod's, a block
     mask's, a page's, fp32's; the changes set tile sizes that may not fit it): the shrink
     alone."""
-    left, right = bounds
-    c = band_config(kind, cfg, left + right + 1 if left >= 0 and right >= 0 else None, warp_keys)
+    c = band_config(kind, cfg, band_of(bounds), warp_keys)
     if not tuned:
         return c
     changes = {}
-    if left >= 0:
+    if bounds[0] >= 0:  # a left bound
         changes.update(_table_for(WINDOW_TILES, target).get((kind, dcls, c.num_warps), {}))
     if mod:
         changes.update(_table_for(MOD_TILES, target).get((kind, dcls, mod, c.num_warps), {}))

@@ -349,10 +349,8 @@ def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "") ->
     without a right one (not causal: no band, the table's tile, no right-bound loop). With a
     score term ``mod`` (``TILE_MODS``) every problem has it, and the problems without a window
     (causal or not) are in too. ``tile`` is the level's unchanged tile."""
-    from .configs import band_config, band_warp_keys
-
     out = {}
-    wk = band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
+    wk = configs.band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
     extra = TILE_MODS[mod] if mod else {}
     causal, bidi = (replace(model_problem(kind, dcls, causal=c), **extra) for c in (True, False))
     probs = [replace(causal, window=(left, 0)) for left in WINDOW_LEFTS]
@@ -360,7 +358,7 @@ def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "") ->
     if mod:
         probs += [causal, bidi]
     for p in probs:
-        tile = band_config(kind, cfg, plan.band(p), wk)
+        tile = configs.band_config(kind, cfg, plan.band(p), wk)
         narrow = plan.narrow_band(p, tile.BM, tile.BN, kind)
         key = (tile.num_warps, narrow, p.causal, p.bounds[0] >= 0)
         out.setdefault(key, (p, tile))
@@ -476,7 +474,7 @@ def window_search(kind: str, dcls: str, target: str, log=print, mod: str = "") -
             log(f"{target} {kind} {dcls} {w} warps {ch}: {why or round(total, 2)}")
             if why is None and (best is None or total < best[0]):
                 best = (total, ch)
-            near.append((off, why, ch))
+            near.append((off, ch))
         return best, near
 
     out = {}
@@ -490,7 +488,7 @@ def window_search(kind: str, dcls: str, target: str, log=print, mod: str = "") -
         singles += [c for c in window_changes(kind, start, cfg, target) if c not in singles]
         best, near = best_of(probs, singles)
         if best is None:  # pairs of the singles nearest the bar
-            top = [ch for _, _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+            top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
             pairs = [a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)]
             best, _ = best_of(probs, pairs)
         if best is None:

@@ -377,9 +377,8 @@ def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
 
 def band(p: Problem) -> int | None:
     """Keys a query sees at most under a window bounded on both sides (``left + right + 1``);
-    None without one."""
-    left, right = p.bounds
-    return left + right + 1 if left >= 0 and right >= 0 else None
+    None without one (``configs.band_of``)."""
+    return configs.band_of(p.bounds)
 
 
 @functools.lru_cache(maxsize=256)
