@@ -90,6 +90,53 @@ def test_window_tiles_against_the_reference(table, d, dv, window, terms, kind, w
     check_fwd_bwd(q, k, v, REF, table=table, config=None, causal=True, window_size=window, **kw)
 
 
+@pytest.mark.parametrize(
+    "table, d, page, window, terms, want",
+    [
+        # configs.PAGED_TILES: a chunked prefill over a paged cache takes its level's changes,
+        # on top of the window's and the score term's
+        ("gfx950", 64, 256, (100, 0), {}, {"BM": 32, "num_warps": 1, "lane_sums": False}),
+        ("gfx950", 128, 64, (200, 0), {}, {"BM": 128, "BN": 32, "num_warps": 4}),
+        ("gfx942", 64, 64, (20, 0), {}, {"BM": 64, "BN": 64, "num_warps": 2}),
+        ("gfx1250", 64, 64, (200, 0), {"softcap": 5.0}, {"BM": 256, "num_warps": 8}),
+        ("sm90", 256, 64, (15, 0), {"alibi": True}, {"BM": 32, "BN": 16, "num_warps": 2}),
+        # without a window (the table's level): d192 with ALiBi, pages smaller than its tile
+        ("gfx950", 192, 32, (-1, -1), {"alibi": True}, {"BN": 32, "lane_sums": False}),
+        # the key tile capped at the page again after the level's 32 keys
+        ("gfx950", 128, 16, (200, 0), {}, {"BM": 128, "BN": 16, "num_warps": 4}),
+    ],
+)  # fmt: skip
+def test_paged_prefill_tiles_against_the_reference(
+    table, d, page, window, terms, want, monkeypatch
+):
+    g = gen(61 + page)
+    dv = 128 if d == 192 else d
+    B, Sq, H, Hk, S = 2, 77, 2, 1, 256
+    q = rand(B, Sq, H, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, dv, g=g)
+    kc, vc, bt = _paged(kfull, vfull, page, g)
+    lens = torch.tensor([256, 190], dtype=torch.int32)
+    kw = {"softcap": terms["softcap"]} if "softcap" in terms else {}
+    if terms.get("alibi"):
+        kw["alibi_slopes"] = torch.rand(H, generator=g) * 0.5
+    seen, real = [], plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]
+    )
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True, window_size=window,
+        return_softmax_lse=True, target=REF, table=table, **kw,
+    )  # fmt: skip
+    c = seen[0].config
+    assert seen[0].problem.page_size == page and not seen[0].problem.decode
+    assert {f: getattr(c, f) for f in want} == want
+    ro, rl = reference.attention(
+        q, kfull, vfull, causal=True, seqused_k=lens, window_size=window, **kw
+    )
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+
+
 def close_lse(lse, ref):
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(lse), fin) and torch.equal(lse[~fin], ref[~fin].float())
@@ -1456,11 +1503,18 @@ def test_window_config_takes_its_level_changes_under_a_left_bound(monkeypatch):
     p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, window=(127, 0))
     assert not plan.plan_forward(p, "gfx950").config.lane_sums
     assert plan.plan_forward(replace(p, window=(-1, -1)), "gfx950").config.BN == 64
-    # a tile another rule shaped (fp32's half keys, a page's) takes the shrink alone: the
-    # changes set tile sizes chosen for the table's tile
-    for other in (replace(p, dtype="fp32"), replace(p, page_size=16, seqused=True)):
-        c = plan.plan_forward(other, "gfx950").config
-        assert c.num_warps == 2 and c.lane_sums, (other, c)
+    # a tile another rule shaped (fp32's half keys) takes the shrink alone: the changes set
+    # tile sizes chosen for the table's tile
+    c = plan.plan_forward(replace(p, dtype="fp32"), "gfx950").config
+    assert c.num_warps == 2 and c.lane_sums, c
+    # a page's takes them, and configs.PAGED_TILES' on top (by score term, level and left
+    # bound), its keys capped at the page after them
+    paged = {("fwd", "d128", "", 2, True): {"BN": 32, "sched": ""}}
+    monkeypatch.setitem(configs.PAGED_TILES, "gfx950", paged)
+    c = plan.plan_forward(replace(p, page_size=16, seqused=True), "gfx950").config
+    assert (c.BM, c.BN, c.num_warps, c.lane_sums, c.sched) == (64, 16, 2, False, "")
+    c = plan.plan_forward(replace(p, page_size=64, seqused=True), "gfx950").config
+    assert (c.BM, c.BN, c.lane_sums, c.sched) == (64, 32, False, "")
     tiles[("bwd_dq", "d128", 4)] = {"BN": 16}
     assert plan.plan_backward(replace(p, window=(255, 0)), "gfx950").dq.BN == 16
 

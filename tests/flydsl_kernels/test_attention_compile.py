@@ -396,9 +396,11 @@ def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     assert len(bad) > 1 and all("occupancy 1 below the floor 2" in b for b in bad), bad
 
 
-# windowed problems, and problems with a score term the tables were not tuned with, whose tile
-# spilled, needed scratch or lost a wave before configs.WINDOW_TILES / MOD_TILES (or,
-# gfx1250's, ended the process in Triton's TTGIR parser)
+# windowed problems, problems with a score term the tables were not tuned with, and prefills
+# over a paged cache, whose tile spilled, needed scratch or lost a wave before
+# configs.WINDOW_TILES / MOD_TILES / PAGED_TILES (or, gfx1250's, ended the process in
+# Triton's TTGIR parser)
+PAGED = {"page_size": 256, "seqused": True}
 WINDOWED = [
     ("gfx950", "fwd", "d128", (127, 0), {}),  # 64 x 64, 2 warps: 260 VGPRs, one wave
     ("gfx950", "fwd", "d192", (4095, 0), {}),  # the table's tile: 7 spills, 32 B of scratch
@@ -409,6 +411,9 @@ WINDOWED = [
     ("gfx950", "fwd", "d128", (-1, -1), {"alibi": True}),  # 30 VGPR spills, 124 B
     ("gfx950", "bwd_dq", "d256", (-1, -1), {"alibi": True}),  # 39 VGPR spills, 152 B
     ("gfx1250", "fwd", "d128", (4095, 0), {"softcap": 50.0}),  # Gemma 2 27B: 82 spills, 212 B
+    ("gfx950", "fwd", "d64", (318, 0), PAGED),  # 4 SGPR spills
+    ("gfx950", "fwd", "d128", (-1, -1), {"alibi": True} | PAGED),  # 31 spills, 100 B
+    ("sm90", "fwd", "d128", (94, 0), {"softcap": 50.0} | PAGED),  # 56 B of scratch
 ]
 
 
@@ -452,9 +457,26 @@ def test_check_tables_compiles_every_window_level(monkeypatch):
         (False, (-1, -1)),
     }
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {})
-    bad = model.check_tables(("gfx950",), keys)
+    bad = model.check_tables(("gfx950",), keys, pages=())
     assert bad and all(" window (" in b for b in bad), bad
     assert model.check_tables(("gfx950",), keys, windows=False) == []
+
+
+def test_check_tables_compiles_every_paged_level(monkeypatch):
+    # a forward entry over a paged cache (model.PAGES): every problem reads pages of the size,
+    # the ones without a window are in, the tiles are the plan's for the page; without
+    # gfx950's PAGED_TILES its d64 forward spilled SGPRs at pages of 256 under a window
+    entry = configs.TABLES["gfx950"][("fwd", "d64")]
+    probs = model.window_problems("fwd", "d64", entry, "gfx950", page=16)
+    assert all(p.page_size == 16 and p.seqused for p, _ in probs.values())
+    assert all(tile.BN == 16 for _, tile in probs.values())  # plan.page_tile: one page
+    assert {p.causal for p, _ in probs.values() if p.window == (-1, -1)} == {True, False}
+    keys = {("fwd", "d64")}
+    monkeypatch.setattr(model, "TILE_MODS", {})  # the plain problems alone
+    assert model.check_tables(("gfx950",), keys, pages=(256,)) == []
+    monkeypatch.setitem(configs.PAGED_TILES, "gfx950", {})
+    bad = model.check_tables(("gfx950",), keys, pages=(256,))
+    assert bad and all(" pages of 256" in b for b in bad), bad
 
 
 def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):
@@ -462,11 +484,11 @@ def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):
     # sets it; gfx950's d128 one spilled and took one wave windowed, so the table leaves it off
     keys = {("fwd", "d128")}
     assert not configs.TABLES["gfx950"][("fwd", "d128")].persist
-    assert model.check_tables(("gfx950",), keys) == []
+    assert model.check_tables(("gfx950",), keys, pages=()) == []
     tab = dict(configs.TABLES["gfx950"])
     tab[("fwd", "d128")] = replace(tab[("fwd", "d128")], persist=True)
     monkeypatch.setitem(model.TABLES, "gfx950", tab)
-    bad = model.check_tables(("gfx950",), keys)
+    bad = model.check_tables(("gfx950",), keys, pages=())
     assert bad and all(b.startswith("gfx950 fwd d128 persistent") for b in bad), bad
     assert any("window" in b for b in bad), bad
 
@@ -573,11 +595,15 @@ def test_decode_with_several_query_positions_does_not_spill(target, d, dv):
         assert target == "sm90" or fig["occ"] >= 2, (page, fig)
 
 
-def test_window_search_cli_reports_the_levels_it_would_change(capsys):
+def test_window_search_cli_reports_the_levels_it_would_change(capsys, monkeypatch):
     # flydsl-kernels model attention --windows: gfx942's d64 dK/dV compiles clean at every
-    # level as the table ships it (plain and with softcap), so nothing to change
-    for extra in ([], ["--mod", "softcap"]):
-        model.main(
-            ["--windows", "--target", "gfx942", "--kind", "bwd_dkdv", "--dclass", "d64", *extra]
-        )
+    # level as the table ships it (plain and with softcap), and its d128 forward over pages
+    # (of 256 keys here), so nothing to change
+    monkeypatch.setattr(model, "PAGES", (256,))
+    for extra in (
+        ["--kind", "bwd_dkdv", "--dclass", "d64"],
+        ["--kind", "bwd_dkdv", "--dclass", "d64", "--mod", "softcap"],
+        ["--kind", "fwd", "--dclass", "d128", "--paged"],
+    ):
+        model.main(["--windows", "--target", "gfx942", *extra])
         assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"

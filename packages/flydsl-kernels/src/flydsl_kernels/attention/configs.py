@@ -1046,6 +1046,95 @@ MOD_TILES: dict[str, dict[tuple[str, str, str, int], dict]] = {
 }
 
 
+#: per target: the field changes the prefill forward's tile takes over a paged KV cache
+#: (``flash_attn_with_kvcache`` with many queries: chunked prefill), by ``(kind, dclass, mod,
+#: warps, left)``: ``mod`` and ``warps`` as in ``MOD_TILES`` (``mod`` "" without a score
+#: term), ``left`` whether the window has a left bound (a tile without one takes only what it
+#: needs: most compiled clean with the table's tile), on top of the
+#: ``WINDOW_TILES`` and ``MOD_TILES`` changes; the plan then caps the key tile at the page
+#: again (``plan.plan_forward``). A page's id is a scalar per tile (or a vector of them where
+#: a tile spans pages) that each KV loop carries beside the dense tile's offsets. Chosen by
+#: ``model.window_search`` (``--windows --paged``) at pages of ``model.PAGES`` keys, with and
+#: without windows. Before (Triton 3.9, the table's tiles with the window's shrink alone):
+#: gfx950 fwd d128 at pages of 64 keys or more 1 to 55 SGPR spills under a window, with ALiBi
+#: and no window 31 spills and 100 B of scratch, under a window up to 244 and 564 B; with
+#: softcap 12 and 28 B; gfx942 d64 4 to 13 SGPR spills, gfx1250 d64 and d128 3 to 55, sm90
+#: 24 to 248 B of scratch under narrow windows. With the window's and the score term's changes
+#: as well, 126 of the 1264 kernels of those problems (4 targets, pages of 16 to 256, every
+#: level, with and without ALiBi and softcap) still fell short; with these, none
+PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
+    "gfx950": {
+        ("fwd", "d64", "", 8, True): {"BN": 32},
+        ("fwd", "d64", "", 4, True): {"BN": 32},
+        ("fwd", "d64", "", 2, True): {"BN": 32},
+        ("fwd", "d64", "", 1, True): {"lane_sums": False},
+        ("fwd", "d64", "alibi", 8, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "alibi", 4, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "alibi", 2, True): {"BN": 32},
+        ("fwd", "d64", "alibi", 1, True): {"waves_per_eu": 2},
+        ("fwd", "d64", "softcap", 8, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "softcap", 4, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "softcap", 2, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "softcap", 1, True): {"sched": "iterative-ilp"},
+        ("fwd", "d128", "", 8, True): {"BN": 32},
+        ("fwd", "d128", "", 4, True): {"BN": 32},
+        ("fwd", "d128", "", 2, True): {"BN": 32},
+        ("fwd", "d128", "alibi", 2, True): {"BM": 128, "num_warps": 4},
+        ("fwd", "d128", "alibi", 1, True): {"BM": 128, "num_warps": 4},
+        ("fwd", "d128", "softcap", 8, True): {"BN": 32},
+        ("fwd", "d128", "softcap", 4, True): {"BN": 32},
+        ("fwd", "d128", "softcap", 2, True): {"BN": 32},
+        ("fwd", "d192", "alibi", 8, True): {"lane_sums": False},
+        ("fwd", "d192", "alibi", 8, False): {"lane_sums": False},
+        ("fwd", "d192", "alibi", 4, True): {"lane_sums": False},
+        ("fwd", "d192", "softcap", 8, False): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "", 2, True): {"BM": 64, "num_warps": 4},
+        ("fwd", "d256", "", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d256", "alibi", 4, True): {"BM": 128, "num_warps": 8},
+        ("fwd", "d256", "softcap", 1, True): {"BM": 32, "num_warps": 2},
+    },
+    "gfx942": {
+        ("fwd", "d64", "", 8, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "", 1, True): {"BM": 64, "num_warps": 2},
+        ("fwd", "d64", "softcap", 2, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "softcap", 1, True): {"waves_per_eu": 2},
+        ("fwd", "d256", "", 2, True): {"BM": 64, "num_warps": 4},
+    },
+    "gfx1250": {
+        ("fwd", "d64", "", 4, True): {"BM": 256, "num_warps": 8},
+        ("fwd", "d64", "", 2, True): {"BN": 32},
+        ("fwd", "d64", "", 1, True): {"BN": 32},
+        ("fwd", "d64", "alibi", 4, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "alibi", 2, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "alibi", 1, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "softcap", 4, True): {"BM": 256, "num_warps": 8},
+        ("fwd", "d64", "softcap", 2, True): {"sched": "iterative-ilp"},
+        ("fwd", "d64", "softcap", 1, True): {"BN": 32},
+        ("fwd", "d128", "", 4, True): {"BM": 256, "num_warps": 8},
+        ("fwd", "d128", "", 2, True): {"BN": 32},
+        ("fwd", "d128", "alibi", 4, True): {"BN": 32},
+        ("fwd", "d256", "alibi", 2, True): {"BM": 64, "num_warps": 4},
+    },
+    "sm90": {
+        ("fwd", "d64", "", 1, True): {"BN": 32},
+        ("fwd", "d64", "alibi", 1, True): {"BN": 32},
+        ("fwd", "d64", "softcap", 1, True): {"BN": 32},
+        ("fwd", "d128", "", 2, True): {"BN": 32},
+        ("fwd", "d128", "", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d128", "alibi", 2, True): {"BN": 32},
+        ("fwd", "d128", "alibi", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d128", "softcap", 2, True): {"BN": 32},
+        ("fwd", "d128", "softcap", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d192", "", 1, True): {"BN": 16},
+        ("fwd", "d192", "alibi", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d192", "softcap", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d256", "", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d256", "alibi", 1, True): {"BM": 32, "num_warps": 2},
+        ("fwd", "d256", "softcap", 1, True): {"BM": 32, "num_warps": 2},
+    },
+}
+
+
 def tile_mod(alibi: bool, softcap: bool) -> str:
     """The ``MOD_TILES`` key of a problem's score terms: ALiBi's (the heavier: a slope and the
     distance live per score) before softcap's; "" neither."""
@@ -1068,14 +1157,15 @@ def window_config(
     warp_keys: int = 0,
     mod: str = "",
     tuned: bool = True,
+    paged: bool = False,
 ) -> Config:
     """``cfg`` for a problem with window ``bounds`` (``Problem.bounds``: ``(left, right)``, -1
     unbounded) and score term ``mod`` (``tile_mod``): shrunk by ``band_config`` under a
     two-sided window, then with the ``WINDOW_TILES`` changes of ``target`` (an untuned one
-    reads gfx950's) at the level it reached under a left bound, and the ``MOD_TILES`` ones
-    under ``mod``. ``tuned`` False (a tile another rule shaped: a score or mask mod's, a block
-    mask's, a page's, fp32's; the changes set tile sizes that may not fit it): the shrink
-    alone."""
+    reads gfx950's) at the level it reached under a left bound, the ``MOD_TILES`` ones under
+    ``mod``, and over a ``paged`` cache the ``PAGED_TILES`` ones (the plan then caps the key
+    tile at the page). ``tuned`` False (a tile another rule shaped: a score or mask mod's, a
+    block mask's, fp32's; the changes set tile sizes that may not fit it): the shrink alone."""
     c = band_config(kind, cfg, band_of(bounds), warp_keys)
     if not tuned:
         return c
@@ -1084,6 +1174,9 @@ def window_config(
         changes.update(_table_for(WINDOW_TILES, target).get((kind, dcls, c.num_warps), {}))
     if mod:
         changes.update(_table_for(MOD_TILES, target).get((kind, dcls, mod, c.num_warps), {}))
+    if paged:
+        key = (kind, dcls, mod, c.num_warps, bounds[0] >= 0)
+        changes.update(_table_for(PAGED_TILES, target).get(key, {}))
     return replace(c, notes={}, **changes) if changes else c
 
 

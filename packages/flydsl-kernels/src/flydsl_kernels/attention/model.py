@@ -49,6 +49,11 @@ OCCUPANCY_FLOOR = 2
 #: x 32 with 4 warps, took 292 VGPRs) and of gfx1250 (64 x 32 with 4 warps: 582)
 BELOW_FLOOR = {("gfx942", "bwd_dq", "d256"), ("gfx1250", "bwd_dq", "d256")}
 
+#: the page sizes (keys) a forward entry is compiled at over a paged cache (``window_problems``,
+#: ``configs.PAGED_TILES``): pages smaller than the key tile (it shrinks to one, or spans
+#: several in K's lane order: ``plan.page_tile``), one tile's, and larger (one page per tile)
+PAGES = (16, 32, 64, 256)
+
 
 def model_problem(kind: str, dcls: str, *, causal: bool = True):
     """The ``plan.Problem`` a config of ``kind`` is compiled at (the model, the compile tests)."""
@@ -276,12 +281,13 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
     return ok + [r for r in rows if r[2] is not None]
 
 
-def check_tables(targets=tuple(TABLES), keys=None, *, windows=True) -> list[str]:
+def check_tables(targets=tuple(TABLES), keys=None, *, windows=True, pages=PAGES) -> list[str]:
     """Compile every shipped entry of every target's table at its model problem, and the
-    prefill ones under every window problem (``window_problems``; ``windows``); the problems
-    found (compile failures, scratch, spills, LDS over the target's limit, and on AMD targets
-    fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only
-    those ``(kind, dclass)`` entries."""
+    prefill ones under every window problem (``window_problems``; ``windows``), a forward's
+    also over a cache of each of ``pages``; the problems found (compile failures, scratch,
+    spills, LDS over the target's limit, and on AMD targets fewer than ``OCCUPANCY_FLOOR``
+    waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only those ``(kind, dclass)``
+    entries."""
     from flydsl_core.exc import FlyDSLError
 
     bad = []
@@ -293,7 +299,7 @@ def check_tables(targets=tuple(TABLES), keys=None, *, windows=True) -> list[str]
                 ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
                 kernels = [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]
                 if windows:
-                    kernels += _windowed_kernels(kind, dcls, cfg, t)
+                    kernels += _windowed_kernels(kind, dcls, cfg, t, pages)
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
@@ -305,19 +311,22 @@ def check_tables(targets=tuple(TABLES), keys=None, *, windows=True) -> list[str]
     return bad
 
 
-def _windowed_kernels(kind, dcls, cfg, target):
+def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES):
     """``(label, CompiledKernel)`` of a prefill entry under each of its window problems
-    (``window_problems``), plain and with each score term of ``TILE_MODS``, as the plan
-    compiles them (``configs.WINDOW_TILES`` and ``MOD_TILES`` applied)."""
+    (``window_problems``), plain and with each score term of ``TILE_MODS``, and a forward's
+    over a cache of each of ``pages``, as the plan compiles them (``configs.WINDOW_TILES``,
+    ``MOD_TILES`` and ``PAGED_TILES`` applied)."""
     if kind == "decode":
         return []
     out = []
-    for mod in ("", *TILE_MODS):
-        for (warps, *_), (p, _) in window_problems(kind, dcls, cfg, target, mod).items():
-            if (target, kind, dcls, mod, warps) in TILE_SHORTFALLS:
-                continue
-            what = f" window {p.window}" + ("" if p.causal else " not causal")
-            out.append((what + (f" {mod}" if mod else ""), window_kernel(kind, p, target)))
+    for page in (0, *pages) if kind == "fwd" else (0,):
+        for mod in ("", *TILE_MODS):
+            for (warps, *_), (p, _) in window_problems(kind, dcls, cfg, target, mod, page).items():
+                if (target, kind, dcls, mod, warps) in TILE_SHORTFALLS:
+                    continue
+                what = f" window {p.window}" + ("" if p.causal else " not causal")
+                what += (f" {mod}" if mod else "") + (f" pages of {page}" if page else "")
+                out.append((what, window_kernel(kind, p, target)))
     return out
 
 
@@ -341,21 +350,26 @@ TILE_SHORTFALLS = {
 TILE_MODS = {"alibi": {"alibi": True}, "softcap": {"softcap": 50.0}}
 
 
-def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "") -> dict:
+def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "", page=0) -> dict:
     """``{(warps, narrow, causal, windowed): (problem, tile)}``: the windowed problems whose
     kernels differ for the entry ``cfg`` of ``kind``: causal windows (``WINDOW_LEFTS``), one
     per band level (the tile's warps after ``configs.band_config``, before any
     ``configs.WINDOW_TILES`` change) and loop shape, the narrowest first met; and a left bound
     without a right one (not causal: no band, the table's tile, no right-bound loop). With a
-    score term ``mod`` (``TILE_MODS``) every problem has it, and the problems without a window
-    (causal or not) are in too. ``tile`` is the level's unchanged tile."""
+    score term ``mod`` (``TILE_MODS``) every problem has it, and with ``page`` (a forward's:
+    ``PAGES``) every one reads a cache of pages of that many keys; with either, the problems
+    without a window (causal or not) are in too. ``tile`` is the level's unchanged tile (over
+    pages: with the plan's key tile for the page, ``plan.page_tile``)."""
     out = {}
     wk = configs.band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
     extra = TILE_MODS[mod] if mod else {}
+    if page:
+        extra = extra | {"page_size": page, "seqused": True}
+        cfg = plan.page_tile(cfg, page, cfg.klanes)
     causal, bidi = (replace(model_problem(kind, dcls, causal=c), **extra) for c in (True, False))
     probs = [replace(causal, window=(left, 0)) for left in WINDOW_LEFTS]
     probs.append(replace(bidi, window=(WINDOW_LEFTS[-1], -1)))
-    if mod:
+    if mod or page:
         probs += [causal, bidi]
     for p in probs:
         tile = configs.band_config(kind, cfg, plan.band(p), wk)
@@ -432,29 +446,44 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
 PAIR_FROM = 6
 
 
-def window_search(kind: str, dcls: str, target: str, log=print, mod: str = "") -> dict:
+def window_search(
+    kind: str, dcls: str, target: str, log=print, mod: str = "", paged: bool = False
+) -> dict:
     """``{warps: changes}`` for the band levels of ``target``'s ``(kind, dcls)`` entry whose
     tile falls short of the shipped bar under a window (``shortfall``): the single change
     (``window_changes``), else the pair of them, that compiles clean at every window problem
     of the level (``window_problems``) with the fewest loop instructions per useful MFMA summed
     over them; a level no change mends is logged and left out. With a score term ``mod``
     (``TILE_MODS``): the ``MOD_TILES`` changes, on top of the ``WINDOW_TILES`` ones under a
-    window."""
+    window. ``paged`` (a forward's): the ``PAGED_TILES`` changes for ``mod`` at every page size
+    of ``PAGES``, on top of both, keyed ``(warps, windowed)``: a left bound's problems apart
+    from those without a window (at the table's level), which take no change they do not
+    need."""
     from flydsl_core.exc import FlyDSLError
 
     cfg = TABLES[target][(kind, dcls)]
     floor = floor_of(target, kind, dcls)
-    levels: dict[int, list] = {}
-    wins = configs.WINDOW_TILES.get(target, {}) if mod else {}
-    for (warps, *_), (p, tile) in window_problems(kind, dcls, cfg, target, mod).items():
-        levels.setdefault(warps, []).append((p, tile))
+    levels: dict = {}
+    wins = configs.WINDOW_TILES.get(target, {}) if mod or paged else {}
+    mods = configs.MOD_TILES.get(target, {}) if paged and mod else {}
+    # the largest page first: a level's first tile (the changes' base) is the dense one's
+    for page in reversed(PAGES) if paged else (0,):
+        for (warps, *_, windowed), (p, tile) in window_problems(
+            kind, dcls, cfg, target, mod, page
+        ).items():
+            levels.setdefault((warps, windowed) if paged else warps, []).append((p, tile))
+
+    def before(warps, windowed):
+        """the changes the plan makes to a level's tile before the searched ones"""
+        w = wins.get((kind, dcls, warps), {}) if windowed else {}
+        return w | mods.get((kind, dcls, mod, warps), {})
 
     def trial(probs, changes):
         """(per-MFMA sum or None, why not clean, how far off: spills, then registers)"""
         total = 0.0
         for p, tile in probs:
-            under = wins.get((kind, dcls, tile.num_warps), {}) if p.bounds[0] >= 0 else {}
-            c = replace(tile, **(under | changes))
+            c = replace(tile, **(before(tile.num_warps, p.bounds[0] >= 0) | changes))
+            c = plan.page_tile(c, p.page_size, c.klanes)
             try:
                 ck = window_kernel(kind, p, target, c)
             except FlyDSLError as e:
@@ -478,12 +507,17 @@ def window_search(kind: str, dcls: str, target: str, log=print, mod: str = "") -
         return best, near
 
     out = {}
-    for warps, probs in sorted(levels.items(), reverse=True):
-        if trial(probs, {})[1] is None:
+    for level, probs in sorted(levels.items(), reverse=True):
+        warps = level[0] if paged else level
+        # the problems that fall short unchanged first: a change that does not mend them
+        # fails at its first compile
+        failing = [pt for pt in probs if trial([pt], {})[1] is not None]
+        if not failing:
             continue
-        # the candidates from the level's tile and, for a score term, from the tile with the
-        # level's window changes (what the plan starts from under a window)
-        start = replace(probs[0][1], **wins.get((kind, dcls, warps), {}))
+        probs = failing + [pt for pt in probs if pt not in failing]
+        # the candidates from the level's tile and from the tile with the changes the plan
+        # makes before the searched ones (a window's, a score term's)
+        start = replace(probs[0][1], **before(warps, True))
         singles = window_changes(kind, probs[0][1], cfg, target)
         singles += [c for c in window_changes(kind, start, cfg, target) if c not in singles]
         best, near = best_of(probs, singles)
@@ -494,7 +528,7 @@ def window_search(kind: str, dcls: str, target: str, log=print, mod: str = "") -
         if best is None:
             log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean")
         else:
-            out[warps] = best[1]
+            out[level] = best[1]
     return out
 
 
@@ -550,9 +584,15 @@ def main(argv=None):  # pragma: no cover - a developer tool
         choices=["", *TILE_MODS],
         help="with --windows: search configs.MOD_TILES' changes for this score term",
     )
+    ap.add_argument(
+        "--paged",
+        action="store_true",
+        help="with --windows (--kind fwd): search configs.PAGED_TILES' changes (with --mod: "
+        "for that score term)",
+    )
     a = ap.parse_args(argv)
     if a.windows:
-        print(window_search(a.kind, a.dclass, a.target, mod=a.mod))
+        print(window_search(a.kind, a.dclass, a.target, mod=a.mod, paged=a.paged))
         return
     if a.check_tables:
         bad = check_tables()

@@ -239,27 +239,19 @@ def plan_forward(
     if kind == "decode":
         cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
     klanes = cfg.klanes if p.dtype != "fp32" else 0
-    if p.page_size and p.page_size < cfg.BN and not (klanes and p.page_size % cfg.nonkdim == 0):
-        # a tile spanning several pages gathers them row by row, which held scalar registers
-        # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
-        # tile shrinks to one page (16 keys at least), whose id is one scalar per tile. With K
-        # loaded in MFMA lane order (``Config.klanes``) a page of 16 keys or more is a whole
-        # key block of the load: no spill on the targets whose tables set it (gfx950 decode
-        # d128, pages of 16: 64-key tiles, 4 pages, no padding of P @ V's 16-key reduction)
-        cfg = replace(cfg, BN=max(p.page_size, 16))
+    cfg = page_tile(cfg, p.page_size, klanes)
     if kind == "fwd" and config is None:
         dcls = configs.dclass(p.head_dim, p.head_dim_v)
         mod = configs.tile_mod(p.alibi, bool(p.softcap))
-        # the table's tile, which the window and score-term changes were chosen for: not a
-        # mod's, a block mask's, a page's or fp32's (their rules shaped it above)
+        # the table's tile, which the window, score-term and page changes were chosen for:
+        # not a mod's, a block mask's or fp32's (their rules shaped it above)
         tuned = not (
-            p.score_mod is not None
-            or p.mask_mod is not None
-            or sparse
-            or p.page_size
-            or p.dtype == "fp32"
+            p.score_mod is not None or p.mask_mod is not None or sparse or p.dtype == "fp32"
         )
-        cfg = configs.window_config("fwd", cfg, p.bounds, dcls, table, mod=mod, tuned=tuned)
+        cfg = configs.window_config(
+            "fwd", cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size)
+        )
+        cfg = page_tile(cfg, p.page_size, klanes)  # the changes set the table's key tile
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
@@ -365,6 +357,20 @@ def plan_forward(
     if programs == 0:
         grid = (0, 0, 0)
     return FwdPlan(p, cfg, C, grid, s, pers, cfg.options(target), scale_of(p))
+
+
+def page_tile(cfg: configs.Config, page: int, klanes: int) -> configs.Config:
+    """``cfg`` over a cache of pages of ``page`` keys (0: dense) with K in lane order
+    ``klanes`` (``Config.klanes``, 0 for fp32)."""
+    if page and page < cfg.BN and not (klanes and page % cfg.nonkdim == 0):
+        # a tile spanning several pages gathers them row by row, which held scalar registers
+        # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
+        # tile shrinks to one page (16 keys at least), whose id is one scalar per tile. With K
+        # loaded in MFMA lane order (``Config.klanes``) a page of 16 keys or more is a whole
+        # key block of the load: no spill on the targets whose tables set it (gfx950 decode
+        # d128, pages of 16: 64-key tiles, 4 pages, no padding of P @ V's 16-key reduction)
+        return replace(cfg, BN=max(page, 16))
+    return cfg
 
 
 def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
