@@ -137,6 +137,50 @@ def test_paged_prefill_tiles_against_the_reference(
     close_lse(lse, rl)
 
 
+@pytest.mark.parametrize(
+    "table, d, page, sq, window, terms, want",
+    [
+        # configs.WINDOW_TILES' decode levels: a windowed decode tile (gpt-oss's: d64, a
+        # 128-key window, sinks) takes half its keys (one wave, or SGPR spills, before)
+        ("gfx950", 64, 64, 1, (127, 0), {"sinks": True}, {"BM": 16, "BN": 64, "num_warps": 1}),
+        ("gfx950", 128, 16, 1, (127, 0), {}, {"BM": 16, "BN": 32, "num_warps": 1}),
+        ("gfx950", 128, 0, 4, (127, 0), {}, {"BM": 16, "BN": 32, "num_warps": 1}),
+        ("gfx942", 64, 64, 1, (60, 0), {}, {"BN": 64, "sched": "iterative-ilp"}),
+        # without a window the table's tile
+        ("gfx950", 128, 64, 1, (-1, -1), {}, {"BM": 16, "BN": 64, "num_warps": 1}),
+    ],
+)  # fmt: skip
+def test_windowed_decode_tiles_against_the_reference(
+    table, d, page, sq, window, terms, want, monkeypatch
+):
+    g = gen(71 + page + sq)
+    B, H, Hk, S = 2, 8, 2, 256
+    q = rand(B, sq, H, d, g=g)
+    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
+    if page:
+        kc, vc, bt = _paged(kfull, vfull, page, g)
+    else:
+        kc, vc, bt = kfull, vfull, None
+    lens = torch.tensor([256, 190], dtype=torch.int32)
+    kw = {"sinks": torch.randn(H, generator=g)} if terms.get("sinks") else {}
+    seen, real = [], plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]
+    )
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True, window_size=window,
+        return_softmax_lse=True, target=REF, table=table, **kw,
+    )  # fmt: skip
+    assert seen[0].problem.decode
+    c = seen[0].config
+    assert {f: getattr(c, f) for f in want} == want
+    ro, rl = reference.attention(
+        q, kfull, vfull, causal=True, seqused_k=lens, window_size=window, **kw
+    )
+    close(out, ro, OUT_TOL[BF16])
+    close_lse(lse, rl)
+
+
 def close_lse(lse, ref):
     fin = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(lse), fin) and torch.equal(lse[~fin], ref[~fin].float())

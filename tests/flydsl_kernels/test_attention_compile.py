@@ -396,8 +396,8 @@ def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     assert len(bad) > 1 and all("occupancy 1 below the floor 2" in b for b in bad), bad
 
 
-# windowed problems, problems with a score term the tables were not tuned with, and prefills
-# over a paged cache, whose tile spilled, needed scratch or lost a wave before
+# windowed problems (prefill and decode), problems with a score term the tables were not tuned
+# with, and prefills over a paged cache, whose tile spilled, needed scratch or lost a wave before
 # configs.WINDOW_TILES / MOD_TILES / PAGED_TILES (or, gfx1250's, ended the process in
 # Triton's TTGIR parser)
 PAGED = {"page_size": 256, "seqused": True}
@@ -414,6 +414,9 @@ WINDOWED = [
     ("gfx950", "fwd", "d64", (318, 0), PAGED),  # 4 SGPR spills
     ("gfx950", "fwd", "d128", (-1, -1), {"alibi": True} | PAGED),  # 31 spills, 100 B
     ("sm90", "fwd", "d128", (94, 0), {"softcap": 50.0} | PAGED),  # 56 B of scratch
+    ("gfx950", "decode", "d128", (127, 0), {}),  # one wave
+    ("gfx950", "decode", "d64", (127, 0), {"page_size": 16}),  # 37 SGPR spills
+    ("sm90", "decode", "d128", (127, 0), {}),  # 24 B of scratch
 ]
 
 
@@ -477,6 +480,31 @@ def test_check_tables_compiles_every_paged_level(monkeypatch):
     monkeypatch.setitem(configs.PAGED_TILES, "gfx950", {})
     bad = model.check_tables(("gfx950",), keys, pages=(256,))
     assert bad and all(" pages of 256" in b for b in bad), bad
+
+
+def test_check_tables_compiles_decode_under_windows(monkeypatch):
+    # model.decode_problems: a decode entry at each query count, cache and window, with and
+    # without sinks; without gfx950's decode WINDOW_TILES its d128 tile takes one wave under a
+    # window (the table's model problem has none)
+    entry = configs.TABLES["gfx950"][("decode", "d128")]
+    probs = model.window_problems("decode", "d128", entry, "gfx950")
+    assert {k[4] for k in probs} == {
+        (sq, page, sinks)
+        for sq in model.DECODE_QUERIES
+        for page in model.DECODE_PAGES
+        for sinks in (False, True)
+    }
+    assert all(p.decode and p.window != (-1, -1) for p, _ in probs.values())
+    assert {tile.num_warps for (w, *_), (_, tile) in probs.items() if w > 1} == {4}  # 16 rows
+    keys = {("decode", "d128")}
+    monkeypatch.setattr(model, "TILE_MODS", {})
+    monkeypatch.setattr(model, "DECODE_QUERIES", (1,))
+    monkeypatch.setattr(model, "DECODE_PAGES", (64,))
+    assert model.check_tables(("gfx950",), keys) == []
+    tiles = {k: v for k, v in configs.WINDOW_TILES["gfx950"].items() if k[0] != "decode"}
+    monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", tiles)
+    bad = model.check_tables(("gfx950",), keys)
+    assert bad and all("decode d128 window (" in b for b in bad), bad
 
 
 def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):

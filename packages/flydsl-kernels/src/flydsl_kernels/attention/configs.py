@@ -884,7 +884,12 @@ def band_config(kind: str, cfg: Config, band: int | None, warp_keys: int = 0) ->
 #: 2-warp tile; dQ d256 (one wave allowed: ``model.BELOW_FLOOR``) 84 spills and 340 B of
 #: scratch at 2 warps before; fwd d64 8 warps K's and V's descriptors in the loop (a left
 #: bound alone: 2 SGPR spills), 4 warps iterative-ilp (269 VGPRs, a spill, one wave). sm90:
-#: scratch (8 to 128 B) at its smallest tiles before
+#: scratch (8 to 128 B) at its smallest tiles before. Decode under a window (gpt-oss's 128 keys,
+#: Gemma's, Mistral's; ``model.decode_problems``: 1 to 16 queries, dense and paged caches,
+#: sinks; no shrink: ``warps`` those of the tile grown for its rows), whose tables were tuned
+#: without one: gfx950 d64 and d128 one wave, or at pages of 16 keys 37 to 43 SGPR spills,
+#: gfx942 d64 13 spills, sm90 d128 and d256 16 to 32 B of scratch before; half the keys
+#: (gfx942: iterative-ilp)
 WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
     "gfx950": {
         ("fwd", "d64", 2): {"q_lanes": 0},
@@ -903,6 +908,8 @@ WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
         ("bwd_dq", "d256", 4): {"sched": "coexec"},
         ("bwd_dq", "d256", 2): {"sched": "coexec"},
         ("bwd_dq", "d256", 1): {"BN": 16},
+        ("decode", "d64", 1): {"BN": 64},
+        ("decode", "d128", 1): {"BN": 32},
     },
     "gfx942": {
         ("fwd", "d64", 8): {"hoist_rsrc": ""},
@@ -917,6 +924,7 @@ WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
         ("bwd_dq", "d192", 1): {"BN": 16},
         ("bwd_dq", "d256", 2): {"BM": 128, "num_warps": 4},
         ("bwd_dq", "d256", 1): {"BM": 64, "BN": 16, "num_warps": 2},
+        ("decode", "d64", 1): {"sched": "iterative-ilp"},
     },
     "gfx1250": {
         ("fwd", "d128", 2): {"waves_per_eu": 2},
@@ -941,6 +949,8 @@ WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
         ("bwd_dq", "d128", 1): {"BN": 32},
         ("bwd_dq", "d192", 2): {"num_stages": 2},
         ("bwd_dq", "d256", 1): {"num_stages": 2},
+        ("decode", "d128", 2): {"BN": 32},
+        ("decode", "d256", 8): {"BN": 16},
     },
 }
 
@@ -955,8 +965,9 @@ WINDOW_TILES: dict[str, dict[tuple[str, str, int], dict]] = {
 #: 124 B of scratch, its dQ d256 39 and 152 B, ALiBi or softcap under a window one wave at most
 #: band levels; gfx1250 fwd d128 with softcap (Gemma 2 27B's: d128, window 4096) 82 spills and
 #: 212 B, with ALiBi under a window 277 and 764 B; gfx942 fwd d64 with ALiBi 14 SGPR spills at
-#: one warp; sm90 dK/dV d64 and dQ d256 scratch. ALiBi and softcap are off the report's cases:
-#: none of its figures moved
+#: one warp; sm90 dK/dV d64 and dQ d256 scratch; decode with ALiBi (``model.decode_problems``):
+#: gfx950 d64 and d128 one wave, sm90 d64 and d128 8 to 24 B of scratch. ALiBi and softcap are
+#: off the report's cases: none of its figures moved
 MOD_TILES: dict[str, dict[tuple[str, str, str, int], dict]] = {
     "gfx950": {
         ("bwd_dq", "d128", "alibi", 8): {"sched": ""},
@@ -996,6 +1007,9 @@ MOD_TILES: dict[str, dict[tuple[str, str, str, int], dict]] = {
         ("fwd", "d128", "softcap", 2): {"sched": "iterative-ilp"},
         ("fwd", "d256", "softcap", 2): {"BM": 64, "num_warps": 4},
         ("fwd", "d64", "softcap", 2): {"hoist_rsrc": ""},
+        ("decode", "d64", "alibi", 4): {"BN": 64},
+        ("decode", "d64", "alibi", 1): {"BN": 64},
+        ("decode", "d128", "alibi", 1): {"BN": 32},
     },
     "gfx942": {
         ("bwd_dq", "d128", "alibi", 8): {"BN": 16},
@@ -1042,6 +1056,8 @@ MOD_TILES: dict[str, dict[tuple[str, str, str, int], dict]] = {
         ("bwd_dq", "d256", "alibi", 4): {"num_stages": 2},
         ("bwd_dkdv", "d192", "softcap", 4): {"num_stages": 2},
         ("bwd_dkdv", "d64", "softcap", 1): {"BM": 16},
+        ("decode", "d64", "alibi", 2): {"lane_sums": True},
+        ("decode", "d128", "alibi", 2): {"num_stages": 1, "BN": 16},
     },
 }
 

@@ -19,9 +19,10 @@ compile; survivors are ranked (``score``) by
 ``TensorSpec`` operands: what the model, the report cases and the compile tests compile.
 
 ``window_search`` picks the changes a table tile takes under a window or a score term at each
-level of the window's shrink (``configs.WINDOW_TILES``, ``configs.MOD_TILES``), and
-``check_tables`` compiles every entry plain, persistent where it ships so, and under those
-problems (``window_problems``).
+level of the window's shrink (a decode tile's: as grown for its rows), and a prefill's over a
+paged cache (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``), and ``check_tables``
+compiles every entry plain, persistent where it ships so, and under those problems
+(``window_problems``, ``decode_problems``).
 """
 
 from __future__ import annotations
@@ -316,8 +317,6 @@ def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES):
     (``window_problems``), plain and with each score term of ``TILE_MODS``, and a forward's
     over a cache of each of ``pages``, as the plan compiles them (``configs.WINDOW_TILES``,
     ``MOD_TILES`` and ``PAGED_TILES`` applied)."""
-    if kind == "decode":
-        return []
     out = []
     for page in (0, *pages) if kind == "fwd" else (0,):
         for mod in ("", *TILE_MODS):
@@ -359,7 +358,11 @@ def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "", pa
     score term ``mod`` (``TILE_MODS``) every problem has it, and with ``page`` (a forward's:
     ``PAGES``) every one reads a cache of pages of that many keys; with either, the problems
     without a window (causal or not) are in too. ``tile`` is the level's unchanged tile (over
-    pages: with the plan's key tile for the page, ``plan.page_tile``)."""
+    pages: with the plan's key tile for the page, ``plan.page_tile``). Decode
+    (``decode_problems``): keyed ``(warps, narrow, causal, windowed, (queries, page,
+    sinks))``."""
+    if kind == "decode":
+        return decode_problems(dcls, cfg, mod)
     out = {}
     wk = configs.band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
     extra = TILE_MODS[mod] if mod else {}
@@ -379,10 +382,44 @@ def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "", pa
     return out
 
 
+#: a decode entry's problems (``decode_problems``): query positions per head (one, and the
+#: few speculative decoding sends, which grow the tile: ``plan.grown_decode``), the caches
+#: (dense and pages of 16 to 256 keys), windows (with a left bound the kernel is the same at
+#: every width: a decode tile's loops are all masked) and gpt-oss's sinks
+DECODE_QUERIES = (1, 4, 16)
+DECODE_PAGES = (0, 16, 64, 256)
+DECODE_WINDOWS = ((127, 0), (4095, -1))
+
+
+def decode_problems(dcls: str, cfg: Config, mod: str = "") -> dict:
+    """``window_problems`` of a decode entry ``cfg``: its model problem at each of
+    ``DECODE_QUERIES`` and ``DECODE_PAGES`` under each of ``DECODE_WINDOWS``, with and without
+    sinks; with a score term ``mod`` every problem has it (no sinks), and the problems without
+    a window are in too. ``tile``: the entry grown for the problem's rows and capped at its page."""
+    out = {}
+    extra = TILE_MODS[mod] if mod else {}
+    base = replace(model_problem("decode", dcls), **extra)
+    windows = DECODE_WINDOWS + (((-1, -1),) if mod else ())
+    for sq in DECODE_QUERIES:
+        for page in DECODE_PAGES:
+            for window in windows:
+                for sinks in (False,) if mod else (False, True):
+                    p = replace(
+                        base, seqlen_q=sq, page_size=page, window=window, sinks=sinks,
+                        causal=window[1] == 0 or window == (-1, -1),
+                    )  # fmt: skip
+                    gp = plan.next_gp(p.group)
+                    tile = plan.grown_decode(cfg, configs.decode_rows(cfg.BM, sq, gp))
+                    tile = plan.page_tile(tile, page, tile.klanes)
+                    key = (tile.num_warps, True, p.causal, window[0] >= 0, (sq, page, sinks))
+                    out[key] = (p, tile)
+    return out
+
+
 def window_kernel(kind, p, target, cfg=None):
     """The kernel of ``kind`` at the windowed problem ``p``: the plan's (``cfg`` None: the table
     with its ``WINDOW_TILES`` and ``MOD_TILES`` changes) or ``cfg``'s."""
-    if kind == "fwd":
+    if kind in ("fwd", "decode"):
         fp = plan.plan_forward(p, target, config=cfg, splits=1, persistent=0)
         return forward_launches(fp)[0].compile(target)
     return backward_launch(p, target, kind, cfg).compile(target)
@@ -425,13 +462,17 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
         cands += [{"hoist_rsrc": ""}, {"split_off": False}, {"waves_per_eu": 2}]
         if kind == "fwd":
             cands += [{"q_lanes": 0}, {"tr_wait": False}]
+        elif kind == "decode":  # K's lane order, V's head-dim blocks, the row copies off
+            cands += [{"klanes": 0}, {"vblk": 0}, {"fold": 0}, {"soffset": False}]
         else:
             cands += [{"share_t": False}, {"bwd_loads": "own"}, {"bwd_loads": "view"}]
     elif tile.num_stages < 2:
         cands.append({"num_stages": tile.num_stages + 1})
     cands += [{"num_stages": tile.num_stages - 1}] if tile.num_stages > 1 else []
+    if kind in ("fwd", "decode"):
+        cands.append({"lane_sums": not tile.lane_sums})
     if kind == "fwd":
-        cands += [{"lane_sums": not tile.lane_sums}, {"k_t": False, "kt_edge": False}]
+        cands.append({"k_t": False, "kt_edge": False})
     if kind == "bwd_dkdv" and tile.BM > 16:
         cands.append({"BM": tile.BM // 2})
     elif kind != "bwd_dkdv" and tile.BN > 16:
@@ -468,7 +509,7 @@ def window_search(
     mods = configs.MOD_TILES.get(target, {}) if paged and mod else {}
     # the largest page first: a level's first tile (the changes' base) is the dense one's
     for page in reversed(PAGES) if paged else (0,):
-        for (warps, *_, windowed), (p, tile) in window_problems(
+        for (warps, _, _, windowed, *_), (p, tile) in window_problems(
             kind, dcls, cfg, target, mod, page
         ).items():
             levels.setdefault((warps, windowed) if paged else warps, []).append((p, tile))

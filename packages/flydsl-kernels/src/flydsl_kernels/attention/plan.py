@@ -240,17 +240,19 @@ def plan_forward(
         cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
     klanes = cfg.klanes if p.dtype != "fp32" else 0
     cfg = page_tile(cfg, p.page_size, klanes)
-    if kind == "fwd" and config is None:
+    if config is None:
         dcls = configs.dclass(p.head_dim, p.head_dim_v)
         mod = configs.tile_mod(p.alibi, bool(p.softcap))
         # the table's tile, which the window, score-term and page changes were chosen for:
-        # not a mod's, a block mask's or fp32's (their rules shaped it above)
+        # not a mod's, a block mask's or fp32's (their rules shaped it above); a decode tile's
+        # changes apply to it as grown for its rows
         tuned = not (
             p.score_mod is not None or p.mask_mod is not None or sparse or p.dtype == "fp32"
         )
         cfg = configs.window_config(
-            "fwd", cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size)
+            kind, cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size)
         )
+        klanes = cfg.klanes if p.dtype != "fp32" else 0
         cfg = page_tile(cfg, p.page_size, klanes)  # the changes set the table's key tile
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
