@@ -114,27 +114,12 @@ def test_paged_prefill_tiles_against_the_reference(
     B, Sq, H, Hk, S = 2, 77, 2, 1, 256
     q = rand(B, Sq, H, d, g=g)
     kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, dv, g=g)
-    kc, vc, bt = _paged(kfull, vfull, page, g)
-    lens = torch.tensor([256, 190], dtype=torch.int32)
     kw = {"softcap": terms["softcap"]} if "softcap" in terms else {}
     if terms.get("alibi"):
         kw["alibi_slopes"] = torch.rand(H, generator=g) * 0.5
-    seen, real = [], plan.plan_forward
-    monkeypatch.setattr(
-        plan, "plan_forward", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]
-    )
-    out, lse = flash_attn_with_kvcache(
-        q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True, window_size=window,
-        return_softmax_lse=True, target=REF, table=table, **kw,
-    )  # fmt: skip
-    c = seen[0].config
-    assert seen[0].problem.page_size == page and not seen[0].problem.decode
-    assert {f: getattr(c, f) for f in want} == want
-    ro, rl = reference.attention(
-        q, kfull, vfull, causal=True, seqused_k=lens, window_size=window, **kw
-    )
-    close(out, ro, OUT_TOL[BF16])
-    close_lse(lse, rl)
+    fp = _checked_kvcache(monkeypatch, q, kfull, vfull, page, g, window, table, **kw)
+    assert fp.problem.page_size == page and not fp.problem.decode
+    assert {f: getattr(fp.config, f) for f in want} == want
 
 
 @pytest.mark.parametrize(
@@ -157,12 +142,19 @@ def test_windowed_decode_tiles_against_the_reference(
     B, H, Hk, S = 2, 8, 2, 256
     q = rand(B, sq, H, d, g=g)
     kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, d, g=g)
-    if page:
-        kc, vc, bt = _paged(kfull, vfull, page, g)
-    else:
-        kc, vc, bt = kfull, vfull, None
-    lens = torch.tensor([256, 190], dtype=torch.int32)
     kw = {"sinks": torch.randn(H, generator=g)} if terms.get("sinks") else {}
+    fp = _checked_kvcache(monkeypatch, q, kfull, vfull, page, g, window, table, **kw)
+    assert fp.problem.decode
+    assert {f: getattr(fp.config, f) for f in want} == want
+
+
+def _checked_kvcache(monkeypatch, q, kfull, vfull, page, g, window, table, **kw):
+    """``flash_attn_with_kvcache`` (causal, ``window``, planned with ``table``'s tiles on the
+    reference backend) over ``kfull`` / ``vfull`` (2 sequences of 256 and 190 keys; paged in a
+    random page order where ``page``), output and LSE against the float64 reference; the
+    forward plan it launched."""
+    kc, vc, bt = _paged(kfull, vfull, page, g) if page else (kfull, vfull, None)
+    lens = torch.tensor([256, 190], dtype=torch.int32)
     seen, real = [], plan.plan_forward
     monkeypatch.setattr(
         plan, "plan_forward", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]
@@ -171,14 +163,12 @@ def test_windowed_decode_tiles_against_the_reference(
         q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True, window_size=window,
         return_softmax_lse=True, target=REF, table=table, **kw,
     )  # fmt: skip
-    assert seen[0].problem.decode
-    c = seen[0].config
-    assert {f: getattr(c, f) for f in want} == want
     ro, rl = reference.attention(
         q, kfull, vfull, causal=True, seqused_k=lens, window_size=window, **kw
     )
     close(out, ro, OUT_TOL[BF16])
     close_lse(lse, rl)
+    return seen[0]
 
 
 def close_lse(lse, ref):
