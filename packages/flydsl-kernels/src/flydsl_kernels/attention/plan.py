@@ -240,8 +240,8 @@ def plan_forward(
         cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
     klanes = cfg.klanes if p.dtype != "fp32" else 0
     cfg = page_tile(cfg, p.page_size, klanes)
+    dcls = configs.dclass(p.head_dim, p.head_dim_v)
     if config is None:
-        dcls = configs.dclass(p.head_dim, p.head_dim_v)
         mod = configs.tile_mod(p.alibi, bool(p.softcap))
         # the table's tile, which the window, score-term and page changes were chosen for:
         # not a mod's, a block mask's or fp32's (their rules shaped it above); a decode tile's
@@ -337,7 +337,7 @@ def plan_forward(
         QWARPS=cfg.num_warps,
         LANE_SUMS=cfg.lane_sums and cfg.BN % 16 == 0,  # forward.LANE_SUM_N
         KEY_LANE_BITS=configs.key_lane_bits(table, cfg.nonkdim),
-        SK_TAIL=kind == "fwd" and configs.sk_tail(table, configs.dclass(p.head_dim, p.head_dim_v)),
+        SK_TAIL=kind == "fwd" and configs.sk_tail(table, dcls),
         KT=cfg.k_t and not p.page_size and not klanes and fold == 1,
         KT_EDGE=cfg.kt_edge,
         BASED=based,
