@@ -54,6 +54,10 @@ def rand(*shape, g, dtype=BF16, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
 
+#: a problem with fp32 operands (``plan.Problem.dtype``)
+F32 = {"dtype": "fp32"}
+
+
 def close(out, ref, tol, what=""):
     assert out.shape == ref.shape, (what, out.shape, ref.shape)
     torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol, msg=what)
@@ -73,6 +77,15 @@ def close(out, ref, tol, what=""):
         ("gfx950", 128, 128, (-1, -1), {"alibi": True}, "fwd", {"BM": 256, "BN": 32}),
         ("gfx942", 128, 128, (40, 0), {"alibi": True}, "bwd_dq", {"BM": 128, "num_warps": 4}),
         ("gfx950", 256, 256, (63, 0), {"softcap": 5.0}, "fwd", {"BM": 64, "num_warps": 4}),
+        # configs.FP32_TILES: fp32's tile (half the keys) takes its own level's changes
+        ("gfx950", 128, 128, (300, 0), F32, "fwd", {"BM": 128, "BN": 32, "nonkdim": 16}),
+        ("gfx950", 192, 128, (-1, -1), F32, "fwd", {"BM": 256, "lane_sums": False}),
+        ("gfx950", 256, 256, (100, 0), F32, "fwd", {"BM": 64, "BN": 16, "num_warps": 8}),
+        ("gfx950", 128, 128, (-1, -1), F32, "bwd_dq", {"BM": 128, "nonkdim": 16}),
+        ("gfx950", 192, 128, (15, 0), F32, "bwd_dq", {"BM": 16, "BN": 16, "num_warps": 2}),
+        ("gfx942", 256, 256, (-1, -1), F32, "bwd_dq", {"BM": 64, "BN": 16, "nonkdim": 16}),
+        ("sm90", 128, 128, (-1, -1), F32, "fwd", {"BM": 64, "BN": 16, "num_warps": 8}),
+        ("sm90", 192, 128, (47, 0), F32, "bwd_dq", {"num_warps": 4, "num_stages": 2}),
     ],
 )  # fmt: skip
 def test_window_tiles_against_the_reference(table, d, dv, window, terms, kind, want):
@@ -83,7 +96,8 @@ def test_window_tiles_against_the_reference(table, d, dv, window, terms, kind, w
         bp = plan.plan_backward(p, REF, table=table)
         c = bp.dkdv if kind == "bwd_dkdv" else bp.dq
     assert {f: getattr(c, f) for f in want} == want
-    q, k, v = qkv(1, 77, 77, 2, 1, d, dv, seed=37, grad=True)
+    dt = FP32 if terms.get("dtype") == "fp32" else BF16
+    q, k, v = qkv(1, 77, 77, 2, 1, d, dv, seed=37, grad=True, dtype=dt)
     kw = {"softcap": terms["softcap"]} if "softcap" in terms else {}
     if terms.get("alibi"):
         kw["alibi_slopes"] = torch.rand(2, generator=gen(38)) * 0.5
@@ -1537,8 +1551,9 @@ def test_window_config_takes_its_level_changes_under_a_left_bound(monkeypatch):
     p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, window=(127, 0))
     assert not plan.plan_forward(p, "gfx950").config.lane_sums
     assert plan.plan_forward(replace(p, window=(-1, -1)), "gfx950").config.BN == 64
-    # a tile another rule shaped (fp32's half keys) takes the shrink alone: the changes set
-    # tile sizes chosen for the table's tile
+    # fp32's tile (half the keys) takes configs.FP32_TILES' changes instead: these were
+    # chosen for the 16-bit table's tile
+    monkeypatch.setitem(configs.FP32_TILES, "gfx950", {})
     c = plan.plan_forward(replace(p, dtype="fp32"), "gfx950").config
     assert c.num_warps == 2 and c.lane_sums, c
     # a page's takes them, and configs.PAGED_TILES' on top (by score term, level and left
@@ -1551,6 +1566,35 @@ def test_window_config_takes_its_level_changes_under_a_left_bound(monkeypatch):
     assert (c.BM, c.BN, c.lane_sums, c.sched) == (64, 32, False, "")
     tiles[("bwd_dq", "d128", 4)] = {"BN": 16}
     assert plan.plan_backward(replace(p, window=(255, 0)), "gfx950").dq.BN == 16
+
+
+def test_fp32_tiles_take_their_level_changes(monkeypatch):
+    # configs.FP32_TILES: by (kind, dclass, the warps of fp32's tile after the window's
+    # shrink, left bound), instead of WINDOW_TILES / MOD_TILES / PAGED_TILES
+    tiles = {
+        ("fwd", "d128", 2, True): {"BN": 16},
+        ("fwd", "d128", 8, False): {"num_warps": 4, "sched": "coexec"},
+        ("bwd_dq", "d128", 8, False): {"BM": 128},
+        ("decode", "d128", 1, False): {"num_stages": 2},
+    }
+    monkeypatch.setitem(configs.FP32_TILES, "gfx950", tiles)
+    monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {("fwd", "d128", 2): {"BN": 64}})
+    monkeypatch.setitem(configs.MOD_TILES, "gfx950", {("fwd", "d128", "alibi", 8): {"BN": 64}})
+    p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, dtype="fp32")
+    c = plan.plan_forward(p, "gfx950").config  # 256 x 32 (half the table's keys), 8 warps
+    assert (c.BM, c.BN, c.num_warps, c.sched) == (256, 32, 4, "coexec"), c
+    c = plan.plan_forward(replace(p, alibi=True), "gfx950").config  # not MOD_TILES'
+    assert (c.BN, c.num_warps) == (32, 4), c
+    c = plan.plan_forward(replace(p, window=(127, 0)), "gfx950").config
+    assert (c.BM, c.BN, c.num_warps) == (64, 16, 2), c
+    c = plan.plan_forward(replace(p, window=(4095, 0)), "gfx950").config  # level 8, left
+    assert (c.BM, c.BN, c.num_warps) == (256, 32, 8), c
+    assert plan.plan_forward(replace(p, dtype="bf16"), "gfx950").config.BN == 64  # 16-bit
+    assert plan.plan_backward(p, "gfx950").dq.BM == 128
+    assert plan.plan_backward(replace(p, dtype="bf16"), "gfx950").dq.BM == 256
+    d = replace(p, seqlen_q=1, decode=True, seqused=True, causal=False)
+    assert plan.plan_forward(d, "gfx950").config.num_stages == 2
+    assert plan.plan_forward(replace(d, dtype="bf16"), "gfx950").config.num_stages == 1
 
 
 def test_mod_tiles_go_on_top_of_the_window_tiles(monkeypatch):

@@ -388,11 +388,11 @@ def test_forward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, mod):
 def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     # gfx942's d256 dQ needs one wave per SIMD (no candidate reaches two): allowed by name only
     keys = {("bwd_dq", "d256")}
-    assert model.check_tables(("gfx942",), keys) == []
+    assert model.check_tables(("gfx942",), keys, fp32=False) == []
     monkeypatch.setattr(model, "BELOW_FLOOR", set())
-    (bad,) = model.check_tables(("gfx942",), keys, windows=False)
+    (bad,) = model.check_tables(("gfx942",), keys, windows=False, fp32=False)
     assert bad.startswith("gfx942 bwd_dq d256") and "occupancy 1 below the floor 2" in bad
-    bad = model.check_tables(("gfx942",), keys)  # its window tiles too
+    bad = model.check_tables(("gfx942",), keys, fp32=False)  # its window tiles too
     assert len(bad) > 1 and all("occupancy 1 below the floor 2" in b for b in bad), bad
 
 
@@ -401,6 +401,7 @@ def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
 # configs.WINDOW_TILES / MOD_TILES / PAGED_TILES (or, gfx1250's, ended the process in
 # Triton's TTGIR parser)
 PAGED = {"page_size": 256, "seqused": True}
+F32 = {"dtype": "fp32"}
 WINDOWED = [
     ("gfx950", "fwd", "d128", (127, 0), {}),  # 64 x 64, 2 warps: 260 VGPRs, one wave
     ("gfx950", "fwd", "d192", (4095, 0), {}),  # the table's tile: 7 spills, 32 B of scratch
@@ -417,6 +418,14 @@ WINDOWED = [
     ("gfx950", "decode", "d128", (127, 0), {}),  # one wave
     ("gfx950", "decode", "d64", (127, 0), {"page_size": 16}),  # 37 SGPR spills
     ("sm90", "decode", "d128", (127, 0), {}),  # 24 B of scratch
+    # fp32 operands (configs.FP32_TILES; plan.fp32_tiles' half-key tile before)
+    ("gfx950", "fwd", "d192", (-1, -1), F32),  # 59 VGPR spills, 240 B of scratch
+    ("gfx950", "bwd_dq", "d128", (-1, -1), F32),  # 133 spills, 408 B
+    ("gfx950", "bwd_dq", "d128", (15, 0), F32),  # one wave
+    ("gfx942", "bwd_dq", "d256", (158, 0), F32),  # 190 spills, 624 B (one wave allowed)
+    ("gfx1250", "fwd", "d128", (4095, -1), F32),  # 10 spills, 44 B
+    ("sm90", "fwd", "d256", (-1, -1), F32),  # 9552 B of scratch
+    ("sm90", "bwd_dq", "d128", (-1, -1), F32),  # 8168 B
 ]
 
 
@@ -441,6 +450,25 @@ def test_tile_shortfalls_still_fall_short(key):
     assert kernels and any(model.shortfall(k, target, floor) for k in kernels)
 
 
+@pytest.mark.parametrize("key", sorted(model.FP32_SHORTFALLS))
+def test_fp32_shortfalls_still_fall_short_within_their_scratch(key):
+    # model.FP32_SHORTFALLS: an fp32 level no change brings clean still spills (else the entry
+    # is stale), and keeps no more scratch than recorded (check_tables holds it there)
+    target, kind, dcls, warps, windowed = key
+    keep, _ = model.FP32_SHORTFALLS[key]
+    entry = configs.TABLES[target][(kind, dcls)]
+    probs = model.window_problems(kind, dcls, entry, target, fp32=True)
+    kernels = [
+        model.window_kernel(kind, p, target)
+        for (w, _, _, left, *_), (p, _) in probs.items()
+        if (w, left) == (warps, windowed)
+    ]
+    whys = [model.shortfall(k, target, model.FP32_FLOOR) for k in kernels]
+    assert kernels and any(whys), key
+    assert all(w is None or w.startswith("spill") for w in whys), whys
+    assert all(model.figures(k)["scratch"] <= keep for k in kernels), key
+
+
 def test_check_tables_compiles_every_window_level(monkeypatch):
     # model.window_problems: each band level and loop shape of an entry under a causal window,
     # and a left bound alone (not causal, the table's tile); without gfx950's WINDOW_TILES its
@@ -460,9 +488,39 @@ def test_check_tables_compiles_every_window_level(monkeypatch):
         (False, (-1, -1)),
     }
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {})
-    bad = model.check_tables(("gfx950",), keys, pages=())
+    bad = model.check_tables(("gfx950",), keys, pages=(), fp32=False)
     assert bad and all(" window (" in b for b in bad), bad
-    assert model.check_tables(("gfx950",), keys, windows=False) == []
+    assert model.check_tables(("gfx950",), keys, windows=False, fp32=False) == []
+
+
+def test_check_tables_compiles_every_fp32_level(monkeypatch):
+    # model.window_problems(fp32=True): an entry's problems with fp32 operands, with and
+    # without windows, on plan.fp32_tiles' tile (half the keys), held to model.FP32_FLOOR;
+    # without gfx950's FP32_TILES its d128 dQ spilled at 8 warps and took one wave at 1
+    entry = configs.TABLES["gfx950"][("bwd_dq", "d128")]
+    probs = model.window_problems("bwd_dq", "d128", entry, "gfx950", fp32=True)
+    assert all(p.dtype == "fp32" for p, _ in probs.values())
+    assert all(tile.BN == entry.BN // 2 for _, tile in probs.values())
+    assert {(p.causal, p.window) for p, _ in probs.values() if p.window == (-1, -1)} == {
+        (True, (-1, -1)),
+        (False, (-1, -1)),
+    }
+    keys = {("bwd_dq", "d128")}
+    monkeypatch.setattr(model, "TILE_MODS", {})
+    monkeypatch.setattr(model, "WINDOW_LEFTS", (15, 4095))
+    assert model.check_tables(("gfx950",), keys, pages=()) == []
+    monkeypatch.setitem(configs.FP32_TILES, "gfx950", {})
+    bad = model.check_tables(("gfx950",), keys, pages=())
+    assert bad and all(" fp32 window " in b for b in bad), bad
+    assert any("spills" in b for b in bad), bad
+    # one wave is allowed to fp32 (model.FP32_FLOOR), a spill is not: gfx942's d64 dQ takes
+    # one wave at its 1-warp level without its FP32_TILES change
+    monkeypatch.setitem(configs.FP32_TILES, "gfx942", {})
+    keys = {("bwd_dq", "d64")}
+    assert model.check_tables(("gfx942",), keys, pages=()) == []
+    monkeypatch.setattr(model, "FP32_FLOOR", 2)
+    bad = model.check_tables(("gfx942",), keys, pages=())
+    assert bad and all(" fp32 " in b and "occupancy 1 below the floor 2" in b for b in bad), bad
 
 
 def test_check_tables_compiles_every_paged_level(monkeypatch):
@@ -476,9 +534,9 @@ def test_check_tables_compiles_every_paged_level(monkeypatch):
     assert {p.causal for p, _ in probs.values() if p.window == (-1, -1)} == {True, False}
     keys = {("fwd", "d64")}
     monkeypatch.setattr(model, "TILE_MODS", {})  # the plain problems alone
-    assert model.check_tables(("gfx950",), keys, pages=(256,)) == []
+    assert model.check_tables(("gfx950",), keys, pages=(256,), fp32=False) == []
     monkeypatch.setitem(configs.PAGED_TILES, "gfx950", {})
-    bad = model.check_tables(("gfx950",), keys, pages=(256,))
+    bad = model.check_tables(("gfx950",), keys, pages=(256,), fp32=False)
     assert bad and all(" pages of 256" in b for b in bad), bad
 
 
@@ -500,10 +558,10 @@ def test_check_tables_compiles_decode_under_windows(monkeypatch):
     monkeypatch.setattr(model, "TILE_MODS", {})
     monkeypatch.setattr(model, "DECODE_QUERIES", (1,))
     monkeypatch.setattr(model, "DECODE_PAGES", (64,))
-    assert model.check_tables(("gfx950",), keys) == []
+    assert model.check_tables(("gfx950",), keys, fp32=False) == []
     tiles = {k: v for k, v in configs.WINDOW_TILES["gfx950"].items() if k[0] != "decode"}
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", tiles)
-    bad = model.check_tables(("gfx950",), keys)
+    bad = model.check_tables(("gfx950",), keys, fp32=False)
     assert bad and all("decode d128 window (" in b for b in bad), bad
 
 
@@ -512,11 +570,11 @@ def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):
     # sets it; gfx950's d128 one spilled and took one wave windowed, so the table leaves it off
     keys = {("fwd", "d128")}
     assert not configs.TABLES["gfx950"][("fwd", "d128")].persist
-    assert model.check_tables(("gfx950",), keys, pages=()) == []
+    assert model.check_tables(("gfx950",), keys, pages=(), fp32=False) == []
     tab = dict(configs.TABLES["gfx950"])
     tab[("fwd", "d128")] = replace(tab[("fwd", "d128")], persist=True)
     monkeypatch.setitem(model.TABLES, "gfx950", tab)
-    bad = model.check_tables(("gfx950",), keys, pages=())
+    bad = model.check_tables(("gfx950",), keys, pages=(), fp32=False)
     assert bad and all(b.startswith("gfx950 fwd d128 persistent") for b in bad), bad
     assert any("window" in b for b in bad), bad
 

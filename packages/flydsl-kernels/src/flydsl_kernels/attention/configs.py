@@ -1151,6 +1151,157 @@ PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
 }
 
 
+#: per target: the field changes the tile of a problem with fp32 operands takes
+#: (flex_attention's and ``flash_attn_func``'s fp32 inputs: IEEE products, twice the registers
+#: and LDS per operand of the 16-bit ones the tables were tuned for), by ``(kind, dclass, warps,
+#: left)``: ``warps`` those of ``plan.fp32_tiles``' tile (half the keys) after the window's
+#: shrink (a decode tile's: as grown for its rows), ``left`` whether the window has a left
+#: bound (a tile without one takes only what it needs). Chosen by ``model.window_search``
+#: (``--windows --fp32``) at the model problems in fp32, with and without windows, which
+#: ``model.check_tables`` compiles too, holding them to no spill or scratch and one wave per
+#: SIMD (``model.FP32_FLOOR``; the search takes two where a change reaches it). Before (Triton
+#: 3.9, ``plan.fp32_tiles``' tile with the window's shrink alone), 264 of the 701 fp32
+#: problems fell short: gfx950 63 (25 spilling, up to 276 VGPR spills and 812 B of scratch:
+#: dQ d256; fwd d192 59 spills and 240 B at the model problem), gfx942 66 (28 spilling, dQ
+#: d256 up to 433 spills and 928 B), gfx1250 40 (15, up to 156 B), sm90 95 (every one
+#: spilling: fwd d128 7136 B of scratch at the model problem, dQ d256 15896 B), the others one
+#: wave per SIMD where a change reaches two
+FP32_TILES: dict[str, dict[tuple[str, str, int, bool], dict]] = {
+    "gfx950": {
+        ("fwd", "d128", 8, True): {"BM": 128, "nonkdim": 16},
+        ("fwd", "d128", 2, True): {"k_t": False, "kt_edge": False},
+        ("fwd", "d128", 1, True): {"num_warps": 2},
+        ("fwd", "d192", 8, True): {"BM": 128, "nonkdim": 16, "BN": 16},
+        ("fwd", "d192", 8, False): {"lane_sums": False},
+        ("fwd", "d192", 4, True): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d192", 2, True): {"num_warps": 4, "nonkdim": 16},
+        ("fwd", "d192", 1, True): {"BN": 16},
+        ("fwd", "d256", 8, True): {"k_t": False, "kt_edge": False},
+        ("fwd", "d256", 4, True): {"num_warps": 8},
+        ("fwd", "d256", 2, True): {"num_warps": 4, "k_t": False, "kt_edge": False},
+        ("decode", "d256", 8, True): {"lane_sums": True},
+        ("decode", "d256", 8, False): {"lane_sums": True},
+        ("decode", "d256", 2, True): {"num_warps": 4, "lane_sums": True},
+        ("decode", "d256", 2, False): {"num_warps": 4},
+        ("bwd_dkdv", "d192", 2, True): {"BN": 32, "num_warps": 4},
+        ("bwd_dq", "d128", 8, True): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", 8, False): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", 4, True): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d128", 2, True): {"BM": 32, "nonkdim": 16},
+        ("bwd_dq", "d128", 1, True): {"num_warps": 2, "nonkdim": 16},
+        ("bwd_dq", "d192", 8, True): {"BN": 16},
+        ("bwd_dq", "d192", 8, False): {"BN": 16},
+        ("bwd_dq", "d192", 4, True): {"BN": 16},
+        ("bwd_dq", "d192", 2, True): {"BN": 16, "BM": 64, "num_warps": 4},
+        ("bwd_dq", "d192", 1, True): {"BN": 16, "num_warps": 2},
+        ("bwd_dq", "d256", 8, True): {"BM": 64, "num_warps": 4},
+        ("bwd_dq", "d256", 8, False): {"BM": 64, "num_warps": 4},
+    },
+    "gfx942": {
+        ("fwd", "d128", 4, True): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d128", 4, False): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d128", 2, True): {"BM": 32, "nonkdim": 16},
+        ("fwd", "d128", 1, True): {"BM": 16, "nonkdim": 16},
+        ("fwd", "d256", 8, True): {"BM": 64, "num_warps": 4},
+        ("fwd", "d256", 8, False): {"BM": 64, "num_warps": 4},
+        ("fwd", "d256", 4, True): {"num_warps": 8},
+        ("fwd", "d256", 2, True): {"num_warps": 4, "waves_per_eu": 2},
+        ("decode", "d256", 8, False): {"sched": "max-ilp"},
+        ("decode", "d256", 2, True): {"num_warps": 4},
+        ("decode", "d256", 2, False): {"num_warps": 4},
+        ("bwd_dkdv", "d128", 2, True): {"BN": 32, "num_warps": 4},
+        ("bwd_dkdv", "d256", 4, True): {"sched": "iterative-ilp"},
+        ("bwd_dq", "d64", 1, True): {"BM": 64, "num_warps": 2},
+        ("bwd_dq", "d128", 8, True): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", 8, False): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", 4, True): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d128", 2, True): {"BM": 32, "nonkdim": 16},
+        ("bwd_dq", "d128", 1, True): {"num_warps": 2, "nonkdim": 16},
+        ("bwd_dq", "d192", 4, True): {"num_warps": 8},
+        ("bwd_dq", "d192", 4, False): {"num_warps": 8},
+        ("bwd_dq", "d256", 4, True): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d256", 4, False): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d256", 2, True): {"BM": 32, "nonkdim": 16},
+        ("bwd_dq", "d256", 1, True): {"num_warps": 2, "nonkdim": 16},
+    },
+    "gfx1250": {
+        ("fwd", "d128", 8, True): {"BN": 16},
+        ("fwd", "d128", 8, False): {"BM": 128, "num_warps": 4},
+        ("fwd", "d128", 4, True): {"BN": 16},
+        ("fwd", "d128", 2, True): {"BN": 16},
+        ("fwd", "d128", 1, True): {"BN": 16},
+        ("fwd", "d256", 8, True): {"lane_sums": True},
+        ("fwd", "d256", 8, False): {"lane_sums": True},
+        ("fwd", "d256", 4, True): {"num_warps": 8},
+        ("fwd", "d256", 2, True): {"num_warps": 4},
+        ("fwd", "d256", 1, True): {"num_warps": 2},
+        ("decode", "d256", 2, True): {"num_warps": 4},
+        ("bwd_dkdv", "d128", 2, True): {"BN": 32, "num_warps": 4},
+        ("bwd_dkdv", "d192", 8, True): {"BM": 16},
+        ("bwd_dkdv", "d192", 8, False): {"BM": 16},
+        ("bwd_dkdv", "d192", 4, True): {"BM": 16},
+        ("bwd_dkdv", "d192", 2, True): {"BM": 16},
+        ("bwd_dkdv", "d256", 4, True): {"BN": 32, "num_warps": 8},
+        ("bwd_dq", "d128", 4, True): {"num_stages": 1},
+        ("bwd_dq", "d128", 2, True): {"BN": 16},
+        ("bwd_dq", "d128", 1, True): {"BN": 16, "BM": 32, "num_warps": 2},
+        ("bwd_dq", "d192", 8, True): {"BM": 64, "num_warps": 4, "BN": 16},
+        ("bwd_dq", "d192", 4, True): {"BN": 16},
+        ("bwd_dq", "d192", 2, True): {"BN": 16},
+        ("bwd_dq", "d192", 1, True): {"BN": 16, "num_warps": 2},
+    },
+    "sm90": {
+        ("fwd", "d64", 8, True): {"BN": 16, "BM": 64, "num_warps": 4},
+        ("fwd", "d64", 8, False): {"BN": 16, "BM": 64, "num_warps": 4},
+        ("fwd", "d64", 4, True): {"BN": 16},
+        ("fwd", "d64", 2, True): {"BN": 16},
+        ("fwd", "d64", 1, True): {"BN": 16},
+        ("fwd", "d128", 4, True): {"BN": 16, "num_warps": 8},
+        ("fwd", "d128", 4, False): {"BN": 16, "num_warps": 8},
+        ("fwd", "d128", 2, True): {"num_warps": 4, "BN": 16},
+        ("fwd", "d128", 1, True): {"num_warps": 2, "BN": 16},
+        ("fwd", "d192", 4, True): {"num_warps": 8, "lane_sums": True},
+        ("fwd", "d192", 4, False): {"num_warps": 8, "num_stages": 1},
+        ("fwd", "d192", 2, True): {"num_warps": 4, "num_stages": 1},
+        ("fwd", "d192", 1, True): {"num_warps": 2, "lane_sums": True},
+        ("fwd", "d256", 4, True): {"num_warps": 8},
+        ("fwd", "d256", 4, False): {"num_warps": 8},
+        ("fwd", "d256", 2, True): {"num_warps": 4},
+        ("fwd", "d256", 1, True): {"num_warps": 2},
+        ("decode", "d64", 8, True): {"lane_sums": True},
+        ("decode", "d64", 8, False): {"num_stages": 2},
+        ("decode", "d64", 2, True): {"num_stages": 2},
+        ("decode", "d128", 8, True): {"BN": 16, "lane_sums": True},
+        ("decode", "d128", 8, False): {"BN": 16, "num_stages": 1},
+        ("decode", "d128", 2, True): {"num_warps": 4, "num_stages": 1},
+        ("decode", "d128", 2, False): {"num_warps": 4, "BN": 16},
+        ("bwd_dkdv", "d64", 4, True): {"BM": 16},
+        ("bwd_dkdv", "d64", 4, False): {"BM": 16},
+        ("bwd_dkdv", "d64", 2, True): {"BM": 16},
+        ("bwd_dkdv", "d128", 4, True): {"num_warps": 8},
+        ("bwd_dkdv", "d128", 4, False): {"num_warps": 8},
+        ("bwd_dkdv", "d192", 8, True): {"num_stages": 2},
+        ("bwd_dkdv", "d192", 8, False): {"num_stages": 2},
+        ("bwd_dq", "d64", 4, True): {"BN": 16},
+        ("bwd_dq", "d64", 4, False): {"BN": 16},
+        ("bwd_dq", "d64", 2, True): {"num_warps": 4},
+        ("bwd_dq", "d64", 1, True): {"BN": 16},
+        ("bwd_dq", "d128", 4, True): {"num_warps": 8, "BN": 16},
+        ("bwd_dq", "d128", 4, False): {"BN": 16, "num_warps": 8},
+        ("bwd_dq", "d128", 2, True): {"num_warps": 4, "BN": 16},
+        ("bwd_dq", "d128", 1, True): {"BN": 16, "num_warps": 2},
+        ("bwd_dq", "d192", 4, True): {"num_warps": 8, "num_stages": 2},
+        ("bwd_dq", "d192", 4, False): {"num_warps": 8, "num_stages": 2},
+        ("bwd_dq", "d192", 2, True): {"num_warps": 4, "num_stages": 2},
+        ("bwd_dq", "d192", 1, True): {"num_warps": 2, "num_stages": 2},
+        ("bwd_dq", "d256", 4, True): {"num_warps": 8, "num_stages": 2},
+        ("bwd_dq", "d256", 4, False): {"num_warps": 8, "num_stages": 2},
+        ("bwd_dq", "d256", 2, True): {"num_warps": 4, "num_stages": 2},
+        ("bwd_dq", "d256", 1, True): {"num_warps": 2, "num_stages": 2},
+    },
+}
+
+
 def tile_mod(alibi: bool, softcap: bool) -> str:
     """The ``MOD_TILES`` key of a problem's score terms: ALiBi's (the heavier: a slope and the
     distance live per score) before softcap's; "" neither."""
@@ -1174,6 +1325,7 @@ def window_config(
     mod: str = "",
     tuned: bool = True,
     paged: bool = False,
+    fp32: bool = False,
 ) -> Config:
     """``cfg`` for a problem with window ``bounds`` (``Problem.bounds``: ``(left, right)``, -1
     unbounded) and score term ``mod`` (``tile_mod``): shrunk by ``band_config`` under a
@@ -1181,10 +1333,16 @@ def window_config(
     reads gfx950's) at the level it reached under a left bound, the ``MOD_TILES`` ones under
     ``mod``, and over a ``paged`` cache the ``PAGED_TILES`` ones (the plan then caps the key
     tile at the page). ``tuned`` False (a tile another rule shaped: a score or mask mod's, a
-    block mask's, fp32's; the changes set tile sizes that may not fit it): the shrink alone."""
+    block mask's; the changes set tile sizes that may not fit it): the shrink alone. ``fp32``
+    (fp32 operands, ``cfg`` the plan's fp32 tile: ``plan.fp32_tiles``): the ``FP32_TILES``
+    changes at the level instead of the others, which were chosen for 16-bit operands."""
     c = band_config(kind, cfg, band_of(bounds), warp_keys)
     if not tuned:
         return c
+    if fp32:
+        key = (kind, dcls, c.num_warps, bounds[0] >= 0)
+        changes = _table_for(FP32_TILES, target).get(key, {})
+        return replace(c, notes={}, **changes) if changes else c
     changes = {}
     if bounds[0] >= 0:  # a left bound
         changes.update(_table_for(WINDOW_TILES, target).get((kind, dcls, c.num_warps), {}))

@@ -282,10 +282,13 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
     return ok + [r for r in rows if r[2] is not None]
 
 
-def check_tables(targets=tuple(TABLES), keys=None, *, windows=True, pages=PAGES) -> list[str]:
+def check_tables(
+    targets=tuple(TABLES), keys=None, *, windows=True, pages=PAGES, fp32=True
+) -> list[str]:
     """Compile every shipped entry of every target's table at its model problem, and the
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
-    also over a cache of each of ``pages``; the problems found (compile failures, scratch,
+    also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
+    (``window_problems(fp32=True)``); the problems found (compile failures, scratch,
     spills, LDS over the target's limit, and on AMD targets fewer than ``OCCUPANCY_FLOOR``
     waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only those ``(kind, dclass)``
     entries."""
@@ -300,23 +303,27 @@ def check_tables(targets=tuple(TABLES), keys=None, *, windows=True, pages=PAGES)
                 ck = compile_config(kind, cfg, model_problem(kind, dcls), t)
                 kernels = [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]
                 if windows:
-                    kernels += _windowed_kernels(kind, dcls, cfg, t, pages)
+                    kernels += _windowed_kernels(kind, dcls, cfg, t, pages, fp32)
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
             floor = floor_of(t, kind, dcls)
-            for what, k in kernels:
-                why = shortfall(k, t, floor)
+            for what, k, *own in kernels:  # (label, kernel[, its own floor, scratch it keeps])
+                fl, keep = own or (floor, -1)
+                why = shortfall(k, t, fl)
+                if why and why.startswith("spill") and figures(k)["scratch"] <= keep:
+                    why = None
                 if why:
                     bad.append(f"{t} {kind} {dcls}{what} {cfg.as_dict()}: {why}")
     return bad
 
 
-def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES):
+def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES, fp32=True):
     """``(label, CompiledKernel)`` of a prefill entry under each of its window problems
-    (``window_problems``), plain and with each score term of ``TILE_MODS``, and a forward's
-    over a cache of each of ``pages``, as the plan compiles them (``configs.WINDOW_TILES``,
-    ``MOD_TILES`` and ``PAGED_TILES`` applied)."""
+    (``window_problems``), plain and with each score term of ``TILE_MODS``, a forward's over a
+    cache of each of ``pages``, and with ``fp32`` each of them in fp32, as the plan compiles
+    them (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES`` and ``FP32_TILES``
+    applied)."""
     out = []
     for page in (0, *pages) if kind == "fwd" else (0,):
         for mod in ("", *TILE_MODS):
@@ -326,6 +333,12 @@ def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES):
                 what = f" window {p.window}" + ("" if p.causal else " not causal")
                 what += (f" {mod}" if mod else "") + (f" pages of {page}" if page else "")
                 out.append((what, window_kernel(kind, p, target)))
+    if fp32:  # held to FP32_FLOOR waves, and a known shortfall to the scratch it keeps
+        probs = window_problems(kind, dcls, cfg, target, fp32=True)
+        for (warps, _, _, windowed, *_), (p, _) in probs.items():
+            keep = FP32_SHORTFALLS.get((target, kind, dcls, warps, windowed), (-1,))[0]
+            what = f" fp32 window {p.window}" + ("" if p.causal else " not causal")
+            out.append((what, window_kernel(kind, p, target), FP32_FLOOR, keep))
     return out
 
 
@@ -344,12 +357,32 @@ TILE_SHORTFALLS = {
     "scratch (ptxas local memory) at 16 x 32 with 2 warps, 56 B at the table's 16 x 64 x 4",
 }
 
+#: fp32 levels ``(target, kind, dclass, warps, left bound)`` that no change ``window_search
+#: (fp32=True)`` tries compiles clean: ``(scratch bytes, what)``, the most scratch a problem of
+#: the level keeps with its ``configs.FP32_TILES`` change (the least the search found), which
+#: ``check_tables`` holds it to (spills with no more scratch than that pass), and why
+FP32_SHORTFALLS: dict[tuple, tuple[int, str]] = {
+    # IEEE fp32 products on NVIDIA run on the FMA units (Triton's FMA dot: each thread holds
+    # its rows of one operand and its columns of the other over the whole head dim), so
+    # ptxas keeps local memory; before, 7136 B at the model problem, 1720 B windowed
+    ("sm90", "fwd", "d128", 4, True): (264, "16-key tiles over 8 warps: 1720 -> 264 B"),
+    ("sm90", "fwd", "d128", 4, False): (272, "16-key tiles over 8 warps: 7136 -> 272 B"),
+    ("sm90", "fwd", "d128", 2, True): (232, "16-key tiles over 4 warps: 2016 -> 232 B"),
+    ("sm90", "bwd_dq", "d192", 4, True): (608, "8 warps, 2 stages: 9768 -> 608 B"),
+    ("sm90", "bwd_dq", "d192", 4, False): (32, "8 warps, 2 stages: 9760 -> 32 B"),
+    # a few VGPR spills (into AGPRs: no scratch) at every change tried
+    ("gfx942", "bwd_dkdv", "d256", 4, True): (0, "iterative-ilp: 5 spills over 3 problems"),
+    ("gfx942", "bwd_dkdv", "d256", 4, False): (0, "1 and 5 VGPR spills, no scratch"),
+}
+
 #: the score terms ``MOD_TILES`` is keyed by (``configs.tile_mod``) and the problem fields
 #: that turn each on (Gemma 2's softcap)
 TILE_MODS = {"alibi": {"alibi": True}, "softcap": {"softcap": 50.0}}
 
 
-def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "", page=0) -> dict:
+def window_problems(
+    kind: str, dcls: str, cfg: Config, target, mod: str = "", page=0, fp32: bool = False
+) -> dict:
     """``{(warps, narrow, causal, windowed): (problem, tile)}``: the windowed problems whose
     kernels differ for the entry ``cfg`` of ``kind``: causal windows (``WINDOW_LEFTS``), one
     per band level (the tile's warps after ``configs.band_config``, before any
@@ -357,22 +390,24 @@ def window_problems(kind: str, dcls: str, cfg: Config, target, mod: str = "", pa
     without a right one (not causal: no band, the table's tile, no right-bound loop). With a
     score term ``mod`` (``TILE_MODS``) every problem has it, and with ``page`` (a forward's:
     ``PAGES``) every one reads a cache of pages of that many keys; with either, the problems
-    without a window (causal or not) are in too. ``tile`` is the level's unchanged tile (over
-    pages: with the plan's key tile for the page, ``plan.page_tile``). Decode
-    (``decode_problems``): keyed ``(warps, narrow, causal, windowed, (queries, page,
-    sinks))``."""
+    without a window (causal or not) are in too; so with ``fp32`` (fp32 operands: the tile is
+    ``plan.fp32_tiles``'). ``tile`` is the level's unchanged tile (over pages: with the plan's
+    key tile for the page, ``plan.page_tile``). Decode (``decode_problems``): keyed ``(warps,
+    narrow, causal, windowed, (queries, page, sinks))``."""
     if kind == "decode":
-        return decode_problems(dcls, cfg, mod)
+        return decode_problems(dcls, cfg, mod, fp32)
     out = {}
     wk = configs.band_warp_keys(target, dcls) if kind == "bwd_dkdv" else 0
-    extra = TILE_MODS[mod] if mod else {}
+    extra = (TILE_MODS[mod] if mod else {}) | ({"dtype": "fp32"} if fp32 else {})
+    if fp32:
+        cfg = plan.fp32_tiles(cfg, replace(model_problem(kind, dcls), dtype="fp32"))
     if page:
         extra = extra | {"page_size": page, "seqused": True}
-        cfg = plan.page_tile(cfg, page, cfg.klanes)
+        cfg = plan.page_tile(cfg, page, 0 if fp32 else cfg.klanes)
     causal, bidi = (replace(model_problem(kind, dcls, causal=c), **extra) for c in (True, False))
     probs = [replace(causal, window=(left, 0)) for left in WINDOW_LEFTS]
     probs.append(replace(bidi, window=(WINDOW_LEFTS[-1], -1)))
-    if mod or page:
+    if mod or page or fp32:
         probs += [causal, bidi]
     for p in probs:
         tile = configs.band_config(kind, cfg, plan.band(p), wk)
@@ -391,26 +426,31 @@ DECODE_PAGES = (0, 16, 64, 256)
 DECODE_WINDOWS = ((127, 0), (4095, -1))
 
 
-def decode_problems(dcls: str, cfg: Config, mod: str = "") -> dict:
+def decode_problems(dcls: str, cfg: Config, mod: str = "", fp32: bool = False) -> dict:
     """``window_problems`` of a decode entry ``cfg``: its model problem at each of
     ``DECODE_QUERIES`` and ``DECODE_PAGES`` under each of ``DECODE_WINDOWS``, with and without
     sinks; with a score term ``mod`` every problem has it (no sinks), and the problems without
-    a window are in too. ``tile``: the entry grown for the problem's rows and capped at its page."""
+    a window are in too; with ``fp32`` (fp32 operands, ``plan.fp32_tiles``' tile: the rare
+    case) a causal window and none, without sinks. ``tile``: the entry grown for the problem's
+    rows and capped at its page."""
     out = {}
-    extra = TILE_MODS[mod] if mod else {}
+    extra = (TILE_MODS[mod] if mod else {}) | ({"dtype": "fp32"} if fp32 else {})
     base = replace(model_problem("decode", dcls), **extra)
+    cfg = plan.fp32_tiles(cfg, base)
     windows = DECODE_WINDOWS + (((-1, -1),) if mod else ())
+    if fp32:
+        windows = (DECODE_WINDOWS[0], (-1, -1))
     for sq in DECODE_QUERIES:
         for page in DECODE_PAGES:
             for window in windows:
-                for sinks in (False,) if mod else (False, True):
+                for sinks in (False,) if mod or fp32 else (False, True):
                     p = replace(
                         base, seqlen_q=sq, page_size=page, window=window, sinks=sinks,
                         causal=window[1] == 0 or window == (-1, -1),
                     )  # fmt: skip
                     gp = plan.next_gp(p.group)
                     tile = plan.grown_decode(cfg, configs.decode_rows(cfg.BM, sq, gp))
-                    tile = plan.page_tile(tile, page, tile.klanes)
+                    tile = plan.page_tile(tile, page, 0 if fp32 else tile.klanes)
                     key = (tile.num_warps, True, p.causal, window[0] >= 0, (sq, page, sinks))
                     out[key] = (p, tile)
     return out
@@ -483,12 +523,62 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
     return [c for c in cands if any(getattr(tile, k) != v for k, v in c.items())]
 
 
+def fp32_changes(kind: str, tile: Config, entry: Config) -> list[dict]:
+    """The single field changes ``window_search`` tries on an fp32 tile (of the table's
+    ``entry``): the ones that shrink what a lane holds, which fp32's registers need where the
+    16-bit table's did not (the scheduler and load options of ``window_changes`` moved a few
+    registers; fp32's tiles fell short by up to 267 spills or kilobytes of scratch): one stage
+    fewer, the row sums as lane partials or not, K^T off, half the keys (a dK/dV step's query
+    rows), the same tile over twice the warps (up to 8), the 16-row MFMA, half the output rows
+    (the forward's and dQ's query rows, dK/dV's keys) at the MFMA's rows or at 16, or over
+    half the warps (the level below's tile: an 8-warp block puts two waves on each SIMD, so a
+    wave has half the registers of a 4-warp block's), and the level above's tile
+    (``window_changes``); only those that change the tile."""
+    cands = [{"num_stages": tile.num_stages - 1}] if tile.num_stages > 1 else []
+    if kind in ("fwd", "decode"):
+        cands.append({"lane_sums": not tile.lane_sums})
+    if kind == "fwd":
+        cands.append({"k_t": False, "kt_edge": False})
+    if kind == "bwd_dkdv" and tile.BM > 16:
+        cands.append({"BM": tile.BM // 2})
+    elif kind != "bwd_dkdv" and tile.BN > 16:
+        cands.append({"BN": tile.BN // 2})
+    if tile.num_warps < 8:
+        cands.append({"num_warps": tile.num_warps * 2})
+    if tile.nonkdim == 32 and kind != "decode":  # 16-row MFMAs: half a warp's rows
+        cands.append({"nonkdim": 16})
+    rows = "BN" if kind == "bwd_dkdv" else "BM"  # the tile's output rows, over its warps
+    if kind != "decode" and getattr(tile, rows) > 16:
+        half = getattr(tile, rows) // 2
+        if half >= tile.num_warps * tile.nonkdim:
+            cands.append({rows: half})
+        if tile.nonkdim == 32 and half >= tile.num_warps * 16:
+            cands.append({rows: half, "nonkdim": 16})
+        if tile.num_warps > 1:  # the level below's: one wave of a 4-warp block per SIMD
+            cands.append({rows: half, "num_warps": tile.num_warps // 2})
+    if tile.num_warps < entry.num_warps:
+        grown = "BN" if kind == "bwd_dkdv" else "BM"
+        cands.append({grown: getattr(tile, grown) * 2, "num_warps": tile.num_warps * 2})
+    return [c for c in cands if any(getattr(tile, k) != v for k, v in c.items())]
+
+
+#: waves per SIMD an fp32 level keeps where no change ``window_search`` tries reaches
+#: ``OCCUPANCY_FLOOR`` without spills (``check_tables`` holds the fp32 problems to it): fp32's
+#: operands take twice the registers, and a spill costs more than a wave
+FP32_FLOOR = 1
+
 #: the single changes nearest the bar whose pairs ``window_search`` tries where none alone mends
 PAIR_FROM = 6
 
 
 def window_search(
-    kind: str, dcls: str, target: str, log=print, mod: str = "", paged: bool = False
+    kind: str,
+    dcls: str,
+    target: str,
+    log=print,
+    mod: str = "",
+    paged: bool = False,
+    fp32: bool = False,
 ) -> dict:
     """``{warps: changes}`` for the band levels of ``target``'s ``(kind, dcls)`` entry whose
     tile falls short of the shipped bar under a window (``shortfall``): the single change
@@ -499,32 +589,39 @@ def window_search(
     window. ``paged`` (a forward's): the ``PAGED_TILES`` changes for ``mod`` at every page size
     of ``PAGES``, on top of both, keyed ``(warps, windowed)``: a left bound's problems apart
     from those without a window (at the table's level), which take no change they do not
-    need."""
+    need. ``fp32`` (no ``mod``, not ``paged``): the ``FP32_TILES`` changes of the fp32 tile
+    (``plan.fp32_tiles``), keyed so too; they replace the others (``configs.window_config``).
+    The search tries ``fp32_changes`` and their pairs, then ``window_changes``' others, alone
+    and on the size change nearest the bar; a level none brings to ``OCCUPANCY_FLOOR`` is
+    searched again at ``FP32_FLOOR`` waves (none needed where it is clean at one), and one
+    none brings clean there takes the change nearest the bar with the least scratch over the
+    level's problems, where that is less than the tile's own (``FP32_SHORTFALLS``)."""
     from flydsl_core.exc import FlyDSLError
 
     cfg = TABLES[target][(kind, dcls)]
     floor = floor_of(target, kind, dcls)
     levels: dict = {}
-    wins = configs.WINDOW_TILES.get(target, {}) if mod or paged else {}
+    wins = configs.WINDOW_TILES.get(target, {}) if (mod or paged) and not fp32 else {}
     mods = configs.MOD_TILES.get(target, {}) if paged and mod else {}
     # the largest page first: a level's first tile (the changes' base) is the dense one's
     for page in reversed(PAGES) if paged else (0,):
         for (warps, _, _, windowed, *_), (p, tile) in window_problems(
-            kind, dcls, cfg, target, mod, page
+            kind, dcls, cfg, target, mod, page, fp32
         ).items():
-            levels.setdefault((warps, windowed) if paged else warps, []).append((p, tile))
+            level = (warps, windowed) if paged or fp32 else warps
+            levels.setdefault(level, []).append((p, tile))
 
     def before(warps, windowed):
         """the changes the plan makes to a level's tile before the searched ones"""
         w = wins.get((kind, dcls, warps), {}) if windowed else {}
         return w | mods.get((kind, dcls, mod, warps), {})
 
-    def trial(probs, changes):
+    def trial(probs, changes, floor):
         """(per-MFMA sum or None, why not clean, how far off: spills, then registers)"""
         total = 0.0
         for p, tile in probs:
             c = replace(tile, **(before(tile.num_warps, p.bounds[0] >= 0) | changes))
-            c = plan.page_tile(c, p.page_size, c.klanes)
+            c = plan.page_tile(c, p.page_size, 0 if fp32 else c.klanes)
             try:
                 ck = window_kernel(kind, p, target, c)
             except FlyDSLError as e:
@@ -536,10 +633,27 @@ def window_search(
             total += figures(ck, kind, c, p).get("per_mfma") or 1e9
         return total, None, (0, 0)
 
-    def best_of(probs, cands):
+    def kept(probs, changes, floor):
+        """(scratch bytes, spills, most scratch of one problem) over the level's problems; None
+        where one falls short for a reason other than spilling"""
+        total = (0, 0, 0)
+        for p, tile in probs:
+            c = plan.page_tile(replace(tile, **changes), p.page_size, 0)
+            try:
+                ck = window_kernel(kind, p, target, c)
+            except FlyDSLError:
+                return None
+            why = shortfall(ck, target, floor)
+            if why and not why.startswith("spill"):
+                return None
+            f = figures(ck)
+            total = (total[0] + f["scratch"], total[1] + f["spills"], max(total[2], f["scratch"]))
+        return total
+
+    def best_of(probs, cands, floor):
         best, near = None, []
         for ch in cands:
-            total, why, off = trial(probs, ch)
+            total, why, off = trial(probs, ch, floor)
             w = probs[0][1].num_warps
             log(f"{target} {kind} {dcls} {w} warps {ch}: {why or round(total, 2)}")
             if why is None and (best is None or total < best[0]):
@@ -548,28 +662,57 @@ def window_search(
         return best, near
 
     out = {}
+    # an fp32 level no change brings to the floor keeps one wave where it is clean there
+    floors = (floor, FP32_FLOOR) if fp32 and floor > FP32_FLOOR else (floor,)
     for level, probs in sorted(levels.items(), reverse=True):
-        warps = level[0] if paged else level
-        # the problems that fall short unchanged first: a change that does not mend them
-        # fails at its first compile
-        failing = [pt for pt in probs if trial([pt], {})[1] is not None]
-        if not failing:
-            continue
-        probs = failing + [pt for pt in probs if pt not in failing]
-        # the candidates from the level's tile and from the tile with the changes the plan
-        # makes before the searched ones (a window's, a score term's)
-        start = replace(probs[0][1], **before(warps, True))
-        singles = window_changes(kind, probs[0][1], cfg, target)
-        singles += [c for c in window_changes(kind, start, cfg, target) if c not in singles]
-        best, near = best_of(probs, singles)
-        if best is None:  # pairs of the singles nearest the bar
-            top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
-            pairs = [a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)]
-            best, _ = best_of(probs, pairs)
-        if best is None:
-            log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean")
-        else:
-            out[level] = best[1]
+        warps = level[0] if paged or fp32 else level
+        for fl in floors:
+            # the problems that fall short unchanged first: a change that does not mend them
+            # fails at its first compile
+            failing = [pt for pt in probs if trial([pt], {}, fl)[1] is not None]
+            if not failing:
+                break
+            probs = failing + [pt for pt in probs if pt not in failing]
+            # the candidates from the level's tile and from the tile with the changes the
+            # plan makes before the searched ones (a window's, a score term's)
+            start = replace(probs[0][1], **before(warps, True))
+            if fp32:
+                singles = fp32_changes(kind, probs[0][1], cfg)
+            else:
+                singles = window_changes(kind, probs[0][1], cfg, target)
+                singles += [c for c in window_changes(kind, start, cfg, target) if c not in singles]
+            best, near = best_of(probs, singles, fl)
+            if best is None:  # pairs of the singles nearest the bar
+                top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+                pairs = [
+                    a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)
+                ]
+                best, more = best_of(probs, pairs, fl)
+                near += more
+            if best is None and fp32:  # the others, alone and on the size change nearest
+                # (not LLVM's coexec scheduler: it aborted the process compiling gfx950's fp32
+                # d192 and d256 1-warp tiles with the 16x16 MFMA)
+                rest = [
+                    c
+                    for c in window_changes(kind, probs[0][1], cfg, target)
+                    if c not in singles and c.get("sched") != "coexec"
+                ]
+                top = min(near, key=lambda r: r[0])[1] if near else {}
+                rest += [top | c for c in rest if top and not set(top) & set(c)]
+                best, more = best_of(probs, rest, fl)
+                near += more
+            if best is not None:
+                out[level] = best[1]
+                break
+            log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean at {fl} waves")
+            if fp32 and fl == floors[-1]:  # the least scratch, where less than the tile's own
+                tops = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+                figs = [(kept(probs, ch, fl), i, ch) for i, ch in enumerate([{}, *tops])]
+                figs = [f for f in figs if f[0] is not None]
+                least = min(figs, default=None)
+                if least and least[2] and least[0] < figs[0][0] and figs[0][2] == {}:
+                    out[level] = least[2]
+                    log(f"{target} {kind} {dcls} {warps} warps: least scratch {least[0]}")
     return out
 
 
@@ -626,6 +769,11 @@ def main(argv=None):  # pragma: no cover - a developer tool
         help="with --windows: search configs.MOD_TILES' changes for this score term",
     )
     ap.add_argument(
+        "--fp32",
+        action="store_true",
+        help="with --windows: search configs.FP32_TILES' changes (fp32 operands)",
+    )
+    ap.add_argument(
         "--paged",
         action="store_true",
         help="with --windows (--kind fwd): search configs.PAGED_TILES' changes (with --mod: "
@@ -633,13 +781,15 @@ def main(argv=None):  # pragma: no cover - a developer tool
     )
     a = ap.parse_args(argv)
     if a.windows:
-        print(window_search(a.kind, a.dclass, a.target, mod=a.mod, paged=a.paged))
+        print(window_search(a.kind, a.dclass, a.target, mod=a.mod, paged=a.paged, fp32=a.fp32))
         return
     if a.check_tables:
         bad = check_tables()
         print("\n".join(bad) or "every shipped entry compiles without scratch or spills")
         for key, why in TILE_SHORTFALLS.items():
             print(f"known, left out: {' '.join(map(str, key))} warps: {why}")
+        for key, (keep, why) in FP32_SHORTFALLS.items():
+            print(f"known, held to {keep} B of scratch: fp32 {' '.join(map(str, key))}: {why}")
         raise SystemExit(1 if bad else 0)
     kls = (0, *(int(x) for x in filter(None, a.klanes.split(","))))
     cands = space(a.kind, a.dclass, ("", *filter(None, a.scheds.split(","))), kls)

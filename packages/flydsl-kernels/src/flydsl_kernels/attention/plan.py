@@ -243,15 +243,14 @@ def plan_forward(
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
     if config is None:
         mod = configs.tile_mod(p.alibi, bool(p.softcap))
-        # the table's tile, which the window, score-term and page changes were chosen for:
-        # not a mod's, a block mask's or fp32's (their rules shaped it above); a decode tile's
-        # changes apply to it as grown for its rows
-        tuned = not (
-            p.score_mod is not None or p.mask_mod is not None or sparse or p.dtype == "fp32"
-        )
+        # the table's tile (fp32's: its own changes), which the window, score-term and page
+        # changes were chosen for: not a mod's or a block mask's (their rules shaped it
+        # above); a decode tile's changes apply to it as grown for its rows
+        tuned = not (p.score_mod is not None or p.mask_mod is not None or sparse)
         cfg = configs.window_config(
-            kind, cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size)
-        )
+            kind, cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size),
+            fp32=p.dtype == "fp32",
+        )  # fmt: skip
         klanes = cfg.klanes if p.dtype != "fp32" else 0
         cfg = page_tile(cfg, p.page_size, klanes)  # the changes set the table's key tile
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
@@ -377,7 +376,8 @@ def page_tile(cfg: configs.Config, page: int, klanes: int) -> configs.Config:
 
 def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
     """fp32 operands (flex_attention's fp32 inputs) hold twice the registers and LDS of the
-    16-bit ones the tables are tuned for: half the key tile (at least 16); not tuned."""
+    16-bit ones the tables are tuned for: half the key tile (at least 16), LLVM's default
+    scheduler; the level's ``configs.FP32_TILES`` changes go on top (``window_config``)."""
     if p.dtype != "fp32":
         return cfg
     return replace(cfg, BN=max(16, cfg.BN // 2), sched="")  # LLVM's default: the one checked
@@ -610,23 +610,25 @@ def plan_backward(
     d, dv = p.head_dim, p.head_dim_v
     dcls = configs.dclass(d, dv)
     mod = configs.tile_mod(p.alibi, bool(p.softcap))
-    c1 = dkdv_config or fp32_tiles(
-        configs.window_config(
-            "bwd_dkdv",
-            configs.select("bwd_dkdv", d, table, dv),
-            p.bounds,
-            dcls,
-            table,
-            configs.band_warp_keys(table, dcls),
-            mod,
-        ),
-        p,
+    fp32 = p.dtype == "fp32"
+    c1 = dkdv_config or configs.window_config(
+        "bwd_dkdv",
+        fp32_tiles(configs.select("bwd_dkdv", d, table, dv), p),
+        p.bounds,
+        dcls,
+        table,
+        configs.band_warp_keys(table, dcls),
+        mod,
+        fp32=fp32,
     )
-    c2 = dq_config or fp32_tiles(
-        configs.window_config(
-            "bwd_dq", configs.select("bwd_dq", d, table, dv), p.bounds, dcls, table, mod=mod
-        ),
-        p,
+    c2 = dq_config or configs.window_config(
+        "bwd_dq",
+        fp32_tiles(configs.select("bwd_dq", d, table, dv), p),
+        p.bounds,
+        dcls,
+        table,
+        mod=mod,
+        fp32=fp32,
     )
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
