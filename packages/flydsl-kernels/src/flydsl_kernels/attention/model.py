@@ -508,7 +508,14 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
             cands += [{"share_t": False}, {"bwd_loads": "own"}, {"bwd_loads": "view"}]
     elif tile.num_stages < 2:
         cands.append({"num_stages": tile.num_stages + 1})
-    cands += [{"num_stages": tile.num_stages - 1}] if tile.num_stages > 1 else []
+    cands += _tile_changes(kind, tile) + _level_above(kind, tile, entry)
+    return [c for c in cands if any(getattr(tile, k) != v for k, v in c.items())]
+
+
+def _tile_changes(kind: str, tile: Config) -> list[dict]:
+    """One stage fewer, the row sums as lane partials or not (forward, decode), K^T off
+    (forward), half the keys per forward / dQ step or half the query rows per dK/dV step."""
+    cands = [{"num_stages": tile.num_stages - 1}] if tile.num_stages > 1 else []
     if kind in ("fwd", "decode"):
         cands.append({"lane_sums": not tile.lane_sums})
     if kind == "fwd":
@@ -517,10 +524,16 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
         cands.append({"BM": tile.BM // 2})
     elif kind != "bwd_dkdv" and tile.BN > 16:
         cands.append({"BN": tile.BN // 2})
-    if tile.num_warps < entry.num_warps:
-        grown = "BN" if kind == "bwd_dkdv" else "BM"
-        cands.append({grown: getattr(tile, grown) * 2, "num_warps": tile.num_warps * 2})
-    return [c for c in cands if any(getattr(tile, k) != v for k, v in c.items())]
+    return cands
+
+
+def _level_above(kind: str, tile: Config, entry: Config) -> list[dict]:
+    """The band level above's tile (rows, or dK/dV's keys, and warps doubled) where ``tile``
+    is below the table's ``entry``."""
+    if tile.num_warps >= entry.num_warps:
+        return []
+    grown = "BN" if kind == "bwd_dkdv" else "BM"
+    return [{grown: getattr(tile, grown) * 2, "num_warps": tile.num_warps * 2}]
 
 
 def fp32_changes(kind: str, tile: Config, entry: Config) -> list[dict]:
@@ -534,15 +547,7 @@ def fp32_changes(kind: str, tile: Config, entry: Config) -> list[dict]:
     half the warps (the level below's tile: an 8-warp block puts two waves on each SIMD, so a
     wave has half the registers of a 4-warp block's), and the level above's tile
     (``window_changes``); only those that change the tile."""
-    cands = [{"num_stages": tile.num_stages - 1}] if tile.num_stages > 1 else []
-    if kind in ("fwd", "decode"):
-        cands.append({"lane_sums": not tile.lane_sums})
-    if kind == "fwd":
-        cands.append({"k_t": False, "kt_edge": False})
-    if kind == "bwd_dkdv" and tile.BM > 16:
-        cands.append({"BM": tile.BM // 2})
-    elif kind != "bwd_dkdv" and tile.BN > 16:
-        cands.append({"BN": tile.BN // 2})
+    cands = _tile_changes(kind, tile)
     if tile.num_warps < 8:
         cands.append({"num_warps": tile.num_warps * 2})
     if tile.nonkdim == 32 and kind != "decode":  # 16-row MFMAs: half a warp's rows
@@ -556,9 +561,7 @@ def fp32_changes(kind: str, tile: Config, entry: Config) -> list[dict]:
             cands.append({rows: half, "nonkdim": 16})
         if tile.num_warps > 1:  # the level below's: one wave of a 4-warp block per SIMD
             cands.append({rows: half, "num_warps": tile.num_warps // 2})
-    if tile.num_warps < entry.num_warps:
-        grown = "BN" if kind == "bwd_dkdv" else "BM"
-        cands.append({grown: getattr(tile, grown) * 2, "num_warps": tile.num_warps * 2})
+    cands += _level_above(kind, tile, entry)
     return [c for c in cands if any(getattr(tile, k) != v for k, v in c.items())]
 
 

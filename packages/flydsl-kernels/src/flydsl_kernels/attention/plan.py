@@ -610,26 +610,15 @@ def plan_backward(
     d, dv = p.head_dim, p.head_dim_v
     dcls = configs.dclass(d, dv)
     mod = configs.tile_mod(p.alibi, bool(p.softcap))
-    fp32 = p.dtype == "fp32"
-    c1 = dkdv_config or configs.window_config(
-        "bwd_dkdv",
-        fp32_tiles(configs.select("bwd_dkdv", d, table, dv), p),
-        p.bounds,
-        dcls,
-        table,
-        configs.band_warp_keys(table, dcls),
-        mod,
-        fp32=fp32,
-    )
-    c2 = dq_config or configs.window_config(
-        "bwd_dq",
-        fp32_tiles(configs.select("bwd_dq", d, table, dv), p),
-        p.bounds,
-        dcls,
-        table,
-        mod=mod,
-        fp32=fp32,
-    )
+
+    def tile(kind, warp_keys=0):
+        """the table's tile (fp32's: ``fp32_tiles``') with its level's changes"""
+        c = fp32_tiles(configs.select(kind, d, table, dv), p)
+        fp32 = p.dtype == "fp32"
+        return configs.window_config(kind, c, p.bounds, dcls, table, warp_keys, mod, fp32=fp32)
+
+    c1 = dkdv_config or tile("bwd_dkdv", configs.band_warp_keys(table, dcls))
+    c2 = dq_config or tile("bwd_dq")
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
     left, right = p.bounds
