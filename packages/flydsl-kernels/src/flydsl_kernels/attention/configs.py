@@ -20,7 +20,8 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
   the window is wider than it (the KV loop then has unmasked interior trips); dK/dV then
   trades query rows per step for keys per warp where ``BAND_WARP_KEYS`` says; under a left
   bound, and under ALiBi or softcap, the tile then takes the changes ``WINDOW_TILES`` and
-  ``MOD_TILES`` list for its level (``window_config``);
+  ``MOD_TILES`` list for its level (``window_config``), over a paged cache ``PAGED_TILES``'
+  too, and with fp32 operands ``FP32_TILES``' instead;
 * **persistent grid** (forward, not split, where the table entry sets ``Config.persist``):
   ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
   uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;

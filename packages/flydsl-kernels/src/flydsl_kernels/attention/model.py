@@ -19,10 +19,10 @@ compile; survivors are ranked (``score``) by
 ``TensorSpec`` operands: what the model, the report cases and the compile tests compile.
 
 ``window_search`` picks the changes a table tile takes under a window or a score term at each
-level of the window's shrink (a decode tile's: as grown for its rows), and a prefill's over a
-paged cache (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``), and ``check_tables``
-compiles every entry plain, persistent where it ships so, and under those problems
-(``window_problems``, ``decode_problems``).
+level of the window's shrink (a decode tile's: as grown for its rows), a prefill's over a
+paged cache, and an fp32 tile's (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``,
+``FP32_TILES``), and ``check_tables`` compiles every entry plain, persistent where it ships
+so, and under those problems (``window_problems``, ``decode_problems``).
 """
 
 from __future__ import annotations
