@@ -403,7 +403,7 @@ def window_problems(
         cfg = plan.fp32_tiles(cfg, replace(model_problem(kind, dcls), dtype="fp32"))
     if page:
         extra = extra | {"page_size": page, "seqused": True}
-        cfg = plan.page_tile(cfg, page, 0 if fp32 else cfg.klanes)
+        cfg = plan.page_tile(cfg, page, cfg.klanes)
     causal, bidi = (replace(model_problem(kind, dcls, causal=c), **extra) for c in (True, False))
     probs = [replace(causal, window=(left, 0)) for left in WINDOW_LEFTS]
     probs.append(replace(bidi, window=(WINDOW_LEFTS[-1], -1)))
@@ -450,7 +450,7 @@ def decode_problems(dcls: str, cfg: Config, mod: str = "", fp32: bool = False) -
                     )  # fmt: skip
                     gp = plan.next_gp(p.group)
                     tile = plan.grown_decode(cfg, configs.decode_rows(cfg.BM, sq, gp))
-                    tile = plan.page_tile(tile, page, 0 if fp32 else tile.klanes)
+                    tile = plan.page_tile(tile, page, tile.klanes)
                     key = (tile.num_warps, True, p.causal, window[0] >= 0, (sq, page, sinks))
                     out[key] = (p, tile)
     return out
@@ -619,14 +619,18 @@ def window_search(
         w = wins.get((kind, dcls, warps), {}) if windowed else {}
         return w | mods.get((kind, dcls, mod, warps), {})
 
+    def compiled(p, tile, changes):
+        """(kernel, config) of a level's problem with ``changes`` on the plan's before ones"""
+        c = replace(tile, **(before(tile.num_warps, p.bounds[0] >= 0) | changes))
+        c = plan.page_tile(c, p.page_size, c.klanes)
+        return window_kernel(kind, p, target, c), c
+
     def trial(probs, changes, floor):
         """(per-MFMA sum or None, why not clean, how far off: spills, then registers)"""
         total = 0.0
         for p, tile in probs:
-            c = replace(tile, **(before(tile.num_warps, p.bounds[0] >= 0) | changes))
-            c = plan.page_tile(c, p.page_size, 0 if fp32 else c.klanes)
             try:
-                ck = window_kernel(kind, p, target, c)
+                ck, c = compiled(p, tile, changes)
             except FlyDSLError as e:
                 return None, f"compile failed: {e.msg.splitlines()[0]}", (1e9, 0)
             why = shortfall(ck, target, floor)
@@ -641,9 +645,8 @@ def window_search(
         where one falls short for a reason other than spilling"""
         total = (0, 0, 0)
         for p, tile in probs:
-            c = plan.page_tile(replace(tile, **changes), p.page_size, 0)
             try:
-                ck = window_kernel(kind, p, target, c)
+                ck, _ = compiled(p, tile, changes)
             except FlyDSLError:
                 return None
             why = shortfall(ck, target, floor)
@@ -676,12 +679,12 @@ def window_search(
             if not failing:
                 break
             probs = failing + [pt for pt in probs if pt not in failing]
-            # the candidates from the level's tile and from the tile with the changes the
-            # plan makes before the searched ones (a window's, a score term's)
-            start = replace(probs[0][1], **before(warps, True))
             if fp32:
                 singles = fp32_changes(kind, probs[0][1], cfg)
             else:
+                # the candidates from the level's tile and from the tile with the changes the
+                # plan makes before the searched ones (a window's, a score term's)
+                start = replace(probs[0][1], **before(warps, True))
                 singles = window_changes(kind, probs[0][1], cfg, target)
                 singles += [c for c in window_changes(kind, start, cfg, target) if c not in singles]
             best, near = best_of(probs, singles, fl)
@@ -709,11 +712,11 @@ def window_search(
                 break
             log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean at {fl} waves")
             if fp32 and fl == floors[-1]:  # the least scratch, where less than the tile's own
+                own = kept(probs, {}, fl)
                 tops = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
-                figs = [(kept(probs, ch, fl), i, ch) for i, ch in enumerate([{}, *tops])]
-                figs = [f for f in figs if f[0] is not None]
+                figs = [(f, i, ch) for i, ch in enumerate(tops) if (f := kept(probs, ch, fl))]
                 least = min(figs, default=None)
-                if least and least[2] and least[0] < figs[0][0] and figs[0][2] == {}:
+                if least and own is not None and least[0] < own:
                     out[level] = least[2]
                     log(f"{target} {kind} {dcls} {warps} warps: least scratch {least[0]}")
     return out

@@ -251,7 +251,7 @@ def plan_forward(
             kind, cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size),
             fp32=p.dtype == "fp32",
         )  # fmt: skip
-        klanes = cfg.klanes if p.dtype != "fp32" else 0
+        klanes = cfg.klanes  # fp32's tile has none (fp32_tiles)
         cfg = page_tile(cfg, p.page_size, klanes)  # the changes set the table's key tile
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
@@ -362,7 +362,7 @@ def plan_forward(
 
 def page_tile(cfg: configs.Config, page: int, klanes: int) -> configs.Config:
     """``cfg`` over a cache of pages of ``page`` keys (0: dense) with K in lane order
-    ``klanes`` (``Config.klanes``, 0 for fp32)."""
+    ``klanes`` (``Config.klanes``; fp32's tile has none: ``fp32_tiles``)."""
     if page and page < cfg.BN and not (klanes and page % cfg.nonkdim == 0):
         # a tile spanning several pages gathers them row by row, which held scalar registers
         # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
@@ -377,10 +377,12 @@ def page_tile(cfg: configs.Config, page: int, klanes: int) -> configs.Config:
 def fp32_tiles(cfg: configs.Config, p: Problem) -> configs.Config:
     """fp32 operands (flex_attention's fp32 inputs) hold twice the registers and LDS of the
     16-bit ones the tables are tuned for: half the key tile (at least 16), LLVM's default
-    scheduler; the level's ``configs.FP32_TILES`` changes go on top (``window_config``)."""
+    scheduler, K's plain load (its lane order is a 16-bit operand's: ``Config.klanes``); the
+    level's ``configs.FP32_TILES`` changes go on top (``window_config``)."""
     if p.dtype != "fp32":
         return cfg
-    return replace(cfg, BN=max(16, cfg.BN // 2), sched="")  # LLVM's default: the one checked
+    # LLVM's default scheduler: the one checked
+    return replace(cfg, BN=max(16, cfg.BN // 2), sched="", klanes=0)
 
 
 def band(p: Problem) -> int | None:
