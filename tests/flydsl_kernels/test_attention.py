@@ -86,6 +86,9 @@ def close(out, ref, tol, what=""):
         ("gfx942", 256, 256, (-1, -1), F32, "bwd_dq", {"BM": 64, "BN": 16, "nonkdim": 16}),
         ("sm90", 128, 128, (-1, -1), F32, "fwd", {"BM": 64, "BN": 16, "num_warps": 8}),
         ("sm90", 192, 128, (47, 0), F32, "bwd_dq", {"num_warps": 4, "num_stages": 2}),
+        # with a score term, its changes on top of the plain fp32 ones
+        ("gfx950", 192, 128, (-1, -1), F32 | {"alibi": True}, "fwd", {"BM": 128, "nonkdim": 16}),
+        ("gfx1250", 192, 128, (-1, -1), F32 | {"alibi": True}, "bwd_dq", {"BM": 64, "BN": 16}),
     ],
 )  # fmt: skip
 def test_window_tiles_against_the_reference(table, d, dv, window, terms, kind, want):
@@ -1569,13 +1572,16 @@ def test_window_config_takes_its_level_changes_under_a_left_bound(monkeypatch):
 
 
 def test_fp32_tiles_take_their_level_changes(monkeypatch):
-    # configs.FP32_TILES: by (kind, dclass, the warps of fp32's tile after the window's
-    # shrink, left bound), instead of WINDOW_TILES / MOD_TILES / PAGED_TILES
+    # configs.FP32_TILES: by (kind, dclass, score term, the warps of fp32's tile after the
+    # window's shrink, left bound), instead of WINDOW_TILES / MOD_TILES / PAGED_TILES; a score
+    # term's changes on top of the level's plain ones
     tiles = {
-        ("fwd", "d128", 2, True): {"BN": 16},
-        ("fwd", "d128", 8, False): {"num_warps": 4, "sched": "coexec"},
-        ("bwd_dq", "d128", 8, False): {"BM": 128},
-        ("decode", "d128", 1, False): {"num_stages": 2},
+        ("fwd", "d128", "", 2, True): {"BN": 16},
+        ("fwd", "d128", "", 8, False): {"num_warps": 4, "sched": "coexec"},
+        ("fwd", "d128", "softcap", 8, False): {"BM": 128, "sched": ""},
+        ("bwd_dq", "d128", "", 8, False): {"BM": 128},
+        ("bwd_dq", "d128", "alibi", 8, False): {"num_warps": 4},
+        ("decode", "d128", "", 1, False): {"num_stages": 2},
     }
     monkeypatch.setitem(configs.FP32_TILES, "gfx950", tiles)
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {("fwd", "d128", 2): {"BN": 64}})
@@ -1585,6 +1591,10 @@ def test_fp32_tiles_take_their_level_changes(monkeypatch):
     assert (c.BM, c.BN, c.num_warps, c.sched) == (256, 32, 4, "coexec"), c
     c = plan.plan_forward(replace(p, alibi=True), "gfx950").config  # not MOD_TILES'
     assert (c.BN, c.num_warps) == (32, 4), c
+    c = plan.plan_forward(replace(p, softcap=5.0), "gfx950").config  # softcap's on top
+    assert (c.BM, c.BN, c.num_warps, c.sched) == (128, 32, 4, ""), c
+    bp = plan.plan_backward(replace(p, alibi=True), "gfx950")
+    assert (bp.dq.BM, bp.dq.num_warps) == (128, 4), bp.dq
     c = plan.plan_forward(replace(p, window=(127, 0)), "gfx950").config
     assert (c.BM, c.BN, c.num_warps) == (64, 16, 2), c
     c = plan.plan_forward(replace(p, window=(4095, 0)), "gfx950").config  # level 8, left

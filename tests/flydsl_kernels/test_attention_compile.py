@@ -426,6 +426,11 @@ WINDOWED = [
     ("gfx1250", "fwd", "d128", (4095, -1), F32),  # 10 spills, 44 B
     ("sm90", "fwd", "d256", (-1, -1), F32),  # 9552 B of scratch
     ("sm90", "bwd_dq", "d128", (-1, -1), F32),  # 8168 B
+    # with a score term (its FP32_TILES changes on top of the plain ones; those alone before)
+    ("gfx950", "fwd", "d192", (-1, -1), F32 | {"alibi": True}),  # 100 spills, 364 B
+    ("gfx1250", "bwd_dq", "d192", (-1, -1), F32 | {"alibi": True}),  # 36 spills, 148 B
+    ("sm90", "fwd", "d128", (-1, -1), F32 | {"softcap": 50.0}),  # 272 B of scratch
+    ("sm90", "bwd_dq", "d192", (-1, -1), F32),  # 32 B (9760 B before the fp32 tiles)
 ]
 
 
@@ -454,15 +459,11 @@ def test_tile_shortfalls_still_fall_short(key):
 def test_fp32_shortfalls_still_fall_short_within_their_scratch(key):
     # model.FP32_SHORTFALLS: an fp32 level no change brings clean still spills (else the entry
     # is stale), and keeps no more scratch than recorded (check_tables holds it there)
-    target, kind, dcls, warps, windowed = key
+    target, kind, dcls, mod, warps, windowed = key
     keep, _ = model.FP32_SHORTFALLS[key]
     entry = configs.TABLES[target][(kind, dcls)]
-    probs = model.window_problems(kind, dcls, entry, target, fp32=True)
-    kernels = [
-        model.window_kernel(kind, p, target)
-        for (w, _, _, left, *_), (p, _) in probs.items()
-        if (w, left) == (warps, windowed)
-    ]
+    probs = model.fp32_levels(kind, dcls, entry, target, mod)[(warps, windowed)]
+    kernels = [model.window_kernel(kind, p, target) for p, _ in probs]
     whys = [model.shortfall(k, target, model.FP32_FLOOR) for k in kernels]
     assert kernels and any(whys), key
     assert all(w is None or w.startswith("spill") for w in whys), whys
@@ -505,6 +506,11 @@ def test_check_tables_compiles_every_fp32_level(monkeypatch):
         (True, (-1, -1)),
         (False, (-1, -1)),
     }
+    # with a score term, the problems without a window only (model.FP32_MOD_KINDS)
+    alibi = model.fp32_levels("bwd_dq", "d128", entry, "gfx950", "alibi")
+    assert not [lv for lv in alibi if lv[1]]
+    probs = [p for level in alibi.values() for p, _ in level]
+    assert len(probs) == 2 and all(p.alibi and p.dtype == "fp32" for p in probs)
     keys = {("bwd_dq", "d128")}
     monkeypatch.setattr(model, "TILE_MODS", {})
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15, 4095))

@@ -21,7 +21,7 @@ Schedule rules (``plan.py`` applies them, the tests pin their boundaries):
   trades query rows per step for keys per warp where ``BAND_WARP_KEYS`` says; under a left
   bound, and under ALiBi or softcap, the tile then takes the changes ``WINDOW_TILES`` and
   ``MOD_TILES`` list for its level (``window_config``), over a paged cache ``PAGED_TILES``'
-  too, and with fp32 operands ``FP32_TILES``' instead;
+  too, and with fp32 operands ``FP32_TILES``' instead (a score term's on top of the level's);
 * **persistent grid** (forward, not split, where the table entry sets ``Config.persist``):
   ``T = B * Hk * NG * ceil(Sq / BMS)`` tiles. With
   uneven tile costs (causal with more than one m-block: a tile's keys grow with its m-block;
@@ -1154,10 +1154,11 @@ PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
 
 #: per target: the field changes the tile of a problem with fp32 operands takes
 #: (flex_attention's and ``flash_attn_func``'s fp32 inputs: IEEE products, twice the registers
-#: and LDS per operand of the 16-bit ones the tables were tuned for), by ``(kind, dclass, warps,
-#: left)``: ``warps`` those of ``plan.fp32_tiles``' tile (half the keys) after the window's
-#: shrink (a decode tile's: as grown for its rows), ``left`` whether the window has a left
-#: bound (a tile without one takes only what it needs). Chosen by ``model.window_search``
+#: and LDS per operand of the 16-bit ones the tables were tuned for), by ``(kind, dclass, score
+#: term, warps, left)``: ``warps`` those of ``plan.fp32_tiles``' tile (half the keys) after the
+#: window's shrink (a decode tile's: as grown for its rows), ``left`` whether the window has a
+#: left bound (a tile without one takes only what it needs). A score term's (``tile_mod``)
+#: changes go on top of the level's plain ones (``""``). Chosen by ``model.window_search``
 #: (``--windows --fp32``) at the model problems in fp32, with and without windows, which
 #: ``model.check_tables`` compiles too, holding them to no spill or scratch and one wave per
 #: SIMD (``model.FP32_FLOOR``; the search takes two where a change reaches it). Before (Triton
@@ -1166,139 +1167,157 @@ PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
 #: dQ d256; fwd d192 59 spills and 240 B at the model problem), gfx942 66 (28 spilling, dQ
 #: d256 up to 433 spills and 928 B), gfx1250 40 (15, up to 156 B), sm90 95 (every one
 #: spilling: fwd d128 7136 B of scratch at the model problem, dQ d256 15896 B), the others one
-#: wave per SIMD where a change reaches two
-FP32_TILES: dict[str, dict[tuple[str, str, int, bool], dict]] = {
+#: wave per SIMD where a change reaches two. With ALiBi or softcap (``--mod``; searched and
+#: checked without a window: ``model.fp32_levels``) on the plain changes alone, 13 of the 96
+#: causal model problems fell short (gfx950 fwd d192 with ALiBi 100 spills and 364 B of
+#: scratch, with softcap 20 B; gfx1250 dQ d192 with ALiBi 36 spills and 148 B, dK/dV d128 and
+#: d256 12 to 40 B; sm90 fwd d128 272 B, dQ d192 with ALiBi 440 B; gfx942 dK/dV d256 7 and 8
+#: spills into AGPRs), and sm90's d64 dK/dV with ALiBi not causal 24 B. The search on top of
+#: the shipped changes (``model.window_search``) then mended plain fp32 levels too: sm90's fwd
+#: d128 at 4 warps without a window (272 B before) and at 2 warps (232 B), and its dQ d192 at 4
+#: warps (608 B windowed, 32 B without)
+FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
     "gfx950": {
-        ("fwd", "d128", 8, True): {"BM": 128, "nonkdim": 16},
-        ("fwd", "d128", 2, True): {"k_t": False, "kt_edge": False},
-        ("fwd", "d128", 1, True): {"num_warps": 2},
-        ("fwd", "d192", 8, True): {"BM": 128, "nonkdim": 16, "BN": 16},
-        ("fwd", "d192", 8, False): {"lane_sums": False},
-        ("fwd", "d192", 4, True): {"BM": 64, "nonkdim": 16},
-        ("fwd", "d192", 2, True): {"num_warps": 4, "nonkdim": 16},
-        ("fwd", "d192", 1, True): {"BN": 16},
-        ("fwd", "d256", 8, True): {"k_t": False, "kt_edge": False},
-        ("fwd", "d256", 4, True): {"num_warps": 8},
-        ("fwd", "d256", 2, True): {"num_warps": 4, "k_t": False, "kt_edge": False},
-        ("decode", "d256", 8, True): {"lane_sums": True},
-        ("decode", "d256", 8, False): {"lane_sums": True},
-        ("decode", "d256", 2, True): {"num_warps": 4, "lane_sums": True},
-        ("decode", "d256", 2, False): {"num_warps": 4},
-        ("bwd_dkdv", "d192", 2, True): {"BN": 32, "num_warps": 4},
-        ("bwd_dq", "d128", 8, True): {"BM": 128, "nonkdim": 16},
-        ("bwd_dq", "d128", 8, False): {"BM": 128, "nonkdim": 16},
-        ("bwd_dq", "d128", 4, True): {"BM": 64, "nonkdim": 16},
-        ("bwd_dq", "d128", 2, True): {"BM": 32, "nonkdim": 16},
-        ("bwd_dq", "d128", 1, True): {"num_warps": 2, "nonkdim": 16},
-        ("bwd_dq", "d192", 8, True): {"BN": 16},
-        ("bwd_dq", "d192", 8, False): {"BN": 16},
-        ("bwd_dq", "d192", 4, True): {"BN": 16},
-        ("bwd_dq", "d192", 2, True): {"BN": 16, "BM": 64, "num_warps": 4},
-        ("bwd_dq", "d192", 1, True): {"BN": 16, "num_warps": 2},
-        ("bwd_dq", "d256", 8, True): {"BM": 64, "num_warps": 4},
-        ("bwd_dq", "d256", 8, False): {"BM": 64, "num_warps": 4},
+        ("fwd", "d128", "", 8, True): {"BM": 128, "nonkdim": 16},
+        ("fwd", "d128", "", 2, True): {"k_t": False, "kt_edge": False},
+        ("fwd", "d128", "", 1, True): {"num_warps": 2},
+        ("fwd", "d192", "", 8, True): {"BM": 128, "nonkdim": 16, "BN": 16},
+        ("fwd", "d192", "", 8, False): {"lane_sums": False},
+        ("fwd", "d192", "", 4, True): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d192", "", 2, True): {"num_warps": 4, "nonkdim": 16},
+        ("fwd", "d192", "", 1, True): {"BN": 16},
+        ("fwd", "d256", "", 8, True): {"k_t": False, "kt_edge": False},
+        ("fwd", "d256", "", 4, True): {"num_warps": 8},
+        ("fwd", "d256", "", 2, True): {"num_warps": 4, "k_t": False, "kt_edge": False},
+        ("decode", "d256", "", 8, True): {"lane_sums": True},
+        ("decode", "d256", "", 8, False): {"lane_sums": True},
+        ("decode", "d256", "", 2, True): {"num_warps": 4, "lane_sums": True},
+        ("decode", "d256", "", 2, False): {"num_warps": 4},
+        ("bwd_dkdv", "d192", "", 2, True): {"BN": 32, "num_warps": 4},
+        ("bwd_dq", "d128", "", 8, True): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 8, False): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 4, True): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 2, True): {"BM": 32, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 1, True): {"num_warps": 2, "nonkdim": 16},
+        ("bwd_dq", "d192", "", 8, True): {"BN": 16},
+        ("bwd_dq", "d192", "", 8, False): {"BN": 16},
+        ("bwd_dq", "d192", "", 4, True): {"BN": 16},
+        ("bwd_dq", "d192", "", 2, True): {"BN": 16, "BM": 64, "num_warps": 4},
+        ("bwd_dq", "d192", "", 1, True): {"BN": 16, "num_warps": 2},
+        ("bwd_dq", "d256", "", 8, True): {"BM": 64, "num_warps": 4},
+        ("bwd_dq", "d256", "", 8, False): {"BM": 64, "num_warps": 4},
+        ("fwd", "d192", "alibi", 8, False): {"BM": 128, "nonkdim": 16, "lane_sums": True},
+        ("fwd", "d192", "softcap", 8, False): {"BM": 128, "nonkdim": 16, "BN": 16},
     },
     "gfx942": {
-        ("fwd", "d128", 4, True): {"BM": 64, "nonkdim": 16},
-        ("fwd", "d128", 4, False): {"BM": 64, "nonkdim": 16},
-        ("fwd", "d128", 2, True): {"BM": 32, "nonkdim": 16},
-        ("fwd", "d128", 1, True): {"BM": 16, "nonkdim": 16},
-        ("fwd", "d256", 8, True): {"BM": 64, "num_warps": 4},
-        ("fwd", "d256", 8, False): {"BM": 64, "num_warps": 4},
-        ("fwd", "d256", 4, True): {"num_warps": 8},
-        ("fwd", "d256", 2, True): {"num_warps": 4, "waves_per_eu": 2},
-        ("decode", "d256", 8, False): {"sched": "max-ilp"},
-        ("decode", "d256", 2, True): {"num_warps": 4},
-        ("decode", "d256", 2, False): {"num_warps": 4},
-        ("bwd_dkdv", "d128", 2, True): {"BN": 32, "num_warps": 4},
-        ("bwd_dkdv", "d256", 4, True): {"sched": "iterative-ilp"},
-        ("bwd_dq", "d64", 1, True): {"BM": 64, "num_warps": 2},
-        ("bwd_dq", "d128", 8, True): {"BM": 128, "nonkdim": 16},
-        ("bwd_dq", "d128", 8, False): {"BM": 128, "nonkdim": 16},
-        ("bwd_dq", "d128", 4, True): {"BM": 64, "nonkdim": 16},
-        ("bwd_dq", "d128", 2, True): {"BM": 32, "nonkdim": 16},
-        ("bwd_dq", "d128", 1, True): {"num_warps": 2, "nonkdim": 16},
-        ("bwd_dq", "d192", 4, True): {"num_warps": 8},
-        ("bwd_dq", "d192", 4, False): {"num_warps": 8},
-        ("bwd_dq", "d256", 4, True): {"BM": 64, "nonkdim": 16},
-        ("bwd_dq", "d256", 4, False): {"BM": 64, "nonkdim": 16},
-        ("bwd_dq", "d256", 2, True): {"BM": 32, "nonkdim": 16},
-        ("bwd_dq", "d256", 1, True): {"num_warps": 2, "nonkdim": 16},
+        ("fwd", "d128", "", 4, True): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d128", "", 4, False): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d128", "", 2, True): {"BM": 32, "nonkdim": 16},
+        ("fwd", "d128", "", 1, True): {"BM": 16, "nonkdim": 16},
+        ("fwd", "d256", "", 8, True): {"BM": 64, "num_warps": 4},
+        ("fwd", "d256", "", 8, False): {"BM": 64, "num_warps": 4},
+        ("fwd", "d256", "", 4, True): {"num_warps": 8},
+        ("fwd", "d256", "", 2, True): {"num_warps": 4, "waves_per_eu": 2},
+        ("decode", "d256", "", 8, False): {"sched": "max-ilp"},
+        ("decode", "d256", "", 2, True): {"num_warps": 4},
+        ("decode", "d256", "", 2, False): {"num_warps": 4},
+        ("bwd_dkdv", "d128", "", 2, True): {"BN": 32, "num_warps": 4},
+        ("bwd_dkdv", "d256", "", 4, True): {"sched": "iterative-ilp"},
+        ("bwd_dq", "d64", "", 1, True): {"BM": 64, "num_warps": 2},
+        ("bwd_dq", "d128", "", 8, True): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 8, False): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 4, True): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 2, True): {"BM": 32, "nonkdim": 16},
+        ("bwd_dq", "d128", "", 1, True): {"num_warps": 2, "nonkdim": 16},
+        ("bwd_dq", "d192", "", 4, True): {"num_warps": 8},
+        ("bwd_dq", "d192", "", 4, False): {"num_warps": 8},
+        ("bwd_dq", "d256", "", 4, True): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d256", "", 4, False): {"BM": 64, "nonkdim": 16},
+        ("bwd_dq", "d256", "", 2, True): {"BM": 32, "nonkdim": 16},
+        ("bwd_dq", "d256", "", 1, True): {"num_warps": 2, "nonkdim": 16},
+        ("bwd_dkdv", "d256", "alibi", 4, False): {"bwd_loads": "view"},
+        ("bwd_dkdv", "d256", "softcap", 4, False): {"sched": "max-ilp"},
     },
     "gfx1250": {
-        ("fwd", "d128", 8, True): {"BN": 16},
-        ("fwd", "d128", 8, False): {"BM": 128, "num_warps": 4},
-        ("fwd", "d128", 4, True): {"BN": 16},
-        ("fwd", "d128", 2, True): {"BN": 16},
-        ("fwd", "d128", 1, True): {"BN": 16},
-        ("fwd", "d256", 8, True): {"lane_sums": True},
-        ("fwd", "d256", 8, False): {"lane_sums": True},
-        ("fwd", "d256", 4, True): {"num_warps": 8},
-        ("fwd", "d256", 2, True): {"num_warps": 4},
-        ("fwd", "d256", 1, True): {"num_warps": 2},
-        ("decode", "d256", 2, True): {"num_warps": 4},
-        ("bwd_dkdv", "d128", 2, True): {"BN": 32, "num_warps": 4},
-        ("bwd_dkdv", "d192", 8, True): {"BM": 16},
-        ("bwd_dkdv", "d192", 8, False): {"BM": 16},
-        ("bwd_dkdv", "d192", 4, True): {"BM": 16},
-        ("bwd_dkdv", "d192", 2, True): {"BM": 16},
-        ("bwd_dkdv", "d256", 4, True): {"BN": 32, "num_warps": 8},
-        ("bwd_dq", "d128", 4, True): {"num_stages": 1},
-        ("bwd_dq", "d128", 2, True): {"BN": 16},
-        ("bwd_dq", "d128", 1, True): {"BN": 16, "BM": 32, "num_warps": 2},
-        ("bwd_dq", "d192", 8, True): {"BM": 64, "num_warps": 4, "BN": 16},
-        ("bwd_dq", "d192", 4, True): {"BN": 16},
-        ("bwd_dq", "d192", 2, True): {"BN": 16},
-        ("bwd_dq", "d192", 1, True): {"BN": 16, "num_warps": 2},
+        ("fwd", "d128", "", 8, True): {"BN": 16},
+        ("fwd", "d128", "", 8, False): {"BM": 128, "num_warps": 4},
+        ("fwd", "d128", "", 4, True): {"BN": 16},
+        ("fwd", "d128", "", 2, True): {"BN": 16},
+        ("fwd", "d128", "", 1, True): {"BN": 16},
+        ("fwd", "d256", "", 8, True): {"lane_sums": True},
+        ("fwd", "d256", "", 8, False): {"lane_sums": True},
+        ("fwd", "d256", "", 4, True): {"num_warps": 8},
+        ("fwd", "d256", "", 2, True): {"num_warps": 4},
+        ("fwd", "d256", "", 1, True): {"num_warps": 2},
+        ("decode", "d256", "", 2, True): {"num_warps": 4},
+        ("bwd_dkdv", "d128", "", 2, True): {"BN": 32, "num_warps": 4},
+        ("bwd_dkdv", "d192", "", 8, True): {"BM": 16},
+        ("bwd_dkdv", "d192", "", 8, False): {"BM": 16},
+        ("bwd_dkdv", "d192", "", 4, True): {"BM": 16},
+        ("bwd_dkdv", "d192", "", 2, True): {"BM": 16},
+        ("bwd_dkdv", "d256", "", 4, True): {"BN": 32, "num_warps": 8},
+        ("bwd_dq", "d128", "", 4, True): {"num_stages": 1},
+        ("bwd_dq", "d128", "", 2, True): {"BN": 16},
+        ("bwd_dq", "d128", "", 1, True): {"BN": 16, "BM": 32, "num_warps": 2},
+        ("bwd_dq", "d192", "", 8, True): {"BM": 64, "num_warps": 4, "BN": 16},
+        ("bwd_dq", "d192", "", 4, True): {"BN": 16},
+        ("bwd_dq", "d192", "", 2, True): {"BN": 16},
+        ("bwd_dq", "d192", "", 1, True): {"BN": 16, "num_warps": 2},
+        ("bwd_dkdv", "d128", "alibi", 8, False): {"BN": 32, "num_warps": 4},
+        ("bwd_dkdv", "d128", "softcap", 8, False): {"BM": 16},
+        ("bwd_dkdv", "d256", "alibi", 8, False): {"hoist_rsrc": ""},
+        ("bwd_dkdv", "d256", "softcap", 8, False): {"sched": "max-ilp"},
+        ("bwd_dq", "d192", "alibi", 8, False): {"BM": 64, "num_warps": 4, "BN": 16},
     },
     "sm90": {
-        ("fwd", "d64", 8, True): {"BN": 16, "BM": 64, "num_warps": 4},
-        ("fwd", "d64", 8, False): {"BN": 16, "BM": 64, "num_warps": 4},
-        ("fwd", "d64", 4, True): {"BN": 16},
-        ("fwd", "d64", 2, True): {"BN": 16},
-        ("fwd", "d64", 1, True): {"BN": 16},
-        ("fwd", "d128", 4, True): {"BN": 16, "num_warps": 8},
-        ("fwd", "d128", 4, False): {"BN": 16, "num_warps": 8},
-        ("fwd", "d128", 2, True): {"num_warps": 4, "BN": 16},
-        ("fwd", "d128", 1, True): {"num_warps": 2, "BN": 16},
-        ("fwd", "d192", 4, True): {"num_warps": 8, "lane_sums": True},
-        ("fwd", "d192", 4, False): {"num_warps": 8, "num_stages": 1},
-        ("fwd", "d192", 2, True): {"num_warps": 4, "num_stages": 1},
-        ("fwd", "d192", 1, True): {"num_warps": 2, "lane_sums": True},
-        ("fwd", "d256", 4, True): {"num_warps": 8},
-        ("fwd", "d256", 4, False): {"num_warps": 8},
-        ("fwd", "d256", 2, True): {"num_warps": 4},
-        ("fwd", "d256", 1, True): {"num_warps": 2},
-        ("decode", "d64", 8, True): {"lane_sums": True},
-        ("decode", "d64", 8, False): {"num_stages": 2},
-        ("decode", "d64", 2, True): {"num_stages": 2},
-        ("decode", "d128", 8, True): {"BN": 16, "lane_sums": True},
-        ("decode", "d128", 8, False): {"BN": 16, "num_stages": 1},
-        ("decode", "d128", 2, True): {"num_warps": 4, "num_stages": 1},
-        ("decode", "d128", 2, False): {"num_warps": 4, "BN": 16},
-        ("bwd_dkdv", "d64", 4, True): {"BM": 16},
-        ("bwd_dkdv", "d64", 4, False): {"BM": 16},
-        ("bwd_dkdv", "d64", 2, True): {"BM": 16},
-        ("bwd_dkdv", "d128", 4, True): {"num_warps": 8},
-        ("bwd_dkdv", "d128", 4, False): {"num_warps": 8},
-        ("bwd_dkdv", "d192", 8, True): {"num_stages": 2},
-        ("bwd_dkdv", "d192", 8, False): {"num_stages": 2},
-        ("bwd_dq", "d64", 4, True): {"BN": 16},
-        ("bwd_dq", "d64", 4, False): {"BN": 16},
-        ("bwd_dq", "d64", 2, True): {"num_warps": 4},
-        ("bwd_dq", "d64", 1, True): {"BN": 16},
-        ("bwd_dq", "d128", 4, True): {"num_warps": 8, "BN": 16},
-        ("bwd_dq", "d128", 4, False): {"BN": 16, "num_warps": 8},
-        ("bwd_dq", "d128", 2, True): {"num_warps": 4, "BN": 16},
-        ("bwd_dq", "d128", 1, True): {"BN": 16, "num_warps": 2},
-        ("bwd_dq", "d192", 4, True): {"num_warps": 8, "num_stages": 2},
-        ("bwd_dq", "d192", 4, False): {"num_warps": 8, "num_stages": 2},
-        ("bwd_dq", "d192", 2, True): {"num_warps": 4, "num_stages": 2},
-        ("bwd_dq", "d192", 1, True): {"num_warps": 2, "num_stages": 2},
-        ("bwd_dq", "d256", 4, True): {"num_warps": 8, "num_stages": 2},
-        ("bwd_dq", "d256", 4, False): {"num_warps": 8, "num_stages": 2},
-        ("bwd_dq", "d256", 2, True): {"num_warps": 4, "num_stages": 2},
-        ("bwd_dq", "d256", 1, True): {"num_warps": 2, "num_stages": 2},
+        ("fwd", "d64", "", 8, True): {"BN": 16, "BM": 64, "num_warps": 4},
+        ("fwd", "d64", "", 8, False): {"BN": 16, "BM": 64, "num_warps": 4},
+        ("fwd", "d64", "", 4, True): {"BN": 16},
+        ("fwd", "d64", "", 2, True): {"BN": 16},
+        ("fwd", "d64", "", 1, True): {"BN": 16},
+        ("fwd", "d128", "", 4, True): {"BN": 16, "num_warps": 4, "BM": 32},
+        ("fwd", "d128", "", 4, False): {"BN": 16, "num_warps": 8, "lane_sums": True},
+        ("fwd", "d128", "", 2, True): {"num_warps": 8, "BN": 16},
+        ("fwd", "d128", "", 1, True): {"num_warps": 2, "BN": 16},
+        ("fwd", "d192", "", 4, True): {"num_warps": 8, "lane_sums": True},
+        ("fwd", "d192", "", 4, False): {"num_warps": 8, "num_stages": 1},
+        ("fwd", "d192", "", 2, True): {"num_warps": 4, "num_stages": 1},
+        ("fwd", "d192", "", 1, True): {"num_warps": 2, "lane_sums": True},
+        ("fwd", "d256", "", 4, True): {"num_warps": 8},
+        ("fwd", "d256", "", 4, False): {"num_warps": 8},
+        ("fwd", "d256", "", 2, True): {"num_warps": 4},
+        ("fwd", "d256", "", 1, True): {"num_warps": 2},
+        ("decode", "d64", "", 8, True): {"lane_sums": True},
+        ("decode", "d64", "", 8, False): {"num_stages": 2},
+        ("decode", "d64", "", 2, True): {"num_stages": 2},
+        ("decode", "d128", "", 8, True): {"BN": 16, "lane_sums": True},
+        ("decode", "d128", "", 8, False): {"BN": 16, "num_stages": 1},
+        ("decode", "d128", "", 2, True): {"num_warps": 4, "num_stages": 1},
+        ("decode", "d128", "", 2, False): {"num_warps": 4, "BN": 16},
+        ("bwd_dkdv", "d64", "", 4, True): {"BM": 16},
+        ("bwd_dkdv", "d64", "", 4, False): {"BM": 16},
+        ("bwd_dkdv", "d64", "", 2, True): {"BM": 16},
+        ("bwd_dkdv", "d128", "", 4, True): {"num_warps": 8},
+        ("bwd_dkdv", "d128", "", 4, False): {"num_warps": 8},
+        ("bwd_dkdv", "d192", "", 8, True): {"num_stages": 2},
+        ("bwd_dkdv", "d192", "", 8, False): {"num_stages": 2},
+        ("bwd_dq", "d64", "", 4, True): {"BN": 16},
+        ("bwd_dq", "d64", "", 4, False): {"BN": 16},
+        ("bwd_dq", "d64", "", 2, True): {"num_warps": 4},
+        ("bwd_dq", "d64", "", 1, True): {"BN": 16},
+        ("bwd_dq", "d128", "", 4, True): {"num_warps": 8, "BN": 16},
+        ("bwd_dq", "d128", "", 4, False): {"BN": 16, "num_warps": 8},
+        ("bwd_dq", "d128", "", 2, True): {"num_warps": 4, "BN": 16},
+        ("bwd_dq", "d128", "", 1, True): {"BN": 16, "num_warps": 2},
+        ("bwd_dq", "d192", "", 4, True): {"num_warps": 4, "num_stages": 2, "BM": 32},
+        ("bwd_dq", "d192", "", 4, False): {"num_warps": 4, "num_stages": 2, "BM": 32},
+        ("bwd_dq", "d192", "", 2, True): {"num_warps": 4, "num_stages": 2},
+        ("bwd_dq", "d192", "", 1, True): {"num_warps": 2, "num_stages": 2},
+        ("bwd_dq", "d256", "", 4, True): {"num_warps": 8, "num_stages": 2},
+        ("bwd_dq", "d256", "", 4, False): {"num_warps": 8, "num_stages": 2},
+        ("bwd_dq", "d256", "", 2, True): {"num_warps": 4, "num_stages": 2},
+        ("bwd_dq", "d256", "", 1, True): {"num_warps": 2, "num_stages": 2},
+        ("bwd_dkdv", "d64", "alibi", 4, False): {"num_warps": 8},
     },
 }
 
@@ -1336,13 +1355,16 @@ def window_config(
     tile at the page). ``tuned`` False (a tile another rule shaped: a score or mask mod's, a
     block mask's; the changes set tile sizes that may not fit it): the shrink alone. ``fp32``
     (fp32 operands, ``cfg`` the plan's fp32 tile: ``plan.fp32_tiles``): the ``FP32_TILES``
-    changes at the level instead of the others, which were chosen for 16-bit operands."""
+    changes at the level (and ``mod``'s on top) instead of the others, which were chosen for
+    16-bit operands."""
     c = band_config(kind, cfg, band_of(bounds), warp_keys)
     if not tuned:
         return c
-    if fp32:
-        key = (kind, dcls, c.num_warps, bounds[0] >= 0)
-        changes = _table_for(FP32_TILES, target).get(key, {})
+    if fp32:  # the level's fp32 changes, then its score term's on top
+        tab = _table_for(FP32_TILES, target)
+        changes = dict(tab.get((kind, dcls, "", c.num_warps, bounds[0] >= 0), {}))
+        if mod:
+            changes.update(tab.get((kind, dcls, mod, c.num_warps, bounds[0] >= 0), {}))
         return replace(c, notes={}, **changes) if changes else c
     changes = {}
     if bounds[0] >= 0:  # a left bound

@@ -334,11 +334,14 @@ def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES, fp32=True):
                 what += (f" {mod}" if mod else "") + (f" pages of {page}" if page else "")
                 out.append((what, window_kernel(kind, p, target)))
     if fp32:  # held to FP32_FLOOR waves, and a known shortfall to the scratch it keeps
-        probs = window_problems(kind, dcls, cfg, target, fp32=True)
-        for (warps, _, _, windowed, *_), (p, _) in probs.items():
-            keep = FP32_SHORTFALLS.get((target, kind, dcls, warps, windowed), (-1,))[0]
-            what = f" fp32 window {p.window}" + ("" if p.causal else " not causal")
-            out.append((what, window_kernel(kind, p, target), FP32_FLOOR, keep))
+        for mod in ("", *(TILE_MODS if kind in FP32_MOD_KINDS else ())):
+            for (warps, windowed), probs in fp32_levels(kind, dcls, cfg, target, mod).items():
+                key = (target, kind, dcls, mod, warps, windowed)
+                keep = FP32_SHORTFALLS.get(key, (-1,))[0]
+                for p, _ in probs:
+                    what = f" fp32 window {p.window}" + ("" if p.causal else " not causal")
+                    what += f" {mod}" if mod else ""
+                    out.append((what, window_kernel(kind, p, target), FP32_FLOOR, keep))
     return out
 
 
@@ -357,27 +360,46 @@ TILE_SHORTFALLS = {
     "scratch (ptxas local memory) at 16 x 32 with 2 warps, 56 B at the table's 16 x 64 x 4",
 }
 
-#: fp32 levels ``(target, kind, dclass, warps, left bound)`` that no change ``window_search
-#: (fp32=True)`` tries compiles clean: ``(scratch bytes, what)``, the most scratch a problem of
-#: the level keeps with its ``configs.FP32_TILES`` change (the least the search found), which
-#: ``check_tables`` holds it to (spills with no more scratch than that pass), and why
+#: fp32 levels ``(target, kind, dclass, score term, warps, left bound)`` that no change
+#: ``window_search(fp32=True)`` tries compiles clean: ``(scratch bytes, what)``, the most
+#: scratch a problem of the level keeps with its ``configs.FP32_TILES`` change (the least the
+#: search found), which ``check_tables`` holds it to (spills with no more scratch than that
+#: pass), and why
 FP32_SHORTFALLS: dict[tuple, tuple[int, str]] = {
     # IEEE fp32 products on NVIDIA run on the FMA units (Triton's FMA dot: each thread holds
     # its rows of one operand and its columns of the other over the whole head dim), so
     # ptxas keeps local memory; before, 7136 B at the model problem, 1720 B windowed
-    ("sm90", "fwd", "d128", 4, True): (264, "16-key tiles over 8 warps: 1720 -> 264 B"),
-    ("sm90", "fwd", "d128", 4, False): (272, "16-key tiles over 8 warps: 7136 -> 272 B"),
-    ("sm90", "fwd", "d128", 2, True): (232, "16-key tiles over 4 warps: 2016 -> 232 B"),
-    ("sm90", "bwd_dq", "d192", 4, True): (608, "8 warps, 2 stages: 9768 -> 608 B"),
-    ("sm90", "bwd_dq", "d192", 4, False): (32, "8 warps, 2 stages: 9760 -> 32 B"),
+    ("sm90", "fwd", "d128", "", 4, True): (280, "32 x 16 tiles over 4 warps: 1720 -> 280 B"),
     # a few VGPR spills (into AGPRs: no scratch) at every change tried
-    ("gfx942", "bwd_dkdv", "d256", 4, True): (0, "iterative-ilp: 5 spills over 3 problems"),
-    ("gfx942", "bwd_dkdv", "d256", 4, False): (0, "1 and 5 VGPR spills, no scratch"),
+    ("gfx942", "bwd_dkdv", "d256", "", 4, True): (0, "iterative-ilp: 5 spills over 3 problems"),
+    ("gfx942", "bwd_dkdv", "d256", "", 4, False): (0, "1 and 5 VGPR spills, no scratch"),
+    ("gfx942", "bwd_dkdv", "d256", "alibi", 4, False): (0, "Q and dO loaded as views: 6 spills"),
+    ("gfx942", "bwd_dkdv", "d256", "softcap", 4, False): (0, "max-ilp: 11 spills, no scratch"),
 }
 
 #: the score terms ``MOD_TILES`` is keyed by (``configs.tile_mod``) and the problem fields
 #: that turn each on (Gemma 2's softcap)
 TILE_MODS = {"alibi": {"alibi": True}, "softcap": {"softcap": 50.0}}
+
+
+#: the kinds whose fp32 problems are compiled with each score term of ``TILE_MODS`` too
+#: (``fp32_levels``; ``configs.FP32_TILES`` keyed by it), without a window only: the plain
+#: fp32 problems under windows are ten or more compiles an entry, and a decode entry's
+#: (``decode_problems``) twelve at every head dim and term
+FP32_MOD_KINDS = ("fwd", "bwd_dkdv", "bwd_dq")
+
+
+def fp32_levels(kind: str, dcls: str, cfg: Config, target, mod: str = "") -> dict:
+    """``{(warps, windowed): [(problem, tile), ...]}``: an entry's fp32 problems
+    (``window_problems(fp32=True)``) by the level of ``configs.FP32_TILES`` they take; with a
+    score term ``mod`` (``FP32_MOD_KINDS``) those without a window only."""
+    out: dict = {}
+    for (warps, _, _, windowed, *_), pt in window_problems(
+        kind, dcls, cfg, target, mod, 0, True
+    ).items():
+        if not (mod and windowed):
+            out.setdefault((warps, windowed), []).append(pt)
+    return out
 
 
 def window_problems(
@@ -592,8 +614,10 @@ def window_search(
     window. ``paged`` (a forward's): the ``PAGED_TILES`` changes for ``mod`` at every page size
     of ``PAGES``, on top of both, keyed ``(warps, windowed)``: a left bound's problems apart
     from those without a window (at the table's level), which take no change they do not
-    need. ``fp32`` (no ``mod``, not ``paged``): the ``FP32_TILES`` changes of the fp32 tile
-    (``plan.fp32_tiles``), keyed so too; they replace the others (``configs.window_config``).
+    need. ``fp32`` (not ``paged``): the ``FP32_TILES`` changes of the fp32 tile
+    (``plan.fp32_tiles``), keyed so too; they replace the others (``configs.window_config``);
+    with ``mod``, on top of the level's plain fp32 ones, at its problems without a window
+    (``fp32_levels``).
     The search tries ``fp32_changes`` and their pairs, then ``window_changes``' others, alone
     and on the size change nearest the bar; a level none brings to ``OCCUPANCY_FLOOR`` is
     searched again at ``FP32_FLOOR`` waves (none needed where it is clean at one), and one
@@ -603,19 +627,26 @@ def window_search(
 
     cfg = TABLES[target][(kind, dcls)]
     floor = floor_of(target, kind, dcls)
-    levels: dict = {}
     wins = configs.WINDOW_TILES.get(target, {}) if (mod or paged) and not fp32 else {}
     mods = configs.MOD_TILES.get(target, {}) if paged and mod else {}
-    # the largest page first: a level's first tile (the changes' base) is the dense one's
-    for page in reversed(PAGES) if paged else (0,):
-        for (warps, _, _, windowed, *_), (p, tile) in window_problems(
-            kind, dcls, cfg, target, mod, page, fp32
-        ).items():
-            level = (warps, windowed) if paged or fp32 else warps
-            levels.setdefault(level, []).append((p, tile))
+    f32_all = configs.FP32_TILES.get(target, {})
+    f32 = f32_all if fp32 and mod else {}
+    if fp32:
+        levels = fp32_levels(kind, dcls, cfg, target, mod)
+    else:
+        levels = {}
+        # the largest page first: a level's first tile (the changes' base) is the dense one's
+        for page in reversed(PAGES) if paged else (0,):
+            for (warps, _, _, windowed, *_), (p, tile) in window_problems(
+                kind, dcls, cfg, target, mod, page
+            ).items():
+                level = (warps, windowed) if paged else warps
+                levels.setdefault(level, []).append((p, tile))
 
     def before(warps, windowed):
         """the changes the plan makes to a level's tile before the searched ones"""
+        if fp32:  # a score term's go on top of the level's plain fp32 ones
+            return f32.get((kind, dcls, "", warps, windowed), {})
         w = wins.get((kind, dcls, warps), {}) if windowed else {}
         return w | mods.get((kind, dcls, mod, warps), {})
 
@@ -679,8 +710,16 @@ def window_search(
             if not failing:
                 break
             probs = failing + [pt for pt in probs if pt not in failing]
-            if fp32:
+            if fp32:  # from the level's tile, and from it with the changes before (a
+                # score term's: the plain fp32 ones) or, plain, on top of the shipped ones
+                start = replace(probs[0][1], **before(warps, level[1]))
                 singles = fp32_changes(kind, probs[0][1], cfg)
+                singles += [c for c in fp32_changes(kind, start, cfg) if c not in singles]
+                shipped = {} if mod else f32_all.get((kind, dcls, "", *level), {})
+                if shipped:  # the shipped change stays in the race
+                    on = replace(probs[0][1], **shipped)
+                    ons = [shipped] + [shipped | c for c in fp32_changes(kind, on, cfg)]
+                    singles += [c for c in ons if c not in singles]
             else:
                 # the candidates from the level's tile and from the tile with the changes the
                 # plan makes before the searched ones (a window's, a score term's)
@@ -795,7 +834,8 @@ def main(argv=None):  # pragma: no cover - a developer tool
         for key, why in TILE_SHORTFALLS.items():
             print(f"known, left out: {' '.join(map(str, key))} warps: {why}")
         for key, (keep, why) in FP32_SHORTFALLS.items():
-            print(f"known, held to {keep} B of scratch: fp32 {' '.join(map(str, key))}: {why}")
+            level = " ".join(str(k) for k in key if k != "")  # no score term: none printed
+            print(f"known, held to {keep} B of scratch: fp32 {level}: {why}")
         raise SystemExit(1 if bad else 0)
     kls = (0, *(int(x) for x in filter(None, a.klanes.split(","))))
     cands = space(a.kind, a.dclass, ("", *filter(None, a.scheds.split(","))), kls)
