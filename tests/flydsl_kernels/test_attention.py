@@ -1453,6 +1453,29 @@ def test_custom_score_mod_reading_a_tensor_against_the_reference():
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("table, d", [("sm90", 128), ("gfx942", 256)])
+def test_fp32_score_mod_tiles_against_the_reference(table, d):
+    # configs.FP32_MOD_TILES: a score mod's tile with fp32 operands takes its head-dim class's
+    # changes (sm90 d128: 32 x 16 over 8 warps; gfx942 d256: 64 rows over 4 warps)
+    bias = torch.randn(3, 61, generator=gen(34))
+
+    def rel(score, b, h, q_idx, kv_idx, t):
+        return score + t.gather(h, q_idx - kv_idx + 30).load()
+
+    def rel_torch(s, b, h, q, kv):
+        return s + bias.double()[h, q - kv + 30]
+
+    p = plan.Problem(1, 31, 31, 3, 1, d, d, score_mod=ScoreMod(rel, additive=True), dtype="fp32")
+    want = configs.FP32_MOD_TILES[table][configs.dclass(d, d)]
+    c = plan.plan_forward(p, REF, table=table).config
+    assert {f: getattr(c, f) for f in want} == want
+    q, k, v = qkv(1, 31, 31, 3, 1, d, seed=35, grad=True, dtype=FP32)
+    check_fwd_bwd(
+        q, k, v, REF, table=table, config=None, score_mod=ScoreMod(rel, additive=True),
+        mod_tensors=(bias,), ref_kw={"score_mod": rel_torch},
+    )  # fmt: skip
+
+
 def test_score_mod_without_gradient_is_a_clear_error():
     q, k, v = qkv(1, 8, 8, 2, 2, 32, seed=34, grad=True)
     out = flash_attn_func(q, k, v, score_mod=lambda s, b, h, qi, ki: s * 2.0, target=REF)

@@ -385,6 +385,50 @@ def test_forward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, mod):
         assert (r.occupancy or 0) >= 2
 
 
+@pytest.mark.parametrize(
+    "target, d, mod",
+    [
+        ("gfx950", 256, "alibi"),  # 29 VGPR spills, 120 B of scratch before FP32_MOD_TILES
+        ("gfx942", 256, "table"),  # 68 spills, 204 B
+        ("sm90", 128, "alibi"),  # 1648 B of local memory
+    ],
+)
+def test_fp32_forward_with_a_score_mod_takes_its_own_changes(target, d, mod):
+    # flex_attention's fp32 inputs: mod_config's tile (of fp32's half-key tile) with the
+    # configs.FP32_MOD_TILES changes of its head-dim class compiles without a spill, one wave
+    # per SIMD allowed (model.FP32_FLOOR)
+    from flydsl_core import TensorSpec
+    from flydsl_kernels.attention import mods, plan
+
+    fn, t = {
+        "table": (_table_bias, TensorSpec("fp32", (16, 2 * MOD_S - 1))),
+        "alibi": (_alibi, TensorSpec("fp32", (16,))),
+    }[mod]
+    sm = mods.ScoreMod(fn)
+    p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, d, score_mod=sm, dtype="fp32")
+    fp = plan.plan_forward(p, target)
+    want = configs.FP32_MOD_TILES[target][configs.dclass(d, d)]
+    assert {f: getattr(fp.config, f) for f in want} == want
+    ck = fp.launches(**model.specs(p), mod_tensors=(t,))[0].compile(target)
+    assert model.shortfall(ck, target, model.FP32_FLOOR) is None
+
+
+def test_fp32_mod_tiles_apply_to_fp32_prefill_only(monkeypatch):
+    from flydsl_kernels.attention import mods, plan
+
+    monkeypatch.setitem(configs.FP32_MOD_TILES, "gfx950", {"d128": {"BM": 32, "num_warps": 2}})
+    sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
+    p = plan.Problem(2, 300, 300, 4, 4, 128, 128, score_mod=sm, dtype="fp32")
+    c = plan.plan_forward(p, "gfx950").config
+    assert (c.BM, c.num_warps, c.nonkdim) == (32, 2, configs.MOD_NONKDIM)
+    assert plan.plan_forward(replace(p, dtype="bf16"), "gfx950").config.BM == 128
+    d = replace(p, seqlen_q=1, decode=True, seqused=True)
+    got = plan.plan_forward(d, "gfx950").config  # not decode's
+    monkeypatch.setitem(configs.FP32_MOD_TILES, "gfx950", {})
+    assert got == plan.plan_forward(d, "gfx950").config
+    assert plan.plan_forward(p, "gfx950").config.BM != 32
+
+
 def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     # gfx942's d256 dQ needs one wave per SIMD (no candidate reaches two): allowed by name only
     keys = {("bwd_dq", "d256")}

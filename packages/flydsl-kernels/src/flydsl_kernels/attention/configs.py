@@ -1431,7 +1431,8 @@ def mod_config(cfg: Config) -> Config:
     lane (gfx950 d128 128x32 with 8 warps: 176 VGPRs with the table, no spill on gfx950,
     gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
     for themselves next to a gather), the row sums reduced on every trip and LLVM's default
-    scheduler (the ones checked). Untimed."""
+    scheduler (the ones checked); fp32 operands then take ``FP32_MOD_TILES``'
+    (``fp32_mod_config``). Untimed."""
     bm = min(cfg.BM, 16 * cfg.num_warps)
     return replace(
         cfg,
@@ -1443,6 +1444,37 @@ def mod_config(cfg: Config) -> Config:
         lane_sums=False,
         notes={},
     )
+
+
+#: per target: the field changes a prefill forward tile that traces a score or mask mod
+#: (``mod_config``) takes with fp32 operands (flex_attention's fp32 inputs: ``plan.fp32_tiles``'
+#: half-key tile first), by head-dim class. Chosen with the static model at B4 H16 S4096, no
+#: mask, with a captured table read at ``[h, q - kv]`` and with an ALiBi-like mod (a slope per
+#: head times ``|q - kv|``): the change with the fewest loop instructions per MFMA, summed over
+#: both, that compiles both without a spill (one wave per SIMD allowed: ``model.FP32_FLOOR``).
+#: Before (Triton 3.9): gfx950 d256 29 VGPR spills and 120 B of scratch with the ALiBi-like
+#: mod, gfx942 d256 68 spills and 204 B with the table, gfx1250 d256 6 spills and 28 B; sm90
+#: scratch at every head dim (d64 64 B with the table, 608 B with the ALiBi-like mod; d256
+#: 9528 and 9944 B). The rest compiled clean unchanged (d64 to d256; d192 with a 128-wide V)
+FP32_MOD_TILES: dict[str, dict[str, dict]] = {
+    "gfx950": {"d256": {"sched": "iterative-ilp"}},
+    "gfx942": {"d256": {"BM": 64, "num_warps": 4}},
+    "gfx1250": {"d256": {"sched": "iterative-ilp"}},
+    # sm90: the clean change with the most warps per SM (no loop figure on NVIDIA)
+    "sm90": {
+        "d64": {"BM": 64},
+        "d128": {"BN": 16, "BM": 32, "num_warps": 8},
+        "d192": {"BM": 32, "num_warps": 8},
+        "d256": {"BM": 32, "num_warps": 8},
+    },
+}
+
+
+def fp32_mod_config(cfg: Config, dcls: str, target) -> Config:
+    """``mod_config``'s prefill tile with fp32 operands: the ``FP32_MOD_TILES`` changes of
+    ``target`` (an untuned one reads gfx950's) for the head-dim class ``dcls``."""
+    changes = _table_for(FP32_MOD_TILES, target).get(dcls, {})
+    return replace(cfg, notes={}, **changes) if changes else cfg
 
 
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger

@@ -232,6 +232,8 @@ def plan_forward(
     cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
     if config is None and (p.score_mod is not None or p.mask_mod is not None):
         cfg = configs.mod_config(cfg)
+        if p.dtype == "fp32" and kind == "fwd":  # fp32's registers: its own changes
+            cfg = configs.fp32_mod_config(cfg, configs.dclass(p.head_dim, p.head_dim_v), table)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     G = p.group
