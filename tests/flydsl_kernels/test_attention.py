@@ -1453,10 +1453,20 @@ def test_custom_score_mod_reading_a_tensor_against_the_reference():
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("table, d", [("sm90", 128), ("gfx942", 256)])
-def test_fp32_score_mod_tiles_against_the_reference(table, d):
-    # configs.FP32_MOD_TILES: a score mod's tile with fp32 operands takes its head-dim class's
-    # changes (sm90 d128: 32 x 16 over 8 warps; gfx942 d256: 64 rows over 4 warps)
+@pytest.mark.parametrize(
+    "table, d, dtype",
+    [
+        # configs.FP32_MOD_TILES (the forward): sm90 d128 32 x 16 over 8 warps; gfx942 d256 64
+        # rows over 4 warps
+        ("sm90", 128, "fp32"),
+        ("gfx942", 256, "fp32"),
+        # configs.MOD_BWD_TILES (the backward): gfx950 dQ d128 16-row MFMAs, gfx942 dQ d64 16 keys
+        ("gfx950", 128, "bf16"),
+        ("gfx942", 64, "bf16"),
+    ],
+)
+def test_score_mod_tiles_against_the_reference(table, d, dtype):
+    # a traced score mod's tiles take their own changes and compute the same attention
     bias = torch.randn(3, 61, generator=gen(34))
 
     def rel(score, b, h, q_idx, kv_idx, t):
@@ -1465,14 +1475,21 @@ def test_fp32_score_mod_tiles_against_the_reference(table, d):
     def rel_torch(s, b, h, q, kv):
         return s + bias.double()[h, q - kv + 30]
 
-    p = plan.Problem(1, 31, 31, 3, 1, d, d, score_mod=ScoreMod(rel, additive=True), dtype="fp32")
-    want = configs.FP32_MOD_TILES[table][configs.dclass(d, d)]
-    c = plan.plan_forward(p, REF, table=table).config
+    sm = ScoreMod(rel, additive=True)
+    p = plan.Problem(1, 31, 31, 3, 1, d, d, score_mod=sm, dtype=dtype)
+    dcls = configs.dclass(d, d)
+    if dtype == "fp32":
+        want = configs.FP32_MOD_TILES[table][dcls]
+        c = plan.plan_forward(p, REF, table=table).config
+    else:
+        want = configs.MOD_BWD_TILES[table][("bwd_dq", dcls, False)]
+        c = plan.plan_backward(p, REF, table=table).dq
     assert {f: getattr(c, f) for f in want} == want
-    q, k, v = qkv(1, 31, 31, 3, 1, d, seed=35, grad=True, dtype=FP32)
+    dt = FP32 if dtype == "fp32" else BF16
+    q, k, v = qkv(1, 31, 31, 3, 1, d, seed=35, grad=True, dtype=dt)
     check_fwd_bwd(
-        q, k, v, REF, table=table, config=None, score_mod=ScoreMod(rel, additive=True),
-        mod_tensors=(bias,), ref_kw={"score_mod": rel_torch},
+        q, k, v, REF, table=table, config=None, score_mod=sm, mod_tensors=(bias,),
+        ref_kw={"score_mod": rel_torch},
     )  # fmt: skip
 
 

@@ -429,14 +429,61 @@ def test_fp32_mod_tiles_apply_to_fp32_prefill_only(monkeypatch):
     assert plan.plan_forward(p, "gfx950").config.BM != 32
 
 
+@pytest.mark.parametrize(
+    "target, kind, dcls, probe",
+    [
+        ("gfx950", "bwd_dq", "d256", "table"),  # 37 VGPR spills, 144 B before MOD_BWD_TILES
+        ("gfx942", "bwd_dq", "d128", "alibi"),  # 49 spills, 200 B
+        ("gfx1250", "bwd_dq", "d64", "table"),  # 112 SGPR spills
+    ],
+)
+def test_backward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, kind, dcls, probe):
+    # configs.MOD_BWD_TILES: a traced score mod's backward tile without a window
+    (p, spec), *_ = [(p, sp) for name, p, sp in model.mod_problems(kind, dcls) if name == probe]
+    ck = model.mod_kernel(kind, p, spec, target)
+    assert model.shortfall(ck, target, model.floor_of(target, kind, dcls)) is None
+
+
+def test_mod_bwd_tiles_apply_to_a_traced_mod_without_a_window(monkeypatch):
+    from flydsl_kernels.attention import mods, plan
+
+    tiles = {("bwd_dq", "d128", False): {"BN": 16}, ("bwd_dkdv", "d128", True): {"BM": 16}}
+    monkeypatch.setitem(configs.MOD_BWD_TILES, "gfx950", tiles)
+    sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
+    p = plan.Problem(2, 300, 300, 4, 4, 128, 128, score_mod=sm)
+    bp = plan.plan_backward(p, "gfx950")
+    assert bp.dq.BN == 16 and bp.dkdv == plan.backward_tile("bwd_dkdv", p, "gfx950")
+    assert plan.plan_backward(replace(p, score_mod=None), "gfx950").dq.BN != 16
+    assert plan.plan_backward(replace(p, window=(200, 0)), "gfx950").dq.BN != 16
+    mm = mods.causal_mask()
+    assert plan.plan_backward(replace(p, score_mod=None, mask_mod=mm), "gfx950").dq.BN == 16
+    f = plan.plan_backward(replace(p, dtype="fp32"), "gfx950")  # fp32's own key
+    assert f.dkdv.BM == 16 and f.dq == plan.backward_tile(
+        "bwd_dq", replace(p, dtype="fp32"), "gfx950"
+    )
+
+
+def test_check_tables_compiles_every_mod_problem(monkeypatch):
+    # model.mod_problems: a prefill entry's problems with each traced score mod of
+    # model.MOD_PROBES, 16-bit and fp32; without gfx950's MOD_BWD_TILES its d128 dQ spilled
+    probs = model.mod_problems("bwd_dq", "d128", fp32=True)
+    assert [n for n, _, _ in probs] == list(model.MOD_PROBES)
+    assert all(p.dtype == "fp32" and p.score_mod is not None for _, p, _ in probs)
+    keys = {("bwd_dq", "d128")}
+    assert model.check_tables(("gfx950",), keys, windows=False) == []
+    monkeypatch.setitem(configs.MOD_BWD_TILES, "gfx950", {})
+    bad = model.check_tables(("gfx950",), keys, windows=False)
+    assert bad and all(" score mod " in b and "spills" in b for b in bad), bad
+
+
 def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     # gfx942's d256 dQ needs one wave per SIMD (no candidate reaches two): allowed by name only
     keys = {("bwd_dq", "d256")}
-    assert model.check_tables(("gfx942",), keys, fp32=False) == []
+    assert model.check_tables(("gfx942",), keys, fp32=False, mods=False) == []
     monkeypatch.setattr(model, "BELOW_FLOOR", set())
-    (bad,) = model.check_tables(("gfx942",), keys, windows=False, fp32=False)
+    (bad,) = model.check_tables(("gfx942",), keys, windows=False, fp32=False, mods=False)
     assert bad.startswith("gfx942 bwd_dq d256") and "occupancy 1 below the floor 2" in bad
-    bad = model.check_tables(("gfx942",), keys, fp32=False)  # its window tiles too
+    bad = model.check_tables(("gfx942",), keys, fp32=False, mods=False)  # its window tiles too
     assert len(bad) > 1 and all("occupancy 1 below the floor 2" in b for b in bad), bad
 
 
@@ -533,9 +580,9 @@ def test_check_tables_compiles_every_window_level(monkeypatch):
         (False, (-1, -1)),
     }
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", {})
-    bad = model.check_tables(("gfx950",), keys, pages=(), fp32=False)
+    bad = model.check_tables(("gfx950",), keys, pages=(), fp32=False, mods=False)
     assert bad and all(" window (" in b for b in bad), bad
-    assert model.check_tables(("gfx950",), keys, windows=False, fp32=False) == []
+    assert model.check_tables(("gfx950",), keys, windows=False, fp32=False, mods=False) == []
 
 
 def test_check_tables_compiles_every_fp32_level(monkeypatch):
@@ -558,18 +605,18 @@ def test_check_tables_compiles_every_fp32_level(monkeypatch):
     keys = {("bwd_dq", "d128")}
     monkeypatch.setattr(model, "TILE_MODS", {})
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15, 4095))
-    assert model.check_tables(("gfx950",), keys, pages=()) == []
+    assert model.check_tables(("gfx950",), keys, pages=(), mods=False) == []
     monkeypatch.setitem(configs.FP32_TILES, "gfx950", {})
-    bad = model.check_tables(("gfx950",), keys, pages=())
+    bad = model.check_tables(("gfx950",), keys, pages=(), mods=False)
     assert bad and all(" fp32 window " in b for b in bad), bad
     assert any("spills" in b for b in bad), bad
     # one wave is allowed to fp32 (model.FP32_FLOOR), a spill is not: gfx942's d64 dQ takes
     # one wave at its 1-warp level without its FP32_TILES change
     monkeypatch.setitem(configs.FP32_TILES, "gfx942", {})
     keys = {("bwd_dq", "d64")}
-    assert model.check_tables(("gfx942",), keys, pages=()) == []
+    assert model.check_tables(("gfx942",), keys, pages=(), mods=False) == []
     monkeypatch.setattr(model, "FP32_FLOOR", 2)
-    bad = model.check_tables(("gfx942",), keys, pages=())
+    bad = model.check_tables(("gfx942",), keys, pages=(), mods=False)
     assert bad and all(" fp32 " in b and "occupancy 1 below the floor 2" in b for b in bad), bad
 
 
@@ -584,9 +631,9 @@ def test_check_tables_compiles_every_paged_level(monkeypatch):
     assert {p.causal for p, _ in probs.values() if p.window == (-1, -1)} == {True, False}
     keys = {("fwd", "d64")}
     monkeypatch.setattr(model, "TILE_MODS", {})  # the plain problems alone
-    assert model.check_tables(("gfx950",), keys, pages=(256,), fp32=False) == []
+    assert model.check_tables(("gfx950",), keys, pages=(256,), fp32=False, mods=False) == []
     monkeypatch.setitem(configs.PAGED_TILES, "gfx950", {})
-    bad = model.check_tables(("gfx950",), keys, pages=(256,), fp32=False)
+    bad = model.check_tables(("gfx950",), keys, pages=(256,), fp32=False, mods=False)
     assert bad and all(" pages of 256" in b for b in bad), bad
 
 
@@ -608,10 +655,10 @@ def test_check_tables_compiles_decode_under_windows(monkeypatch):
     monkeypatch.setattr(model, "TILE_MODS", {})
     monkeypatch.setattr(model, "DECODE_QUERIES", (1,))
     monkeypatch.setattr(model, "DECODE_PAGES", (64,))
-    assert model.check_tables(("gfx950",), keys, fp32=False) == []
+    assert model.check_tables(("gfx950",), keys, fp32=False, mods=False) == []
     tiles = {k: v for k, v in configs.WINDOW_TILES["gfx950"].items() if k[0] != "decode"}
     monkeypatch.setitem(configs.WINDOW_TILES, "gfx950", tiles)
-    bad = model.check_tables(("gfx950",), keys, fp32=False)
+    bad = model.check_tables(("gfx950",), keys, fp32=False, mods=False)
     assert bad and all("decode d128 window (" in b for b in bad), bad
 
 
@@ -620,11 +667,11 @@ def test_check_tables_holds_the_persistent_grid_to_the_same_bar(monkeypatch):
     # sets it; gfx950's d128 one spilled and took one wave windowed, so the table leaves it off
     keys = {("fwd", "d128")}
     assert not configs.TABLES["gfx950"][("fwd", "d128")].persist
-    assert model.check_tables(("gfx950",), keys, pages=(), fp32=False) == []
+    assert model.check_tables(("gfx950",), keys, pages=(), fp32=False, mods=False) == []
     tab = dict(configs.TABLES["gfx950"])
     tab[("fwd", "d128")] = replace(tab[("fwd", "d128")], persist=True)
     monkeypatch.setitem(model.TABLES, "gfx950", tab)
-    bad = model.check_tables(("gfx950",), keys, pages=(), fp32=False)
+    bad = model.check_tables(("gfx950",), keys, pages=(), fp32=False, mods=False)
     assert bad and all(b.startswith("gfx950 fwd d128 persistent") for b in bad), bad
     assert any("window" in b for b in bad), bad
 

@@ -1477,6 +1477,57 @@ def fp32_mod_config(cfg: Config, dcls: str, target) -> Config:
     return replace(cfg, notes={}, **changes) if changes else cfg
 
 
+#: per target: the field changes a backward tile (``plan.backward_tile``) takes where a score
+#: or mask mod is traced in and there is no window, by ``(kind, dclass, fp32)``: the mod's
+#: per-score index arithmetic and gathers (and, for the dS it differentiates, its backward)
+#: hold registers the tables' tiles, tuned without one, had no room for. Chosen by
+#: ``model.mod_search`` (``flydsl-kernels model attention --mods``) at B4 H16 S4096 with the
+#: score mods of ``model.MOD_PROBES`` (a captured table read at ``[h, q - kv]``, flex's learned
+#: bias, and an ALiBi-like slope per head): the change with the fewest loop instructions per
+#: MFMA, summed over both, that compiles both clean (``model.OCCUPANCY_FLOOR`` waves per SIMD
+#: on AMD, fp32 ``model.FP32_FLOOR``); ``model.check_tables`` compiles them too. Before
+#: (Triton 3.9; every dK/dV but gfx950's d64 and every sm90 16-bit tile were clean): gfx950 dQ
+#: with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of scratch),
+#: 37 at d192, d256 37 VGPR spills and 144 B; dK/dV d64 20 SGPR spills; gfx942 dQ d64 26 SGPR
+#: spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and 25 SGPR
+#: spills at d64, d128, d192. fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and d192 88 to
+#: 164 B of scratch, sm90 dQ d128 to d256 48 to 912 B
+MOD_BWD_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
+    "gfx950": {
+        ("bwd_dkdv", "d64", False): {"BM": 32},
+        ("bwd_dq", "d64", False): {"BM": 64, "nonkdim": 16, "BN": 32},
+        ("bwd_dq", "d128", False): {"BM": 128, "nonkdim": 16},
+        ("bwd_dq", "d192", False): {"BN": 32},
+        ("bwd_dq", "d256", False): {"sched": ""},
+        ("bwd_dq", "d64", True): {"BN": 16},
+    },
+    "gfx942": {
+        ("bwd_dq", "d64", False): {"BN": 16},
+        ("bwd_dq", "d128", False): {"BN": 16},
+        ("bwd_dq", "d256", False): {"BN": 16},
+    },
+    "gfx1250": {
+        ("bwd_dq", "d64", False): {"BN": 32},
+        ("bwd_dq", "d128", False): {"BN": 32},
+        ("bwd_dq", "d192", False): {"BN": 32},
+        ("bwd_dq", "d128", True): {"sched": "iterative-ilp"},
+        ("bwd_dq", "d192", True): {"sched": "iterative-ilp"},
+    },
+    "sm90": {
+        ("bwd_dq", "d128", True): {"BM": 32, "num_warps": 4},
+        ("bwd_dq", "d192", True): {"num_warps": 8},
+        ("bwd_dq", "d256", True): {"BM": 32, "num_warps": 4},
+    },
+}
+
+
+def mod_bwd_config(kind: str, cfg: Config, dcls: str, target, fp32: bool) -> Config:
+    """A backward tile with a traced mod: the ``MOD_BWD_TILES`` changes of ``target`` (an
+    untuned one reads gfx950's) for ``(kind, dcls, fp32)``."""
+    changes = _table_for(MOD_BWD_TILES, target).get((kind, dcls, fp32), {})
+    return replace(cfg, notes={}, **changes) if changes else cfg
+
+
 #: decode tiles hold at most this many rows (positions x packed heads) unless a group is larger
 DECODE_ROWS_MAX = 64
 

@@ -21,14 +21,17 @@ compile; survivors are ranked (``score``) by
 ``window_search`` picks the changes a table tile takes under a window or a score term at each
 level of the window's shrink (a decode tile's: as grown for its rows), a prefill's over a
 paged cache, and an fp32 tile's (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``,
-``FP32_TILES``), and ``check_tables`` compiles every entry plain, persistent where it ships
-so, and under those problems (``window_problems``, ``decode_problems``).
+``FP32_TILES``); ``mod_search`` the change a backward tile takes with a traced score or mask
+mod (``configs.MOD_BWD_TILES``); and ``check_tables`` compiles every entry plain, persistent
+where it ships so, and under those problems (``window_problems``, ``decode_problems``,
+``mod_problems``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import flydsl_core as fly
 from flydsl_core import cdiv
 
 from . import configs, plan
@@ -88,8 +91,9 @@ def specs(p: plan.Problem, *, paged_pages=0):
     return {"q": q, "k": k, "v": v, "o": o, "lse": lse}
 
 
-def forward_launches(fp: plan.FwdPlan):
-    """The launches of a forward plan with ``TensorSpec`` operands (a 4096-page cache)."""
+def forward_launches(fp: plan.FwdPlan, mod_tensors=()):
+    """The launches of a forward plan with ``TensorSpec`` operands (a 4096-page cache; a traced
+    mod's captured tensors: ``mod_tensors``)."""
     from flydsl_core import TensorSpec
 
     p = fp.problem
@@ -107,12 +111,13 @@ def forward_launches(fp: plan.FwdPlan):
         s, G = fp.splits, p.group
         extra["o_part"] = TensorSpec("fp32", (s, p.batch, p.seqlen_q, p.heads_k, G, p.head_dim_v))
         extra["lse_part"] = TensorSpec("fp32", (s, p.batch, p.heads_k, G, p.seqlen_q))
-    return fp.launches(**sp, **extra)
+    return fp.launches(**sp, **extra, mod_tensors=tuple(mod_tensors))
 
 
-def backward_launch(p: plan.Problem, target, which, config=None):
+def backward_launch(p: plan.Problem, target, which, config=None, mod_tensors=()):
     """One backward kernel's launch (``bwd_preprocess`` / ``bwd_dkdv`` / ``bwd_dq``) with
-    ``TensorSpec`` operands; ``config`` replaces the table's for that kernel."""
+    ``TensorSpec`` operands (a traced mod's captured tensors: ``mod_tensors``); ``config``
+    replaces the plan's tile for that kernel."""
     from flydsl_core import TensorSpec
 
     kw = {"dkdv_config": config} if which == "bwd_dkdv" else {"dq_config": config}
@@ -133,6 +138,7 @@ def backward_launch(p: plan.Problem, target, which, config=None):
         dk=sp["k"],
         dv=sp["v"],
         alibi=alibi,
+        mod_tensors=tuple(mod_tensors),
     )
     return {"bwd_preprocess": ls[0], "bwd_dkdv": ls[1], "bwd_dq": ls[2]}[which]
 
@@ -283,15 +289,16 @@ def rank(kind: str, dcls: str, target: str = "gfx950", candidates=None, *, jobs=
 
 
 def check_tables(
-    targets=tuple(TABLES), keys=None, *, windows=True, pages=PAGES, fp32=True
+    targets=tuple(TABLES), keys=None, *, windows=True, pages=PAGES, fp32=True, mods=True
 ) -> list[str]:
     """Compile every shipped entry of every target's table at its model problem, and the
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
-    (``window_problems(fp32=True)``); the problems found (compile failures, scratch,
-    spills, LDS over the target's limit, and on AMD targets fewer than ``OCCUPANCY_FLOOR``
-    waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only those ``(kind, dclass)``
-    entries."""
+    (``window_problems(fp32=True)``), and with ``mods`` a prefill entry's with each traced
+    score mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32); the problems found
+    (compile failures, scratch, spills, LDS over the target's limit, and on AMD targets fewer
+    than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only those
+    ``(kind, dclass)`` entries."""
     from flydsl_core.exc import FlyDSLError
 
     bad = []
@@ -304,6 +311,8 @@ def check_tables(
                 kernels = [("", ck), *_persistent_kernels(kind, dcls, cfg, t)]
                 if windows:
                     kernels += _windowed_kernels(kind, dcls, cfg, t, pages, fp32)
+                if mods and kind in MOD_KINDS:
+                    kernels += _mod_kernels(kind, dcls, t)
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
@@ -761,6 +770,116 @@ def window_search(
     return out
 
 
+# -- traced score and mask mods --------------------------------------------------------------------
+
+#: the probes' sequence length (a table bias spans ``2 MOD_S - 1`` offsets)
+MOD_S = 4096
+
+
+def _table_bias(score, b, h, q_idx, kv_idx, table):
+    """flex's learned relative-position bias: a captured table read at ``[h, q - kv]``"""
+    return score + table.gather(h, q_idx - kv_idx + (MOD_S - 1)).load().to(fly.fp32)
+
+
+def _alibi_like(score, b, h, q_idx, kv_idx, slopes):
+    """ALiBi as a score mod: a captured slope per head times ``|q - kv|``"""
+    return score - slopes.gather(h).load() * fly.abs(q_idx - kv_idx).to(fly.fp32)
+
+
+#: the score mods a traced mod's tiles are compiled with (``mod_problems``): a gather of a 2-D
+#: table (the per-score index arithmetic and loads that spilled the prefill tiles: gfx950 d128
+#: 256 x 64, 238 VGPRs) and ALiBi's arithmetic, each with its captured tensor's shape
+MOD_PROBES = {"table": (_table_bias, (16, 2 * MOD_S - 1)), "alibi": (_alibi_like, (16,))}
+
+
+def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
+    """``[(probe, problem, captured tensor spec)]``: a prefill of ``dcls`` (B4 H16 S4096, not
+    causal, no window) with each score mod of ``MOD_PROBES``, fp32 operands with ``fp32``."""
+    from flydsl_core import TensorSpec
+
+    from .mods import ScoreMod
+
+    _, _, d, dv = MODEL_SHAPES[dcls]
+    out = []
+    for name, (fn, shape) in MOD_PROBES.items():
+        p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, dv, score_mod=ScoreMod(fn))
+        out.append((name, replace(p, dtype="fp32") if fp32 else p, TensorSpec("fp32", shape)))
+    return out
+
+
+def mod_kernel(kind: str, p, spec, target, cfg=None):
+    """The kernel of ``kind`` at the mod problem ``p`` (``mod_problems``) with its captured
+    tensor ``spec``: the plan's tile, or ``cfg``."""
+    if kind == "fwd":
+        fp = plan.plan_forward(p, target, config=cfg, splits=1, persistent=0)
+        return forward_launches(fp, (spec,))[0].compile(target)
+    return backward_launch(p, target, kind, cfg, (spec,)).compile(target)
+
+
+#: the kinds whose mod problems ``check_tables`` compiles (``mod_problems``), 16-bit and fp32
+MOD_KINDS = ("fwd", "bwd_dkdv", "bwd_dq")
+
+
+def _mod_kernels(kind, dcls, target):
+    """``(label, kernel, floor, -1)`` of an entry at its mod problems (``MOD_KINDS``), 16-bit
+    at the entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them"""
+    out = []
+    for fp32 in (False, True):
+        fl = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
+        for name, p, spec in mod_problems(kind, dcls, fp32):
+            what = f" score mod {name}" + (" fp32" if fp32 else "")
+            out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
+    return out
+
+
+def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print) -> dict:
+    """The ``configs.MOD_BWD_TILES`` change of a backward entry (``{}``: none needed; None:
+    none found) at its mod problems (``mod_problems``): the single change (``window_changes``
+    and ``fp32_changes``' on the plan's tile), else a pair of the six nearest the bar, that
+    compiles every probe clean at the entry's floor (fp32's: ``FP32_FLOOR``) with the fewest
+    loop instructions per useful MFMA summed over them."""
+    from flydsl_core.exc import FlyDSLError
+
+    if kind not in ("bwd_dkdv", "bwd_dq"):
+        raise ValueError(f"mod_search searches the backward's tiles, not {kind!r}")
+    probs = mod_problems(kind, dcls, fp32)
+    tile = plan.backward_tile(kind, probs[0][1], target)
+    floor = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
+
+    def trial(changes):
+        total = 0.0
+        for _, p, spec in probs:
+            c = replace(tile, **changes)
+            try:
+                ck = mod_kernel(kind, p, spec, target, c)
+            except FlyDSLError as e:
+                return None, f"compile failed: {e.msg.splitlines()[0]}", (1e9, 0)
+            why = shortfall(ck, target, floor)
+            if why:
+                f = figures(ck)
+                return None, why, (f["spills"] + f["scratch"], f["vgpr"] or 0)
+            total += figures(ck, kind, c, p).get("per_mfma") or 1e9
+        return total, None, (0, 0)
+
+    if trial({})[1] is None:
+        return {}
+    singles = window_changes(kind, tile, tile, target)
+    singles += [c for c in fp32_changes(kind, tile, tile) if c not in singles]
+    best, near = None, []
+    for rnd in range(2):
+        for ch in singles:
+            total, why, off = trial(ch)
+            log(f"{target} {kind} {dcls} {'fp32 ' if fp32 else ''}{ch}: {why or round(total, 2)}")
+            if why is None and (best is None or total < best[0]):
+                best = (total, ch)
+            near.append((off, ch))
+        if best is not None or rnd:
+            break
+        top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+        singles = [a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)]
+    return best[1] if best else None
+
+
 def _persistent_kernels(kind, dcls, cfg, target):
     """``(label, CompiledKernel)`` of a forward entry's persistent grid (``Config.persist``) at
     its model problem, plain and under a causal window of 256 keys (the band tile): the
@@ -816,7 +935,14 @@ def main(argv=None):  # pragma: no cover - a developer tool
     ap.add_argument(
         "--fp32",
         action="store_true",
-        help="with --windows: search configs.FP32_TILES' changes (fp32 operands)",
+        help="with --windows: search configs.FP32_TILES' changes (fp32 operands); with --mods: "
+        "fp32's MOD_BWD_TILES change",
+    )
+    ap.add_argument(
+        "--mods",
+        action="store_true",
+        help="search configs.MOD_BWD_TILES' change for the --kind (bwd_dkdv / bwd_dq) / --dclass "
+        "entry with traced score mods on --target (with --fp32: fp32 operands)",
     )
     ap.add_argument(
         "--paged",
@@ -825,6 +951,9 @@ def main(argv=None):  # pragma: no cover - a developer tool
         "for that score term)",
     )
     a = ap.parse_args(argv)
+    if a.mods:
+        print(mod_search(a.kind, a.dclass, a.target, a.fp32))
+        return
     if a.windows:
         print(window_search(a.kind, a.dclass, a.target, mod=a.mod, paged=a.paged, fp32=a.fp32))
         return

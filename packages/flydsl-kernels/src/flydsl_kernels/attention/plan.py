@@ -606,22 +606,34 @@ def _bwd_based(C: Bwd, a, b) -> Bwd:
     return C if same else replace(C, SAME_STRIDES=False)
 
 
+def backward_tile(kind: str, p: Problem, table) -> configs.Config:
+    """The tile of the backward kernel ``kind`` (``"bwd_dkdv"`` / ``"bwd_dq"``) for ``p`` from
+    ``table`` (a target name): the entry (fp32's: ``fp32_tiles``') with its level's window,
+    score-term and fp32 changes (``configs.window_config``), before a traced mod's."""
+    d, dv = p.head_dim, p.head_dim_v
+    dcls = configs.dclass(d, dv)
+    mod = configs.tile_mod(p.alibi, bool(p.softcap))
+    wk = configs.band_warp_keys(table, dcls) if kind == "bwd_dkdv" else 0
+    c = fp32_tiles(configs.select(kind, d, table, dv), p)
+    fp32 = p.dtype == "fp32"
+    return configs.window_config(kind, c, p.bounds, dcls, table, wk, mod, fp32=fp32)
+
+
 def plan_backward(
     p: Problem, target=None, *, table=None, dkdv_config=None, dq_config=None
 ) -> BwdPlan:
     """The backward's three launches of ``p`` compiled for ``target`` with ``table``'s configs."""
     table = _table(target, table)
-    d, dv = p.head_dim, p.head_dim_v
-    dcls = configs.dclass(d, dv)
-    mod = configs.tile_mod(p.alibi, bool(p.softcap))
+    dcls = configs.dclass(p.head_dim, p.head_dim_v)
 
-    def tile(kind, warp_keys=0):
-        """the table's tile (fp32's: ``fp32_tiles``') with its level's changes"""
-        c = fp32_tiles(configs.select(kind, d, table, dv), p)
-        fp32 = p.dtype == "fp32"
-        return configs.window_config(kind, c, p.bounds, dcls, table, warp_keys, mod, fp32=fp32)
+    def tile(kind):
+        """``backward_tile``, with a traced score or mask mod's changes without a window"""
+        c = backward_tile(kind, p, table)
+        if (p.score_mod is not None or p.mask_mod is not None) and p.bounds == (-1, -1):
+            c = configs.mod_bwd_config(kind, c, dcls, table, p.dtype == "fp32")
+        return c
 
-    c1 = dkdv_config or tile("bwd_dkdv", configs.band_warp_keys(table, dcls))
+    c1 = dkdv_config or tile("bwd_dkdv")
     c2 = dq_config or tile("bwd_dq")
     if p.sparse[0]:
         c1, c2 = sparse_tiles(c1, p.sparse), sparse_tiles(c2, p.sparse)
