@@ -790,3 +790,18 @@ def test_window_search_cli_reports_the_levels_it_would_change(capsys, monkeypatc
     ):
         model.main(["--windows", "--target", "gfx942", *extra])
         assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"
+
+
+def test_mod_search_cli_finds_the_change_a_traced_mod_needs(capsys, monkeypatch):
+    # flydsl-kernels model attention --mods: gfx942's d64 dQ spilled SGPRs with the table
+    # bias (26), and its shipped MOD_BWD_TILES change is what the search picks (candidates
+    # cut to two here); its dK/dV compiles clean as the table ships it
+    monkeypatch.setattr(model, "window_changes", lambda *a: [{"hoist_rsrc": ""}, {"BN": 16}])
+    monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
+    model.main(["--mods", "--target", "gfx942", "--kind", "bwd_dq", "--dclass", "d64"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "{'BN': 16}"
+    assert configs.MOD_BWD_TILES["gfx942"][("bwd_dq", "d64", False)] == {"BN": 16}
+    model.main(["--mods", "--target", "gfx942", "--kind", "bwd_dkdv", "--dclass", "d64"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"
+    with pytest.raises(ValueError, match="backward"):
+        model.mod_search("fwd", "d64", "gfx942")

@@ -605,6 +605,26 @@ FP32_FLOOR = 1
 PAIR_FROM = 6
 
 
+def _trial(builds, kind, target, floor):
+    """(loop instructions per useful MFMA summed, or None; why not clean; how far off: spills,
+    then registers) of a search's candidate over its problems: ``builds``, ``(problem, thunk)``
+    pairs, each thunk compiling ``(kernel, config)``; the first that falls short ends it."""
+    from flydsl_core.exc import FlyDSLError
+
+    total = 0.0
+    for p, build in builds:
+        try:
+            ck, c = build()
+        except FlyDSLError as e:
+            return None, f"compile failed: {e.msg.splitlines()[0]}", (1e9, 0)
+        why = shortfall(ck, target, floor)
+        if why:
+            f = figures(ck)
+            return None, why, (f["spills"] + f["scratch"], f["vgpr"] or 0)
+        total += figures(ck, kind, c, p).get("per_mfma") or 1e9
+    return total, None, (0, 0)
+
+
 def window_search(
     kind: str,
     dcls: str,
@@ -666,19 +686,8 @@ def window_search(
         return window_kernel(kind, p, target, c), c
 
     def trial(probs, changes, floor):
-        """(per-MFMA sum or None, why not clean, how far off: spills, then registers)"""
-        total = 0.0
-        for p, tile in probs:
-            try:
-                ck, c = compiled(p, tile, changes)
-            except FlyDSLError as e:
-                return None, f"compile failed: {e.msg.splitlines()[0]}", (1e9, 0)
-            why = shortfall(ck, target, floor)
-            if why:
-                f = figures(ck)
-                return None, why, (f["spills"] + f["scratch"], f["vgpr"] or 0)
-            total += figures(ck, kind, c, p).get("per_mfma") or 1e9
-        return total, None, (0, 0)
+        builds = [(p, lambda p=p, t=t: compiled(p, t, changes)) for p, t in probs]
+        return _trial(builds, kind, target, floor)
 
     def kept(probs, changes, floor):
         """(scratch bytes, spills, most scratch of one problem) over the level's problems; None
@@ -838,7 +847,6 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
     and ``fp32_changes``' on the plan's tile), else a pair of the six nearest the bar, that
     compiles every probe clean at the entry's floor (fp32's: ``FP32_FLOOR``) with the fewest
     loop instructions per useful MFMA summed over them."""
-    from flydsl_core.exc import FlyDSLError
 
     if kind not in ("bwd_dkdv", "bwd_dq"):
         raise ValueError(f"mod_search searches the backward's tiles, not {kind!r}")
@@ -847,19 +855,12 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
     floor = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
 
     def trial(changes):
-        total = 0.0
-        for _, p, spec in probs:
-            c = replace(tile, **changes)
-            try:
-                ck = mod_kernel(kind, p, spec, target, c)
-            except FlyDSLError as e:
-                return None, f"compile failed: {e.msg.splitlines()[0]}", (1e9, 0)
-            why = shortfall(ck, target, floor)
-            if why:
-                f = figures(ck)
-                return None, why, (f["spills"] + f["scratch"], f["vgpr"] or 0)
-            total += figures(ck, kind, c, p).get("per_mfma") or 1e9
-        return total, None, (0, 0)
+        c = replace(tile, **changes)
+        builds = [
+            (p, lambda p=p, sp=spec: (mod_kernel(kind, p, sp, target, c), c))
+            for _, p, spec in probs
+        ]
+        return _trial(builds, kind, target, floor)
 
     if trial({})[1] is None:
         return {}
