@@ -1456,11 +1456,11 @@ def test_custom_score_mod_reading_a_tensor_against_the_reference():
 @pytest.mark.parametrize(
     "table, d, dtype",
     [
-        # configs.FP32_MOD_TILES (the forward): sm90 d128 32 x 16 over 8 warps; gfx942 d256 64
+        # configs.TRACED_TILES, the forward's: sm90 d128 32 x 16 over 8 warps; gfx942 d256 64
         # rows over 4 warps
         ("sm90", 128, "fp32"),
         ("gfx942", 256, "fp32"),
-        # configs.MOD_BWD_TILES (the backward): gfx950 dQ d128 16-row MFMAs, gfx942 dQ d64 16 keys
+        # the backward's: gfx950 dQ d128 16-row MFMAs, gfx942 dQ d64 16 keys
         ("gfx950", 128, "bf16"),
         ("gfx942", 64, "bf16"),
     ],
@@ -1479,10 +1479,10 @@ def test_score_mod_tiles_against_the_reference(table, d, dtype):
     p = plan.Problem(1, 31, 31, 3, 1, d, d, score_mod=sm, dtype=dtype)
     dcls = configs.dclass(d, d)
     if dtype == "fp32":
-        want = configs.FP32_MOD_TILES[table][dcls]
+        want = configs.TRACED_TILES[table][("fwd", dcls, True)]
         c = plan.plan_forward(p, REF, table=table).config
     else:
-        want = configs.MOD_BWD_TILES[table][("bwd_dq", dcls, False)]
+        want = configs.TRACED_TILES[table][("bwd_dq", dcls, False)]
         c = plan.plan_backward(p, REF, table=table).dq
     assert {f: getattr(c, f) for f in want} == want
     dt = FP32 if dtype == "fp32" else BF16

@@ -388,14 +388,14 @@ def test_forward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, mod):
 @pytest.mark.parametrize(
     "target, d, mod",
     [
-        ("gfx950", 256, "alibi"),  # 29 VGPR spills, 120 B of scratch before FP32_MOD_TILES
+        ("gfx950", 256, "alibi"),  # 29 VGPR spills, 120 B of scratch before TRACED_TILES
         ("gfx942", 256, "table"),  # 68 spills, 204 B
         ("sm90", 128, "alibi"),  # 1648 B of local memory
     ],
 )
 def test_fp32_forward_with_a_score_mod_takes_its_own_changes(target, d, mod):
     # flex_attention's fp32 inputs: mod_config's tile (of fp32's half-key tile) with the
-    # configs.FP32_MOD_TILES changes of its head-dim class compiles without a spill, one wave
+    # configs.TRACED_TILES changes of its head-dim class compiles without a spill, one wave
     # per SIMD allowed (model.FP32_FLOOR)
     from flydsl_core import TensorSpec
     from flydsl_kernels.attention import mods, plan
@@ -407,7 +407,7 @@ def test_fp32_forward_with_a_score_mod_takes_its_own_changes(target, d, mod):
     sm = mods.ScoreMod(fn)
     p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, d, score_mod=sm, dtype="fp32")
     fp = plan.plan_forward(p, target)
-    want = configs.FP32_MOD_TILES[target][configs.dclass(d, d)]
+    want = configs.TRACED_TILES[target][("fwd", configs.dclass(d, d), True)]
     assert {f: getattr(fp.config, f) for f in want} == want
     ck = fp.launches(**model.specs(p), mod_tensors=(t,))[0].compile(target)
     assert model.shortfall(ck, target, model.FP32_FLOOR) is None
@@ -416,7 +416,8 @@ def test_fp32_forward_with_a_score_mod_takes_its_own_changes(target, d, mod):
 def test_fp32_mod_tiles_apply_to_fp32_prefill_only(monkeypatch):
     from flydsl_kernels.attention import mods, plan
 
-    monkeypatch.setitem(configs.FP32_MOD_TILES, "gfx950", {"d128": {"BM": 32, "num_warps": 2}})
+    tiles = {("fwd", "d128", True): {"BM": 32, "num_warps": 2}}
+    monkeypatch.setitem(configs.TRACED_TILES, "gfx950", tiles)
     sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
     p = plan.Problem(2, 300, 300, 4, 4, 128, 128, score_mod=sm, dtype="fp32")
     c = plan.plan_forward(p, "gfx950").config
@@ -424,7 +425,7 @@ def test_fp32_mod_tiles_apply_to_fp32_prefill_only(monkeypatch):
     assert plan.plan_forward(replace(p, dtype="bf16"), "gfx950").config.BM == 128
     d = replace(p, seqlen_q=1, decode=True, seqused=True)
     got = plan.plan_forward(d, "gfx950").config  # not decode's
-    monkeypatch.setitem(configs.FP32_MOD_TILES, "gfx950", {})
+    monkeypatch.setitem(configs.TRACED_TILES, "gfx950", {})
     assert got == plan.plan_forward(d, "gfx950").config
     assert plan.plan_forward(p, "gfx950").config.BM != 32
 
@@ -432,13 +433,13 @@ def test_fp32_mod_tiles_apply_to_fp32_prefill_only(monkeypatch):
 @pytest.mark.parametrize(
     "target, kind, dcls, probe",
     [
-        ("gfx950", "bwd_dq", "d256", "table"),  # 37 VGPR spills, 144 B before MOD_BWD_TILES
+        ("gfx950", "bwd_dq", "d256", "table"),  # 37 VGPR spills, 144 B before TRACED_TILES
         ("gfx942", "bwd_dq", "d128", "alibi"),  # 49 spills, 200 B
         ("gfx1250", "bwd_dq", "d64", "table"),  # 112 SGPR spills
     ],
 )
 def test_backward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, kind, dcls, probe):
-    # configs.MOD_BWD_TILES: a traced score mod's backward tile without a window
+    # configs.TRACED_TILES: a traced score mod's backward tile without a window
     (p, spec), *_ = [(p, sp) for name, p, sp in model.mod_problems(kind, dcls) if name == probe]
     ck = model.mod_kernel(kind, p, spec, target)
     assert model.shortfall(ck, target, model.floor_of(target, kind, dcls)) is None
@@ -448,7 +449,7 @@ def test_mod_bwd_tiles_apply_to_a_traced_mod_without_a_window(monkeypatch):
     from flydsl_kernels.attention import mods, plan
 
     tiles = {("bwd_dq", "d128", False): {"BN": 16}, ("bwd_dkdv", "d128", True): {"BM": 16}}
-    monkeypatch.setitem(configs.MOD_BWD_TILES, "gfx950", tiles)
+    monkeypatch.setitem(configs.TRACED_TILES, "gfx950", tiles)
     sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
     p = plan.Problem(2, 300, 300, 4, 4, 128, 128, score_mod=sm)
     bp = plan.plan_backward(p, "gfx950")
@@ -465,15 +466,15 @@ def test_mod_bwd_tiles_apply_to_a_traced_mod_without_a_window(monkeypatch):
 
 def test_check_tables_compiles_every_mod_problem(monkeypatch):
     # model.mod_problems: a prefill entry's problems with each traced score mod of
-    # model.MOD_PROBES, 16-bit and fp32; without gfx950's MOD_BWD_TILES its d128 dQ spilled
+    # model.MOD_PROBES, 16-bit and fp32; without gfx950's TRACED_TILES its d128 dQ spilled
     probs = model.mod_problems("bwd_dq", "d128", fp32=True)
     assert [n for n, _, _ in probs] == list(model.MOD_PROBES)
-    assert all(p.dtype == "fp32" and p.score_mod is not None for _, p, _ in probs)
+    assert all(p.dtype == "fp32" and (p.score_mod or p.mask_mod) for _, p, _ in probs)
     keys = {("bwd_dq", "d128")}
     assert model.check_tables(("gfx950",), keys, windows=False) == []
-    monkeypatch.setitem(configs.MOD_BWD_TILES, "gfx950", {})
+    monkeypatch.setitem(configs.TRACED_TILES, "gfx950", {})
     bad = model.check_tables(("gfx950",), keys, windows=False)
-    assert bad and all(" score mod " in b and "spills" in b for b in bad), bad
+    assert bad and all(" mod " in b and "spills" in b for b in bad), bad
 
 
 def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
@@ -794,14 +795,14 @@ def test_window_search_cli_reports_the_levels_it_would_change(capsys, monkeypatc
 
 def test_mod_search_cli_finds_the_change_a_traced_mod_needs(capsys, monkeypatch):
     # flydsl-kernels model attention --mods: gfx942's d64 dQ spilled SGPRs with the table
-    # bias (26), and its shipped MOD_BWD_TILES change is what the search picks (candidates
+    # bias (26), and its shipped TRACED_TILES change is what the search picks (candidates
     # cut to two here); its dK/dV compiles clean as the table ships it
     monkeypatch.setattr(model, "window_changes", lambda *a: [{"hoist_rsrc": ""}, {"BN": 16}])
     monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
     model.main(["--mods", "--target", "gfx942", "--kind", "bwd_dq", "--dclass", "d64"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == "{'BN': 16}"
-    assert configs.MOD_BWD_TILES["gfx942"][("bwd_dq", "d64", False)] == {"BN": 16}
+    assert configs.TRACED_TILES["gfx942"][("bwd_dq", "d64", False)] == {"BN": 16}
     model.main(["--mods", "--target", "gfx942", "--kind", "bwd_dkdv", "--dclass", "d64"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"
-    with pytest.raises(ValueError, match="backward"):
-        model.mod_search("fwd", "d64", "gfx942")
+    with pytest.raises(ValueError, match="not 'decode'"):
+        model.mod_search("decode", "d64", "gfx942")

@@ -1431,8 +1431,8 @@ def mod_config(cfg: Config) -> Config:
     lane (gfx950 d128 128x32 with 8 warps: 176 VGPRs with the table, no spill on gfx950,
     gfx942, gfx1250 or sm90). The rescale stays eager (the lazy rule's registers did not pay
     for themselves next to a gather), the row sums reduced on every trip and LLVM's default
-    scheduler (the ones checked); fp32 operands then take ``FP32_MOD_TILES``'
-    (``fp32_mod_config``). Untimed."""
+    scheduler (the ones checked); then ``TRACED_TILES``' changes (``traced_config``).
+    Untimed."""
     bm = min(cfg.BM, 16 * cfg.num_warps)
     return replace(
         cfg,
@@ -1446,85 +1446,69 @@ def mod_config(cfg: Config) -> Config:
     )
 
 
-#: per target: the field changes a prefill forward tile that traces a score or mask mod
-#: (``mod_config``) takes with fp32 operands (flex_attention's fp32 inputs: ``plan.fp32_tiles``'
-#: half-key tile first), by head-dim class. Chosen with the static model at B4 H16 S4096, no
-#: mask, with a captured table read at ``[h, q - kv]`` and with an ALiBi-like mod (a slope per
-#: head times ``|q - kv|``): the change with the fewest loop instructions per MFMA, summed over
-#: both, that compiles both without a spill (one wave per SIMD allowed: ``model.FP32_FLOOR``).
-#: Before (Triton 3.9): gfx950 d256 29 VGPR spills and 120 B of scratch with the ALiBi-like
-#: mod, gfx942 d256 68 spills and 204 B with the table, gfx1250 d256 6 spills and 28 B; sm90
-#: scratch at every head dim (d64 64 B with the table, 608 B with the ALiBi-like mod; d256
-#: 9528 and 9944 B). The rest compiled clean unchanged (d64 to d256; d192 with a 128-wide V)
-FP32_MOD_TILES: dict[str, dict[str, dict]] = {
-    "gfx950": {"d256": {"sched": "iterative-ilp"}},
-    "gfx942": {"d256": {"BM": 64, "num_warps": 4}},
-    "gfx1250": {"d256": {"sched": "iterative-ilp"}},
-    # sm90: the clean change with the most warps per SM (no loop figure on NVIDIA)
-    "sm90": {
-        "d64": {"BM": 64},
-        "d128": {"BN": 16, "BM": 32, "num_warps": 8},
-        "d192": {"BM": 32, "num_warps": 8},
-        "d256": {"BM": 32, "num_warps": 8},
-    },
-}
-
-
-def fp32_mod_config(cfg: Config, dcls: str, target) -> Config:
-    """``mod_config``'s prefill tile with fp32 operands: the ``FP32_MOD_TILES`` changes of
-    ``target`` (an untuned one reads gfx950's) for the head-dim class ``dcls``."""
-    changes = _table_for(FP32_MOD_TILES, target).get(dcls, {})
-    return replace(cfg, notes={}, **changes) if changes else cfg
-
-
-#: per target: the field changes a backward tile (``plan.backward_tile``) takes where a score
-#: or mask mod is traced in and there is no window, by ``(kind, dclass, fp32)``: the mod's
-#: per-score index arithmetic and gathers (and, for the dS it differentiates, its backward)
-#: hold registers the tables' tiles, tuned without one, had no room for. Chosen by
-#: ``model.mod_search`` (``flydsl-kernels model attention --mods``) at B4 H16 S4096 with the
-#: score mods of ``model.MOD_PROBES`` (a captured table read at ``[h, q - kv]``, flex's learned
-#: bias, and an ALiBi-like slope per head): the change with the fewest loop instructions per
-#: MFMA, summed over both, that compiles both clean (``model.OCCUPANCY_FLOOR`` waves per SIMD
-#: on AMD, fp32 ``model.FP32_FLOOR``); ``model.check_tables`` compiles them too. Before
-#: (Triton 3.9; every dK/dV but gfx950's d64 and every sm90 16-bit tile were clean): gfx950 dQ
-#: with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of scratch),
-#: 37 at d192, d256 37 VGPR spills and 144 B; dK/dV d64 20 SGPR spills; gfx942 dQ d64 26 SGPR
-#: spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and 25 SGPR
-#: spills at d64, d128, d192. fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and d192 88 to
-#: 164 B of scratch, sm90 dQ d128 to d256 48 to 912 B
-MOD_BWD_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
+#: per target: the field changes a tile takes where a score or mask mod is traced in, by
+#: ``(kind, dclass, fp32)``: a prefill forward's on ``mod_config``'s tile (of fp32's half-key
+#: tile: ``plan.fp32_tiles``), before a window's shrink; a backward kernel's on
+#: ``plan.backward_tile``'s, without a window. A mod's per-score index arithmetic and gathers
+#: (and, for the dS it differentiates, its backward) hold registers the tables' tiles, tuned
+#: without one, had no room for. Chosen by ``model.mod_search`` (``flydsl-kernels model
+#: attention --mods``) at B4 H16 S4096 with each mod of ``model.MOD_PROBES`` (flex's learned
+#: bias as a captured table read at ``[h, q - kv]``, an ALiBi-like slope per head, a document
+#: mask from captured ids): the change with the fewest loop instructions per MFMA, summed over
+#: them, that compiles each clean (``model.OCCUPANCY_FLOOR`` waves per SIMD on AMD, fp32
+#: ``model.FP32_FLOOR``); ``model.check_tables`` compiles them all. Before (Triton 3.9): the
+#: forward's fp32 tiles, gfx950 d192 and d256 9 and 29 VGPR spills (40 and 120 B of scratch),
+#: gfx942 d256 68 spills and 204 B, gfx1250 d256 6 and 28 B, sm90 64 to 9944 B at every head
+#: dim; the backward's 16-bit tiles (every dK/dV but gfx950's d64 and every sm90 one clean),
+#: gfx950 dQ with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of
+#: scratch), 37 at d192, d256 37 VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ
+#: d64 26 SGPR spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and
+#: 25 SGPR spills at d64, d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
+#: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B. The document mask, checked after the
+#: others, spilled 4 SGPRs in gfx1250's dQ d64 and 6 to 9 VGPRs in gfx950's fp32 forward d192
+#: and d256 (28 and 40 B) on their changes then
+TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     "gfx950": {
+        ("fwd", "d192", True): {"sched": "iterative-ilp"},
+        ("fwd", "d256", True): {"BM": 64, "num_warps": 4},
         ("bwd_dkdv", "d64", False): {"BM": 32},
+        ("bwd_dkdv", "d64", True): {"sched": "coexec"},
         ("bwd_dq", "d64", False): {"BM": 64, "nonkdim": 16, "BN": 32},
         ("bwd_dq", "d128", False): {"BM": 128, "nonkdim": 16},
         ("bwd_dq", "d192", False): {"BN": 32},
-        ("bwd_dq", "d256", False): {"sched": ""},
+        ("bwd_dq", "d256", False): {"sched": "coexec"},
         ("bwd_dq", "d64", True): {"BN": 16},
     },
     "gfx942": {
+        ("fwd", "d256", True): {"BM": 64, "num_warps": 4},
         ("bwd_dq", "d64", False): {"BN": 16},
         ("bwd_dq", "d128", False): {"BN": 16},
         ("bwd_dq", "d256", False): {"BN": 16},
     },
     "gfx1250": {
-        ("bwd_dq", "d64", False): {"BN": 32},
+        ("fwd", "d256", True): {"sched": "iterative-ilp"},
+        ("bwd_dq", "d64", False): {"BN": 32, "sched": ""},
         ("bwd_dq", "d128", False): {"BN": 32},
         ("bwd_dq", "d192", False): {"BN": 32},
-        ("bwd_dq", "d128", True): {"sched": "iterative-ilp"},
+        ("bwd_dq", "d128", True): {"BN": 16},
         ("bwd_dq", "d192", True): {"sched": "iterative-ilp"},
     },
     "sm90": {
-        ("bwd_dq", "d128", True): {"BM": 32, "num_warps": 4},
-        ("bwd_dq", "d192", True): {"num_warps": 8},
+        ("fwd", "d64", True): {"BM": 64},
+        ("fwd", "d128", True): {"BN": 16, "BM": 32, "num_warps": 8},
+        ("fwd", "d192", True): {"BM": 32, "num_warps": 8},
+        ("fwd", "d256", True): {"BM": 32},
+        ("bwd_dq", "d128", True): {"BM": 32},
+        ("bwd_dq", "d192", True): {"BM": 16},
         ("bwd_dq", "d256", True): {"BM": 32, "num_warps": 4},
     },
 }
 
 
-def mod_bwd_config(kind: str, cfg: Config, dcls: str, target, fp32: bool) -> Config:
-    """A backward tile with a traced mod: the ``MOD_BWD_TILES`` changes of ``target`` (an
-    untuned one reads gfx950's) for ``(kind, dcls, fp32)``."""
-    changes = _table_for(MOD_BWD_TILES, target).get((kind, dcls, fp32), {})
+def traced_config(kind: str, cfg: Config, dcls: str, target, fp32: bool) -> Config:
+    """A tile of ``kind`` with a traced score or mask mod: the ``TRACED_TILES`` changes of
+    ``target`` (an untuned one reads gfx950's) for ``(kind, dcls, fp32)``."""
+    changes = _table_for(TRACED_TILES, target).get((kind, dcls, fp32), {})
     return replace(cfg, notes={}, **changes) if changes else cfg
 
 

@@ -21,15 +21,17 @@ compile; survivors are ranked (``score``) by
 ``window_search`` picks the changes a table tile takes under a window or a score term at each
 level of the window's shrink (a decode tile's: as grown for its rows), a prefill's over a
 paged cache, and an fp32 tile's (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``,
-``FP32_TILES``); ``mod_search`` the change a backward tile takes with a traced score or mask
-mod (``configs.MOD_BWD_TILES``); and ``check_tables`` compiles every entry plain, persistent
+``FP32_TILES``); ``mod_search`` the change a tile takes with a traced score or mask mod
+(``configs.TRACED_TILES``); and ``check_tables`` compiles every entry plain, persistent
 where it ships so, and under those problems (``window_problems``, ``decode_problems``,
 ``mod_problems``).
 """
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import replace
+from itertools import combinations
 
 import flydsl_core as fly
 from flydsl_core import cdiv
@@ -605,10 +607,16 @@ FP32_FLOOR = 1
 PAIR_FROM = 6
 
 
-def _trial(builds, kind, target, floor):
+def _fewer_warps(ck, kind, cfg, p) -> float:
+    """a search's figure on NVIDIA, lower is better: warps per SM, negated"""
+    return -(figures(ck)["occ"] or 0)
+
+
+def _trial(builds, kind, target, floor, figure=None):
     """(loop instructions per useful MFMA summed, or None; why not clean; how far off: spills,
     then registers) of a search's candidate over its problems: ``builds``, ``(problem, thunk)``
-    pairs, each thunk compiling ``(kernel, config)``; the first that falls short ends it."""
+    pairs, each thunk compiling ``(kernel, config)``; the first that falls short ends it.
+    ``figure(kernel, kind, config, problem)``: another figure to sum, lower better."""
     from flydsl_core.exc import FlyDSLError
 
     total = 0.0
@@ -621,7 +629,10 @@ def _trial(builds, kind, target, floor):
         if why:
             f = figures(ck)
             return None, why, (f["spills"] + f["scratch"], f["vgpr"] or 0)
-        total += figures(ck, kind, c, p).get("per_mfma") or 1e9
+        if figure is not None:
+            total += figure(ck, kind, c, p)
+        else:
+            total += figures(ck, kind, c, p).get("per_mfma") or 1e9
     return total, None, (0, 0)
 
 
@@ -795,24 +806,35 @@ def _alibi_like(score, b, h, q_idx, kv_idx, slopes):
     return score - slopes.gather(h).load() * fly.abs(q_idx - kv_idx).to(fly.fp32)
 
 
-#: the score mods a traced mod's tiles are compiled with (``mod_problems``): a gather of a 2-D
-#: table (the per-score index arithmetic and loads that spilled the prefill tiles: gfx950 d128
-#: 256 x 64, 238 VGPRs) and ALiBi's arithmetic, each with its captured tensor's shape
-MOD_PROBES = {"table": (_table_bias, (16, 2 * MOD_S - 1)), "alibi": (_alibi_like, (16,))}
+def _document(b, h, q_idx, kv_idx, doc):
+    """packed sequences: a captured document id per token, causal within a document"""
+    return (doc.gather(q_idx).load() == doc.gather(kv_idx).load()) & (q_idx >= kv_idx)
+
+
+#: the mods a traced mod's tiles are compiled with (``mod_problems``): ``(score or mask mod,
+#: function, captured tensor's dtype and shape)``: a gather of a 2-D table (the per-score
+#: index arithmetic and loads that spilled the prefill tiles: gfx950 d128 256 x 64, 238
+#: VGPRs), ALiBi's arithmetic, and a document mask (two gathers and a compare a score)
+MOD_PROBES = {
+    "table": ("score", _table_bias, "fp32", (16, 2 * MOD_S - 1)),
+    "alibi": ("score", _alibi_like, "fp32", (16,)),
+    "document": ("mask", _document, "int32", (MOD_S,)),
+}
 
 
 def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
     """``[(probe, problem, captured tensor spec)]``: a prefill of ``dcls`` (B4 H16 S4096, not
-    causal, no window) with each score mod of ``MOD_PROBES``, fp32 operands with ``fp32``."""
+    causal, no window) with each mod of ``MOD_PROBES``, fp32 operands with ``fp32``."""
     from flydsl_core import TensorSpec
 
-    from .mods import ScoreMod
+    from .mods import MaskMod, ScoreMod
 
     _, _, d, dv = MODEL_SHAPES[dcls]
     out = []
-    for name, (fn, shape) in MOD_PROBES.items():
-        p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, dv, score_mod=ScoreMod(fn))
-        out.append((name, replace(p, dtype="fp32") if fp32 else p, TensorSpec("fp32", shape)))
+    for name, (which, fn, dt, shape) in MOD_PROBES.items():
+        m = {"score_mod": ScoreMod(fn)} if which == "score" else {"mask_mod": MaskMod(fn)}
+        p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, dv, dtype="fp32" if fp32 else "bf16", **m)
+        out.append((name, p, TensorSpec(dt, shape)))
     return out
 
 
@@ -836,23 +858,27 @@ def _mod_kernels(kind, dcls, target):
     for fp32 in (False, True):
         fl = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
         for name, p, spec in mod_problems(kind, dcls, fp32):
-            what = f" score mod {name}" + (" fp32" if fp32 else "")
+            what = f" mod {name}" + (" fp32" if fp32 else "")
             out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
     return out
 
 
 def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print) -> dict:
-    """The ``configs.MOD_BWD_TILES`` change of a backward entry (``{}``: none needed; None:
-    none found) at its mod problems (``mod_problems``): the single change (``window_changes``
-    and ``fp32_changes``' on the plan's tile), else a pair of the six nearest the bar, that
-    compiles every probe clean at the entry's floor (fp32's: ``FP32_FLOOR``) with the fewest
-    loop instructions per useful MFMA summed over them."""
-
-    if kind not in ("bwd_dkdv", "bwd_dq"):
-        raise ValueError(f"mod_search searches the backward's tiles, not {kind!r}")
+    """The ``configs.TRACED_TILES`` change of an entry of ``MOD_KINDS`` (``{}``: none needed;
+    None: none found) at its mod problems (``mod_problems``): the single change
+    (``window_changes`` and ``fp32_changes``' on the plan's tile before it:
+    ``plan.forward_mod_tile``, ``plan.backward_tile``), else a pair of the six nearest the bar,
+    or triple, that compiles every probe clean at the entry's floor (fp32's: ``FP32_FLOOR``)
+    with the fewest loop instructions per useful MFMA summed over them (on NVIDIA, which has no
+    loop figure: the most warps per SM summed over them)."""
+    if kind not in MOD_KINDS:
+        raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
     probs = mod_problems(kind, dcls, fp32)
-    tile = plan.backward_tile(kind, probs[0][1], target)
+    p0 = probs[0][1]
+    fwd = kind == "fwd"
+    tile = plan.forward_mod_tile(p0, target) if fwd else plan.backward_tile(kind, p0, target)
     floor = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
+    amd = str(target).startswith("gfx")
 
     def trial(changes):
         c = replace(tile, **changes)
@@ -860,24 +886,32 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
             (p, lambda p=p, sp=spec: (mod_kernel(kind, p, sp, target, c), c))
             for _, p, spec in probs
         ]
-        return _trial(builds, kind, target, floor)
+        return _trial(builds, kind, target, floor, None if amd else _fewer_warps)
 
     if trial({})[1] is None:
         return {}
     singles = window_changes(kind, tile, tile, target)
     singles += [c for c in fp32_changes(kind, tile, tile) if c not in singles]
-    best, near = None, []
-    for rnd in range(2):
-        for ch in singles:
+    if not amd and tile.BM > 16:  # NVIDIA's rows per warp need not fill an MFMA
+        singles.append({"BM": tile.BM // 2})
+    best, near, cands = None, [], singles
+    for size in (1, 2, 3):  # the singles, then pairs and triples of the six nearest the bar
+        if size > 1:
+            top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+            cands = [
+                dict(ChainMap(*combo))
+                for combo in combinations(top, size)
+                if len({k for c in combo for k in c}) == sum(len(c) for c in combo)
+            ]
+        for ch in cands:
             total, why, off = trial(ch)
             log(f"{target} {kind} {dcls} {'fp32 ' if fp32 else ''}{ch}: {why or round(total, 2)}")
             if why is None and (best is None or total < best[0]):
                 best = (total, ch)
-            near.append((off, ch))
-        if best is not None or rnd:
+            if size == 1:
+                near.append((off, ch))
+        if best is not None:
             break
-        top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
-        singles = [a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)]
     return best[1] if best else None
 
 
@@ -937,13 +971,13 @@ def main(argv=None):  # pragma: no cover - a developer tool
         "--fp32",
         action="store_true",
         help="with --windows: search configs.FP32_TILES' changes (fp32 operands); with --mods: "
-        "fp32's MOD_BWD_TILES change",
+        "fp32's TRACED_TILES change",
     )
     ap.add_argument(
         "--mods",
         action="store_true",
-        help="search configs.MOD_BWD_TILES' change for the --kind (bwd_dkdv / bwd_dq) / --dclass "
-        "entry with traced score mods on --target (with --fp32: fp32 operands)",
+        help="search configs.TRACED_TILES' change for the --kind (fwd / bwd_dkdv / bwd_dq) / "
+        "--dclass entry with traced score and mask mods on --target (with --fp32: fp32 operands)",
     )
     ap.add_argument(
         "--paged",

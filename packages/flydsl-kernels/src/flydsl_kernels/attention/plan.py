@@ -229,11 +229,14 @@ def plan_forward(
     table = _table(target, table)
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
+    dcls = configs.dclass(p.head_dim, p.head_dim_v)
     cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
     if config is None and (p.score_mod is not None or p.mask_mod is not None):
-        cfg = configs.mod_config(cfg)
-        if p.dtype == "fp32" and kind == "fwd":  # fp32's registers: its own changes
-            cfg = configs.fp32_mod_config(cfg, configs.dclass(p.head_dim, p.head_dim_v), table)
+        if kind == "fwd":  # a prefill's mod tile with its traced-mod changes
+            fp32 = p.dtype == "fp32"
+            cfg = configs.traced_config(kind, forward_mod_tile(p, table), dcls, table, fp32)
+        else:
+            cfg = configs.mod_config(cfg)
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     G = p.group
@@ -242,7 +245,6 @@ def plan_forward(
         cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
     klanes = cfg.klanes if p.dtype != "fp32" else 0
     cfg = page_tile(cfg, p.page_size, klanes)
-    dcls = configs.dclass(p.head_dim, p.head_dim_v)
     if config is None:
         mod = configs.tile_mod(p.alibi, bool(p.softcap))
         # the table's tile (fp32's: its own changes), which the window, score-term and page
@@ -606,6 +608,14 @@ def _bwd_based(C: Bwd, a, b) -> Bwd:
     return C if same else replace(C, SAME_STRIDES=False)
 
 
+def forward_mod_tile(p: Problem, table) -> configs.Config:
+    """A prefill forward's tile for ``p`` with a traced score or mask mod from ``table`` (a
+    target name): ``configs.mod_config`` of the entry (fp32's: ``fp32_tiles``'), before
+    ``configs.TRACED_TILES``' changes."""
+    c = fp32_tiles(configs.select("fwd", p.head_dim, table, p.head_dim_v), p)
+    return configs.mod_config(c)
+
+
 def backward_tile(kind: str, p: Problem, table) -> configs.Config:
     """The tile of the backward kernel ``kind`` (``"bwd_dkdv"`` / ``"bwd_dq"``) for ``p`` from
     ``table`` (a target name): the entry (fp32's: ``fp32_tiles``') with its level's window,
@@ -630,7 +640,7 @@ def plan_backward(
         """``backward_tile``, with a traced score or mask mod's changes without a window"""
         c = backward_tile(kind, p, table)
         if (p.score_mod is not None or p.mask_mod is not None) and p.bounds == (-1, -1):
-            c = configs.mod_bwd_config(kind, c, dcls, table, p.dtype == "fp32")
+            c = configs.traced_config(kind, c, dcls, table, p.dtype == "fp32")
         return c
 
     c1 = dkdv_config or tile("bwd_dkdv")
