@@ -1457,16 +1457,15 @@ def mod_config(cfg: Config) -> Config:
 #: mask from captured ids): the change with the fewest loop instructions per MFMA, summed over
 #: them, that compiles each clean (``model.OCCUPANCY_FLOOR`` waves per SIMD on AMD, fp32
 #: ``model.FP32_FLOOR``); ``model.check_tables`` compiles them all. Before (Triton 3.9): the
-#: forward's fp32 tiles, gfx950 d192 and d256 9 and 29 VGPR spills (40 and 120 B of scratch),
-#: gfx942 d256 68 spills and 204 B, gfx1250 d256 6 and 28 B, sm90 64 to 9944 B at every head
-#: dim; the backward's 16-bit tiles (every dK/dV but gfx950's d64 and every sm90 one clean),
+#: forward's fp32 tiles, gfx950 d256 29 VGPR spills (120 B of scratch), d192 9 with the
+#: document mask (40 B), gfx942 d256 68 spills and 204 B, gfx1250 d256 6 and 28 B, sm90 64 to
+#: 9944 B at every head dim (16-bit: every forward clean); the backward's 16-bit tiles (every dK/dV but gfx950's d64 and every sm90 one clean),
 #: gfx950 dQ with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of
 #: scratch), 37 at d192, d256 37 VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ
 #: d64 26 SGPR spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and
 #: 25 SGPR spills at d64, d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
-#: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B. The document mask, checked after the
-#: others, spilled 4 SGPRs in gfx1250's dQ d64 and 6 to 9 VGPRs in gfx950's fp32 forward d192
-#: and d256 (28 and 40 B) on their changes then
+#: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B, gfx950 fp32 dK/dV d64 1 SGPR spill
+#: with the document mask
 TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     "gfx950": {
         ("fwd", "d192", True): {"sched": "iterative-ilp"},
