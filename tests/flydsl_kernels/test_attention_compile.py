@@ -804,5 +804,20 @@ def test_mod_search_cli_finds_the_change_a_traced_mod_needs(capsys, monkeypatch)
     assert configs.TRACED_TILES["gfx942"][("bwd_dq", "d64", False)] == {"BN": 16}
     model.main(["--mods", "--target", "gfx942", "--kind", "bwd_dkdv", "--dclass", "d64"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"
-    with pytest.raises(ValueError, match="not 'decode'"):
-        model.mod_search("decode", "d64", "gfx942")
+    with pytest.raises(ValueError, match="not 'bwd_preprocess'"):
+        model.mod_search("bwd_preprocess", "d64", "gfx942")
+
+
+def test_decode_with_a_traced_mod_takes_its_traced_tile():
+    # configs.TRACED_TILES' decode entries: the mod tile before it grows for its rows; sm90's
+    # fp32 d128 decode with the document mask kept 792 B of scratch before
+    (p, spec), *_ = [(p, sp) for n, p, sp in model.mod_problems("decode", "d128", True)
+                     if n == "document"]  # fmt: skip
+    assert p.decode and p.seqlen_q == 1 and p.group == 4
+    want = configs.TRACED_TILES["sm90"][("decode", "d128", True)]
+    from flydsl_kernels.attention import plan
+
+    tile = plan.forward_mod_tile(p, "sm90", "decode")
+    assert configs.traced_config("decode", tile, "d128", "sm90", True) == replace(tile, **want)
+    ck = model.mod_kernel("decode", p, spec, "sm90")
+    assert model.shortfall(ck, "sm90", model.FP32_FLOOR) is None

@@ -1447,8 +1447,9 @@ def mod_config(cfg: Config) -> Config:
 
 
 #: per target: the field changes a tile takes where a score or mask mod is traced in, by
-#: ``(kind, dclass, fp32)``: a prefill forward's on ``mod_config``'s tile (of fp32's half-key
-#: tile: ``plan.fp32_tiles``), before a window's shrink; a backward kernel's on
+#: ``(kind, dclass, fp32)``: a forward's (prefill or decode) on ``mod_config``'s tile (of fp32's
+#: half-key tile: ``plan.fp32_tiles``; ``plan.forward_mod_tile``), before a window's shrink (a
+#: decode tile's before it grows for its rows); a backward kernel's on
 #: ``plan.backward_tile``'s, without a window. A mod's per-score index arithmetic and gathers
 #: (and, for the dS it differentiates, its backward) hold registers the tables' tiles, tuned
 #: without one, had no room for. Chosen by ``model.mod_search`` (``flydsl-kernels model
@@ -1465,7 +1466,8 @@ def mod_config(cfg: Config) -> Config:
 #: d64 26 SGPR spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and
 #: 25 SGPR spills at d64, d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
 #: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B, gfx950 fp32 dK/dV d64 1 SGPR spill
-#: with the document mask
+#: with the document mask; decode (one query, 16 heads over 4): gfx1250 d128 15 SGPR spills
+#: with the table, sm90 fp32 d128 792 to 1096 B
 TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     "gfx950": {
         ("fwd", "d192", True): {"sched": "iterative-ilp"},
@@ -1486,6 +1488,7 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     },
     "gfx1250": {
         ("fwd", "d256", True): {"sched": "iterative-ilp"},
+        ("decode", "d128", False): {"lane_sums": True},
         ("bwd_dq", "d64", False): {"BN": 32, "sched": ""},
         ("bwd_dq", "d128", False): {"BN": 32},
         ("bwd_dq", "d192", False): {"BN": 32},
@@ -1494,6 +1497,7 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     },
     "sm90": {
         ("fwd", "d64", True): {"BM": 64},
+        ("decode", "d128", True): {"num_warps": 4, "BN": 16},
         ("fwd", "d128", True): {"BN": 16, "BM": 32, "num_warps": 8},
         ("fwd", "d192", True): {"BM": 32, "num_warps": 8},
         ("fwd", "d256", True): {"BM": 32},

@@ -296,8 +296,8 @@ def check_tables(
     """Compile every shipped entry of every target's table at its model problem, and the
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
-    (``window_problems(fp32=True)``), and with ``mods`` a prefill entry's with each traced
-    score mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32); the problems found
+    (``window_problems(fp32=True)``), and with ``mods`` each entry's with each traced score
+    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32); the problems found
     (compile failures, scratch, spills, LDS over the target's limit, and on AMD targets fewer
     than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only those
     ``(kind, dclass)`` entries."""
@@ -824,7 +824,8 @@ MOD_PROBES = {
 
 def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
     """``[(probe, problem, captured tensor spec)]``: a prefill of ``dcls`` (B4 H16 S4096, not
-    causal, no window) with each mod of ``MOD_PROBES``, fp32 operands with ``fp32``."""
+    causal, no window; decode: one query of 16 heads over 4 KV heads and 4096 keys) with each
+    mod of ``MOD_PROBES``, fp32 operands with ``fp32``."""
     from flydsl_core import TensorSpec
 
     from .mods import MaskMod, ScoreMod
@@ -834,6 +835,8 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
     for name, (which, fn, dt, shape) in MOD_PROBES.items():
         m = {"score_mod": ScoreMod(fn)} if which == "score" else {"mask_mod": MaskMod(fn)}
         p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, dv, dtype="fp32" if fp32 else "bf16", **m)
+        if kind == "decode":
+            p = replace(p, seqlen_q=1, heads_k=4, causal=False, decode=True, seqused=True)
         out.append((name, p, TensorSpec(dt, shape)))
     return out
 
@@ -841,14 +844,14 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
 def mod_kernel(kind: str, p, spec, target, cfg=None):
     """The kernel of ``kind`` at the mod problem ``p`` (``mod_problems``) with its captured
     tensor ``spec``: the plan's tile, or ``cfg``."""
-    if kind == "fwd":
+    if kind in ("fwd", "decode"):
         fp = plan.plan_forward(p, target, config=cfg, splits=1, persistent=0)
         return forward_launches(fp, (spec,))[0].compile(target)
     return backward_launch(p, target, kind, cfg, (spec,)).compile(target)
 
 
 #: the kinds whose mod problems ``check_tables`` compiles (``mod_problems``), 16-bit and fp32
-MOD_KINDS = ("fwd", "bwd_dkdv", "bwd_dq")
+MOD_KINDS = ("fwd", "decode", "bwd_dkdv", "bwd_dq")
 
 
 def _mod_kernels(kind, dcls, target):
@@ -875,8 +878,10 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
         raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
     probs = mod_problems(kind, dcls, fp32)
     p0 = probs[0][1]
-    fwd = kind == "fwd"
-    tile = plan.forward_mod_tile(p0, target) if fwd else plan.backward_tile(kind, p0, target)
+    if kind in ("fwd", "decode"):
+        tile = plan.forward_mod_tile(p0, target, kind)
+    else:
+        tile = plan.backward_tile(kind, p0, target)
     floor = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
     amd = str(target).startswith("gfx")
 

@@ -232,11 +232,8 @@ def plan_forward(
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
     cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
     if config is None and (p.score_mod is not None or p.mask_mod is not None):
-        if kind == "fwd":  # a prefill's mod tile with its traced-mod changes
-            fp32 = p.dtype == "fp32"
-            cfg = configs.traced_config(kind, forward_mod_tile(p, table), dcls, table, fp32)
-        else:
-            cfg = configs.mod_config(cfg)
+        mt = forward_mod_tile(p, table, kind)  # the mod tile, with its traced-mod changes
+        cfg = configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32")
     if sparse:
         cfg = sparse_tiles(cfg, p.sparse)
     G = p.group
@@ -608,11 +605,12 @@ def _bwd_based(C: Bwd, a, b) -> Bwd:
     return C if same else replace(C, SAME_STRIDES=False)
 
 
-def forward_mod_tile(p: Problem, table) -> configs.Config:
-    """A prefill forward's tile for ``p`` with a traced score or mask mod from ``table`` (a
-    target name): ``configs.mod_config`` of the entry (fp32's: ``fp32_tiles``'), before
-    ``configs.TRACED_TILES``' changes."""
-    c = fp32_tiles(configs.select("fwd", p.head_dim, table, p.head_dim_v), p)
+def forward_mod_tile(p: Problem, table, kind: str = "fwd") -> configs.Config:
+    """The forward's (``kind`` ``"fwd"`` or ``"decode"``) tile for ``p`` with a traced score or
+    mask mod from ``table`` (a target name): ``configs.mod_config`` of the entry (fp32's:
+    ``fp32_tiles``'), before ``configs.TRACED_TILES``' changes (a decode tile's: before it
+    grows for its rows)."""
+    c = fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
     return configs.mod_config(c)
 
 
