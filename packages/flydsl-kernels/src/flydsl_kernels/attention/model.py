@@ -516,6 +516,11 @@ def floor_of(target, kind, dcls) -> int:
     return OCCUPANCY_FLOOR if amd else 1
 
 
+#: the targets whose LLVM has the coexec scheduler (elsewhere it warns and ignores it: the
+#: default scheduler's kernel again)
+COEXEC_TARGETS = ("gfx950", "gfx1250")
+
+
 def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]:
     """The single field changes ``window_search`` tries on a band level's ``tile`` (of the
     table's ``entry``) for ``target``: on AMD, LLVM's schedulers, the options that keep values
@@ -529,7 +534,8 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
     amd = str(target).startswith("gfx")
     cands = []
     if amd:
-        cands += [{"sched": s} for s in ("", "coexec", "iterative-ilp", "max-ilp")]
+        scheds = ("", "coexec", "iterative-ilp", "max-ilp")
+        cands += [{"sched": s} for s in scheds if s != "coexec" or target in COEXEC_TARGETS]
         # (the 16x16 MFMA is not tried: Triton 3.9 aborted the process compiling gfx950's
         # d128 forward band tile with it)
         cands += [{"hoist_rsrc": ""}, {"split_off": False}, {"waves_per_eu": 2}]
