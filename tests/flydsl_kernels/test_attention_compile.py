@@ -413,7 +413,7 @@ def test_fp32_forward_with_a_score_mod_takes_its_own_changes(target, d, mod):
     assert model.shortfall(ck, target, model.FP32_FLOOR) is None
 
 
-def test_fp32_mod_tiles_apply_to_fp32_prefill_only(monkeypatch):
+def test_traced_tiles_apply_to_the_fp32_prefill_forward_only(monkeypatch):
     from flydsl_kernels.attention import mods, plan
 
     tiles = {("fwd", "d128", True): {"BM": 32, "num_warps": 2}}
@@ -445,7 +445,7 @@ def test_backward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, kind
     assert model.shortfall(ck, target, model.floor_of(target, kind, dcls)) is None
 
 
-def test_mod_bwd_tiles_apply_to_a_traced_mod_without_a_window(monkeypatch):
+def test_traced_tiles_apply_to_the_backward_without_a_window(monkeypatch):
     from flydsl_kernels.attention import mods, plan
 
     tiles = {("bwd_dq", "d128", False): {"BN": 16}, ("bwd_dkdv", "d128", True): {"BM": 16}}
