@@ -523,6 +523,7 @@ WINDOWED = [
     ("gfx1250", "bwd_dq", "d192", (-1, -1), F32 | {"alibi": True}),  # 36 spills, 148 B
     ("sm90", "fwd", "d128", (-1, -1), F32 | {"softcap": 50.0}),  # 272 B of scratch
     ("sm90", "bwd_dq", "d192", (-1, -1), F32),  # 32 B (9760 B before the fp32 tiles)
+    ("sm90", "fwd", "d128", (94, 0), F32),  # 232 B (1720 B before the fp32 tiles)
 ]
 
 

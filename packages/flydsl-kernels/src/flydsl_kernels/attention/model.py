@@ -377,10 +377,6 @@ TILE_SHORTFALLS = {
 #: search found), which ``check_tables`` holds it to (spills with no more scratch than that
 #: pass), and why
 FP32_SHORTFALLS: dict[tuple, tuple[int, str]] = {
-    # IEEE fp32 products on NVIDIA run on the FMA units (Triton's FMA dot: each thread holds
-    # its rows of one operand and its columns of the other over the whole head dim), so
-    # ptxas keeps local memory; before, 7136 B at the model problem, 1720 B windowed
-    ("sm90", "fwd", "d128", "", 4, True): (280, "32 x 16 tiles over 4 warps: 1720 -> 280 B"),
     # a few VGPR spills (into AGPRs: no scratch) at every change tried
     ("gfx942", "bwd_dkdv", "d256", "", 4, True): (0, "iterative-ilp: 5 spills over 3 problems"),
     ("gfx942", "bwd_dkdv", "d256", "", 4, False): (0, "1 and 5 VGPR spills, no scratch"),
