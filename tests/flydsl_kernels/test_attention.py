@@ -77,6 +77,7 @@ def close(out, ref, tol, what=""):
         ("gfx950", 128, 128, (-1, -1), {"alibi": True}, "fwd", {"BM": 256, "BN": 32}),
         ("gfx942", 128, 128, (40, 0), {"alibi": True}, "bwd_dq", {"BM": 128, "num_warps": 4}),
         ("gfx950", 256, 256, (63, 0), {"softcap": 5.0}, "fwd", {"BM": 64, "num_warps": 4}),
+        ("sm90", 128, 128, (15, 0), {"alibi": True}, "bwd_dkdv", {"BN": 32, "num_warps": 4}),
         # configs.FP32_TILES: fp32's tile (half the keys) takes its own level's changes
         ("gfx950", 128, 128, (300, 0), F32, "fwd", {"BM": 128, "BN": 32, "nonkdim": 16}),
         ("gfx950", 192, 128, (-1, -1), F32, "fwd", {"BM": 256, "lane_sums": False}),

@@ -524,6 +524,7 @@ WINDOWED = [
     ("sm90", "fwd", "d128", (-1, -1), F32 | {"softcap": 50.0}),  # 272 B of scratch
     ("sm90", "bwd_dq", "d192", (-1, -1), F32),  # 32 B (9760 B before the fp32 tiles)
     ("sm90", "fwd", "d128", (94, 0), F32),  # 232 B (1720 B before the fp32 tiles)
+    ("sm90", "bwd_dkdv", "d128", (15, 0), {"alibi": True}),  # 40 B (model.TILE_SHORTFALLS)
 ]
 
 

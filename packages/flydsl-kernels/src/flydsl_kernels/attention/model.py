@@ -366,10 +366,7 @@ WINDOW_LEFTS = (15, 31, 47, 62, 63, 94, 95, 126, 127, 158, 159, 190, 191, 254, 2
 
 #: band levels ``(target, kind, dclass, score term, warps)`` that no change ``window_search``
 #: tries compiles clean, so ``check_tables`` leaves them out, each with what it compiles to
-TILE_SHORTFALLS = {
-    ("sm90", "bwd_dkdv", "d128", "alibi", 1): "ALiBi under a window of 16 to 32 keys: 40 B of "
-    "scratch (ptxas local memory) at 16 x 32 with 2 warps, 56 B at the table's 16 x 64 x 4",
-}
+TILE_SHORTFALLS: dict[tuple, str] = {}
 
 #: fp32 levels ``(target, kind, dclass, score term, warps, left bound)`` that no change
 #: ``window_search(fp32=True)`` tries compiles clean: ``(scratch bytes, what)``, the most
