@@ -29,8 +29,9 @@ where it ships so, and under those problems (``window_problems``, ``decode_probl
 
 from __future__ import annotations
 
-from collections import ChainMap
+import operator
 from dataclasses import replace
+from functools import reduce
 from itertools import combinations
 
 import flydsl_core as fly
@@ -611,6 +612,17 @@ def _fewer_warps(ck, kind, cfg, p) -> float:
     return -(figures(ck)["occ"] or 0)
 
 
+def _combos(near, size: int) -> list[dict]:
+    """The changes that join ``size`` of the ``PAIR_FROM`` singles nearest the bar (``near``:
+    ``(how far off, change)`` rows) on disjoint fields, in the order of their nearness."""
+    top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
+    return [
+        reduce(operator.or_, combo)
+        for combo in combinations(top, size)
+        if len({k for c in combo for k in c}) == sum(len(c) for c in combo)
+    ]
+
+
 def _trial(builds, kind, target, floor, figure=None):
     """(loop instructions per useful MFMA summed, or None; why not clean; how far off: spills,
     then registers) of a search's candidate over its problems: ``builds``, ``(problem, thunk)``
@@ -756,11 +768,7 @@ def window_search(
                 singles += [c for c in window_changes(kind, start, cfg, target) if c not in singles]
             best, near = best_of(probs, singles, fl)
             if best is None:  # pairs of the singles nearest the bar
-                top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
-                pairs = [
-                    a | b for i, a in enumerate(top) for b in top[i + 1 :] if not set(a) & set(b)
-                ]
-                best, more = best_of(probs, pairs, fl)
+                best, more = best_of(probs, _combos(near, 2), fl)
                 near += more
             if best is None and fp32:  # the others, alone and on the size change nearest
                 # (not LLVM's coexec scheduler: it aborted the process compiling gfx950's fp32
@@ -901,12 +909,7 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
     best, near, cands = None, [], singles
     for size in (1, 2, 3):  # the singles, then pairs and triples of the six nearest the bar
         if size > 1:
-            top = [ch for _, ch in sorted(near, key=lambda r: r[0])[:PAIR_FROM]]
-            cands = [
-                dict(ChainMap(*combo))
-                for combo in combinations(top, size)
-                if len({k for c in combo for k in c}) == sum(len(c) for c in combo)
-            ]
+            cands = _combos(near, size)
         for ch in cands:
             total, why, off = trial(ch)
             log(f"{target} {kind} {dcls} {'fp32 ' if fp32 else ''}{ch}: {why or round(total, 2)}")
@@ -980,8 +983,9 @@ def main(argv=None):  # pragma: no cover - a developer tool
     ap.add_argument(
         "--mods",
         action="store_true",
-        help="search configs.TRACED_TILES' change for the --kind (fwd / bwd_dkdv / bwd_dq) / "
-        "--dclass entry with traced score and mask mods on --target (with --fp32: fp32 operands)",
+        help="search configs.TRACED_TILES' change for the --kind (fwd, decode, bwd_dkdv, bwd_dq) "
+        "and --dclass entry with traced score and mask mods on --target (with --fp32: fp32 "
+        "operands)",
     )
     ap.add_argument(
         "--paged",
