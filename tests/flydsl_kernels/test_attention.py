@@ -1455,18 +1455,22 @@ def test_custom_score_mod_reading_a_tensor_against_the_reference():
 
 
 @pytest.mark.parametrize(
-    "table, d, dtype",
+    "table, d, dtype, causal, window",
     [
         # configs.TRACED_TILES, the forward's: sm90 d128 32 x 16 over 8 warps; gfx942 d256 64
         # rows over 4 warps
-        ("sm90", 128, "fp32"),
-        ("gfx942", 256, "fp32"),
-        # the backward's: gfx950 dQ d128 16-row MFMAs, gfx942 dQ d64 16 keys
-        ("gfx950", 128, "bf16"),
-        ("gfx942", 64, "bf16"),
+        ("sm90", 128, "fp32", False, (-1, -1)),
+        ("gfx942", 256, "fp32", False, (-1, -1)),
+        # the backward's: gfx950 dQ d128 16-row MFMAs, gfx942 dQ d64 16 keys; causal too
+        ("gfx950", 128, "bf16", False, (-1, -1)),
+        ("gfx942", 64, "bf16", False, (-1, -1)),
+        ("gfx950", 64, "bf16", True, (-1, -1)),
+        # configs.TRACED_WINDOW_TILES: the dQ's band level under a left bound
+        ("gfx950", 64, "bf16", True, (15, 0)),
+        ("gfx950", 128, "bf16", False, (20, -1)),
     ],
 )
-def test_score_mod_tiles_against_the_reference(table, d, dtype):
+def test_score_mod_tiles_against_the_reference(table, d, dtype, causal, window):
     # a traced score mod's tiles take their own changes and compute the same attention
     bias = torch.randn(3, 61, generator=gen(34))
 
@@ -1477,11 +1481,15 @@ def test_score_mod_tiles_against_the_reference(table, d, dtype):
         return s + bias.double()[h, q - kv + 30]
 
     sm = ScoreMod(rel, additive=True)
-    p = plan.Problem(1, 31, 31, 3, 1, d, d, score_mod=sm, dtype=dtype)
+    p = plan.Problem(1, 31, 31, 3, 1, d, d, causal=causal, window=window, score_mod=sm, dtype=dtype)
     dcls = configs.dclass(d, d)
     if dtype == "fp32":
         want = configs.TRACED_TILES[table][("fwd", dcls, True)]
         c = plan.plan_forward(p, REF, table=table).config
+    elif window[0] >= 0:
+        level = plan.mod_band_tile("bwd_dq", p, table).num_warps
+        want = configs.TRACED_WINDOW_TILES[table][("bwd_dq", dcls, False, level)]
+        c = plan.plan_backward(p, REF, table=table).dq
     else:
         want = configs.TRACED_TILES[table][("bwd_dq", dcls, False)]
         c = plan.plan_backward(p, REF, table=table).dq
@@ -1490,7 +1498,7 @@ def test_score_mod_tiles_against_the_reference(table, d, dtype):
     q, k, v = qkv(1, 31, 31, 3, 1, d, seed=35, grad=True, dtype=dt)
     check_fwd_bwd(
         q, k, v, REF, table=table, config=None, score_mod=sm, mod_tensors=(bias,),
-        ref_kw={"score_mod": rel_torch},
+        ref_kw={"score_mod": rel_torch}, causal=causal, window_size=window,
     )  # fmt: skip
 
 

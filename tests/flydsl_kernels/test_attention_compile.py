@@ -431,16 +431,25 @@ def test_traced_tiles_apply_to_the_fp32_prefill_forward_only(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "target, kind, dcls, probe",
+    "target, kind, dcls, probe, causal",
     [
-        ("gfx950", "bwd_dq", "d256", "table"),  # 37 VGPR spills, 144 B before TRACED_TILES
-        ("gfx942", "bwd_dq", "d128", "alibi"),  # 49 spills, 200 B
-        ("gfx1250", "bwd_dq", "d64", "table"),  # 112 SGPR spills
+        ("gfx950", "bwd_dq", "d256", "table", False),  # 37 VGPR spills, 144 B before
+        ("gfx942", "bwd_dq", "d128", "alibi", False),  # 49 spills, 200 B
+        ("gfx1250", "bwd_dq", "d64", "table", False),  # 112 SGPR spills
+        # causal took the table's tile, without TRACED_TILES' changes: 173 SGPR spills
+        ("gfx950", "bwd_dq", "d64", "table", True),
+        ("gfx942", "bwd_dq", "d128", "alibi", True),  # 51 VGPR spills, 208 B
     ],
 )
-def test_backward_with_a_score_mod_takes_a_tile_that_does_not_spill(target, kind, dcls, probe):
-    # configs.TRACED_TILES: a traced score mod's backward tile without a window
-    (p, spec), *_ = [(p, sp) for name, p, sp in model.mod_problems(kind, dcls) if name == probe]
+def test_backward_with_a_score_mod_takes_a_tile_that_does_not_spill(
+    target, kind, dcls, probe, causal
+):
+    # configs.TRACED_TILES: a traced score mod's backward tile without a left bound
+    (p, spec), *_ = [
+        (p, sp)
+        for name, p, sp in model.mod_problems(kind, dcls)
+        if (name, p.causal) == (probe, causal)
+    ]
     ck = model.mod_kernel(kind, p, spec, target)
     assert model.shortfall(ck, target, model.floor_of(target, kind, dcls)) is None
 
@@ -456,6 +465,10 @@ def test_traced_tiles_apply_to_the_backward_without_a_window(monkeypatch):
     assert bp.dq.BN == 16 and bp.dkdv == plan.backward_tile("bwd_dkdv", p, "gfx950")
     assert plan.plan_backward(replace(p, score_mod=None), "gfx950").dq.BN != 16
     assert plan.plan_backward(replace(p, window=(200, 0)), "gfx950").dq.BN != 16
+    # causal's right bound keeps the table's tile, so its changes (173 SGPR spills in
+    # gfx950's d64 dQ with the table bias before they applied there)
+    assert plan.plan_backward(replace(p, causal=True), "gfx950").dq.BN == 16
+    assert plan.plan_backward(replace(p, window=(-1, 40)), "gfx950").dq.BN == 16
     mm = mods.causal_mask()
     assert plan.plan_backward(replace(p, score_mod=None, mask_mod=mm), "gfx950").dq.BN == 16
     f = plan.plan_backward(replace(p, dtype="fp32"), "gfx950")  # fp32's own key
@@ -464,12 +477,65 @@ def test_traced_tiles_apply_to_the_backward_without_a_window(monkeypatch):
     )
 
 
+def test_traced_window_tiles_apply_at_their_band_level(monkeypatch):
+    # configs.TRACED_WINDOW_TILES: a traced mod's tile under a left bound takes the changes of
+    # the band level it reached (its warps), on top of plan.mod_band_tile's, in the forward
+    # and the backward; not without a left bound, and not another level's
+    from flydsl_kernels.attention import mods, plan
+
+    sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
+    p = plan.Problem(2, 600, 600, 4, 4, 128, 128, causal=True, score_mod=sm, window=(47, 0))
+    base = {k: plan.mod_band_tile(k, p, "gfx950") for k in ("fwd", "bwd_dkdv", "bwd_dq")}
+    assert base["bwd_dq"] == plan.backward_tile("bwd_dq", p, "gfx950")
+    tiles = {(k, "d128", False, c.num_warps): {"sched": "iterative-ilp"} for k, c in base.items()}
+    tiles[("bwd_dq", "d128", False, 8 if base["bwd_dq"].num_warps != 8 else 4)] = {"BN": 16}
+    monkeypatch.setitem(configs.TRACED_WINDOW_TILES, "gfx950", tiles)
+    fp = plan.plan_forward(p, "gfx950")
+    assert fp.config == replace(base["fwd"], sched="iterative-ilp", notes={})
+    bp = plan.plan_backward(p, "gfx950")
+    assert bp.dkdv == replace(base["bwd_dkdv"], sched="iterative-ilp", notes={})
+    assert bp.dq == replace(base["bwd_dq"], sched="iterative-ilp", notes={})
+    for q in (replace(p, window=(-1, -1)), replace(p, score_mod=None)):
+        assert plan.plan_backward(q, "gfx950").dq.sched != "iterative-ilp"
+        assert plan.plan_forward(q, "gfx950").config.sched != "iterative-ilp"
+    # every band level the model's search compiles is the plan's tile before these changes
+    for kind in ("fwd", "bwd_dq"):
+        for probs in model.mod_window_problems(kind, "d64", "gfx942").values():
+            for _, q, _, tile in probs:
+                got = plan.plan_forward(q, "gfx942").config if kind == "fwd" else (
+                    plan.plan_backward(q, "gfx942").dq
+                )  # fmt: skip
+                assert got == configs.traced_config(kind, tile, "d64", "gfx942", False, True)
+    with pytest.raises(ValueError, match="not 'decode'"):
+        model.mod_window_problems("decode", "d128", "gfx950")
+
+
+@pytest.mark.parametrize("kind, dcls, warps", [("bwd_dq", "d64", 4), ("bwd_dkdv", "d64", 1)])
+def test_traced_mod_band_levels_compile_clean(kind, dcls, warps, monkeypatch):
+    # configs.TRACED_WINDOW_TILES: gfx950's 16-bit d64 dQ at its 4-warp band level spilled 301
+    # SGPRs with the table bias, its dK/dV at one warp 48; with the level's change every
+    # problem of the level compiles clean, both probes
+    probs = model.mod_window_problems(kind, dcls, "gfx950")[warps]
+    assert {n for n, *_ in probs} == set(model.WINDOW_PROBES)
+    assert all(p.bounds[0] >= 0 for _, p, _, _ in probs)
+    fl = model.floor_of("gfx950", kind, dcls)
+    for name, p, spec, _ in probs:
+        ck = model.mod_kernel(kind, p, spec, "gfx950")
+        assert model.shortfall(ck, "gfx950", fl) is None, (name, p.window)
+    monkeypatch.setitem(configs.TRACED_WINDOW_TILES, "gfx950", {})
+    name, p, spec, _ = next(pr for pr in probs if pr[0] == "table")
+    assert "spills" in model.shortfall(model.mod_kernel(kind, p, spec, "gfx950"), "gfx950", fl)
+
+
 def test_check_tables_compiles_every_mod_problem(monkeypatch):
     # model.mod_problems: a prefill entry's problems with each traced score mod of
     # model.MOD_PROBES, 16-bit and fp32; without gfx950's TRACED_TILES its d128 dQ spilled
     probs = model.mod_problems("bwd_dq", "d128", fp32=True)
-    assert [n for n, _, _ in probs] == list(model.MOD_PROBES)
+    assert [n for n, _, _ in probs] == list(model.MOD_PROBES) * 2  # not causal, then causal
+    assert [p.causal for _, p, _ in probs] == [False] * 3 + [True] * 3
     assert all(p.dtype == "fp32" and (p.score_mod or p.mask_mod) for _, p, _ in probs)
+    assert all(p.bounds[0] < 0 for _, p, _ in probs)
+    assert [p.causal for _, p, _ in model.mod_problems("decode", "d128")] == [False] * 3
     keys = {("bwd_dq", "d128")}
     assert model.check_tables(("gfx950",), keys, windows=False) == []
     monkeypatch.setitem(configs.TRACED_TILES, "gfx950", {})
@@ -808,6 +874,23 @@ def test_mod_search_cli_finds_the_change_a_traced_mod_needs(capsys, monkeypatch)
     assert capsys.readouterr().out.strip().splitlines()[-1] == "{}"
     with pytest.raises(ValueError, match="not 'bwd_preprocess'"):
         model.mod_search("bwd_preprocess", "d64", "gfx942")
+
+
+def test_mod_search_windows_cli_finds_the_band_levels_changes(capsys, monkeypatch):
+    # flydsl-kernels model attention --mods --windows: gfx950's d64 dQ with the table bias
+    # under a left bound of 15 keys, causal (its 1-warp band level: 84 SGPR spills) and not
+    # (the 4-warp tile: 301): each level takes its shipped TRACED_WINDOW_TILES change
+    # (candidates cut to those two here; the document mask's problems cut out)
+    shipped = configs.TRACED_WINDOW_TILES["gfx950"]
+    four, one = shipped[("bwd_dq", "d64", False, 4)], shipped[("bwd_dq", "d64", False, 1)]
+    monkeypatch.setattr(model, "WINDOW_LEFTS", (15,))
+    monkeypatch.setattr(model, "WINDOW_PROBES", ("table",))
+    monkeypatch.setattr(model, "window_changes", lambda *a: [one, four])
+    monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
+    model.main(["--mods", "--windows", "--target", "gfx950", "--kind", "bwd_dq", "--dclass", "d64"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str({4: four, 1: one})
+    with pytest.raises(ValueError, match="not 'decode'"):
+        model.mod_search("decode", "d64", "gfx950", windows=True)
 
 
 def test_decode_with_a_traced_mod_takes_its_traced_tile():

@@ -1455,24 +1455,31 @@ def mod_config(cfg: Config) -> Config:
 #: ``(kind, dclass, fp32)``: a forward's (prefill or decode) on ``mod_config``'s tile (of fp32's
 #: half-key tile: ``plan.fp32_tiles``; ``plan.forward_mod_tile``), before a window's shrink (a
 #: decode tile's before it grows for its rows); a backward kernel's on
-#: ``plan.backward_tile``'s, without a window. A mod's per-score index arithmetic and gathers
+#: ``plan.backward_tile``'s, without a left bound (under one: ``TRACED_WINDOW_TILES``). A
+#: mod's per-score index arithmetic and gathers
 #: (and, for the dS it differentiates, its backward) hold registers the tables' tiles, tuned
 #: without one, had no room for. Chosen by ``model.mod_search`` (``flydsl-kernels model
-#: attention --mods``) at B4 H16 S4096 with each mod of ``model.MOD_PROBES`` (flex's learned
+#: attention --mods``) at B4 H16 S4096, not causal and causal, with each mod of
+#: ``model.MOD_PROBES`` (flex's learned
 #: bias as a captured table read at ``[h, q - kv]``, an ALiBi-like slope per head, a document
 #: mask from captured ids): the change with the fewest loop instructions per MFMA, summed over
 #: them, that compiles each clean (``model.OCCUPANCY_FLOOR`` waves per SIMD on AMD, fp32
 #: ``model.FP32_FLOOR``); ``model.check_tables`` compiles them all. Before (Triton 3.9): the
 #: forward's fp32 tiles, gfx950 d256 29 VGPR spills (120 B of scratch), d192 9 with the
 #: document mask (40 B), gfx942 d256 68 spills and 204 B, gfx1250 d256 6 and 28 B, sm90 64 to
-#: 9944 B at every head dim (16-bit: every forward clean); the backward's 16-bit tiles (every dK/dV but gfx950's d64 and every sm90 one clean),
-#: gfx950 dQ with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of
+#: 9944 B at every head dim (16-bit: every forward clean); the backward's 16-bit tiles (every
+#: dK/dV but gfx950's d64 and every sm90 one clean), gfx950 dQ with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of
 #: scratch), 37 at d192, d256 37 VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ
 #: d64 26 SGPR spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and
 #: 25 SGPR spills at d64, d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
 #: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B, gfx950 fp32 dK/dV d64 1 SGPR spill
 #: with the document mask; decode (one query, 16 heads over 4): gfx1250 d128 15 SGPR spills
-#: with the table, sm90 fp32 d128 792 to 1096 B
+#: with the table, sm90 fp32 d128 792 to 1096 B. Causal (its diagonal loop masks with the
+#: mod's index arithmetic live; before, the plan gave a causal backward the tile without these
+#: changes: gfx950's d64 dQ 173 SGPR spills): with them, gfx1250's 16-bit d64 dK/dV and dQ 2
+#: and 4 SGPR spills with the table, fp32 dQ d64 6 with the document mask, fp32 dK/dV d128
+#: and d256 16 and 20 B with the table, gfx942's fp32 dK/dV d256 2 VGPR spills with the
+#: ALiBi-like mod, sm90's fp32 forward d64 24 B with the table: searched again over both
 TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     "gfx950": {
         ("fwd", "d192", True): {"sched": "iterative-ilp"},
@@ -1490,18 +1497,23 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
         ("bwd_dq", "d64", False): {"BN": 16},
         ("bwd_dq", "d128", False): {"BN": 16},
         ("bwd_dq", "d256", False): {"BN": 16},
+        ("bwd_dkdv", "d256", True): {"bwd_loads": "view"},
     },
     "gfx1250": {
         ("fwd", "d256", True): {"sched": "iterative-ilp"},
         ("decode", "d128", False): {"lane_sums": True},
-        ("bwd_dq", "d64", False): {"BN": 32, "sched": ""},
+        ("bwd_dkdv", "d64", False): {"sched": "max-ilp"},
+        ("bwd_dq", "d64", False): {"BN": 32, "num_warps": 8},
         ("bwd_dq", "d128", False): {"BN": 32},
         ("bwd_dq", "d192", False): {"BN": 32},
+        ("bwd_dq", "d64", True): {"sched": "iterative-ilp"},
         ("bwd_dq", "d128", True): {"BN": 16},
         ("bwd_dq", "d192", True): {"sched": "iterative-ilp"},
+        ("bwd_dkdv", "d128", True): {"sched": "coexec"},
+        ("bwd_dkdv", "d256", True): {"sched": "coexec"},
     },
     "sm90": {
-        ("fwd", "d64", True): {"BM": 64},
+        ("fwd", "d64", True): {"BM": 64, "num_stages": 2},
         ("decode", "d128", True): {"num_warps": 4, "BN": 16},
         ("fwd", "d128", True): {"BN": 16, "BM": 32, "num_warps": 8},
         ("fwd", "d192", True): {"BM": 32, "num_warps": 8},
@@ -1513,10 +1525,79 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
 }
 
 
-def traced_config(kind: str, cfg: Config, dcls: str, target, fp32: bool) -> Config:
+#: per target: the field changes a traced score or mask mod's tile takes under a left window
+#: bound, by ``(kind, dclass, fp32, warps)``, ``warps`` those of the band level the plan's tile
+#: reached (``band_config``'s shrink of the forward's mod tile, with its ``TRACED_TILES``
+#: changes; the backward's ``plan.backward_tile``, with the level's ``WINDOW_TILES`` ones),
+#: on top of it. A left bound adds the loops that mask at the window's edges, whose bounds
+#: and masks the mod's gathers had no room next to. Chosen by ``model.mod_search(windows=True)``
+#: (``flydsl-kernels model attention --mods --windows``) at the probes' window problems
+#: (``model.mod_window_problems``), as ``TRACED_TILES``' are; ``model.check_tables`` compiles
+#: them all (on ``model.MOD_WINDOW_TARGETS``: the others' levels are unsearched). Before
+#: (Triton 3.9, the worst problem of the level): at each entry
+TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
+    "gfx950": {
+        # 16-bit dQ: the table bias's levels spilled SGPRs (most of all d64's, 301) or lost a
+        # wave; the document mask's d64 and d128 too
+        ("bwd_dq", "d64", False, 4): {"BM": 64, "nonkdim": 16, "BN": 32},  # 301 SGPR spills
+        ("bwd_dq", "d64", False, 2): {"BM": 32, "num_warps": 1, "BN": 32},  # 247
+        ("bwd_dq", "d64", False, 1): {"BN": 32},  # 84
+        ("bwd_dq", "d128", False, 8): {"BM": 128, "nonkdim": 16},  # 26 spills, 12 B
+        ("bwd_dq", "d128", False, 4): {"BN": 16},  # 17 SGPR spills
+        ("bwd_dq", "d128", False, 2): {"BN": 16},  # 38
+        ("bwd_dq", "d128", False, 1): {"nonkdim": 16},  # one wave
+        ("bwd_dq", "d192", False, 8): {"BN": 32},  # 47 SGPR spills
+        ("bwd_dq", "d192", False, 4): {"BN": 32},  # 47
+        ("bwd_dq", "d192", False, 2): {"BN": 32},  # 41
+        ("bwd_dq", "d256", False, 4): {"sched": ""},  # one wave
+        ("bwd_dq", "d256", False, 2): {"BN": 16},  # one wave
+        # 16-bit dK/dV: the table bias's
+        ("bwd_dkdv", "d64", False, 8): {"BM": 32},  # 32 SGPR spills
+        ("bwd_dkdv", "d64", False, 2): {"BM": 16},  # 23
+        ("bwd_dkdv", "d64", False, 1): {"BM": 32},  # 48
+        ("bwd_dkdv", "d128", False, 1): {"sched": ""},  # 1 SGPR spill, one wave
+        ("bwd_dkdv", "d192", False, 2): {"sched": ""},  # one wave
+        ("bwd_dkdv", "d192", False, 1): {"BM": 16},  # 6 SGPR spills, one wave
+        # 16-bit forward d256 at one warp (both probes): one wave
+        ("fwd", "d256", False, 1): {"BN": 16},
+        # fp32 (at FP32_FLOOR's one wave): the table bias's dQ d64 SGPR spills, dK/dV d64's
+        # (the document mask's at 8 warps), d256's dQ and the forward's
+        ("bwd_dq", "d64", True, 4): {"BN": 16},  # 20 SGPR spills
+        ("bwd_dq", "d64", True, 2): {"BN": 16},  # 12
+        ("bwd_dq", "d64", True, 1): {"BN": 16},  # 21
+        ("bwd_dq", "d256", True, 1): {"split_off": False},  # 1
+        ("bwd_dkdv", "d64", True, 8): {"sched": "coexec"},  # 11
+        ("bwd_dkdv", "d64", True, 1): {"sched": "iterative-ilp"},  # 7
+        ("fwd", "d128", True, 8): {"k_t": False, "kt_edge": False},  # 2 spills, 12 B
+        ("fwd", "d192", True, 1): {"split_off": False},  # 13 spills
+    },
+    "gfx942": {
+        # 16-bit: the table bias's dQ d64 SGPR spills, dQ d256's scratch (one wave allowed:
+        # model.BELOW_FLOOR), the forward d256's spills and lost waves (both probes)
+        ("bwd_dq", "d64", False, 4): {"BN": 16},  # 42 SGPR spills
+        ("bwd_dq", "d64", False, 2): {"BN": 16},  # 36
+        ("bwd_dq", "d64", False, 1): {"BN": 16},  # 22
+        ("bwd_dq", "d256", False, 4): {"BN": 16},  # 164 spills, 488 B of scratch
+        ("fwd", "d256", False, 4): {"lane_sums": True},  # one wave
+        ("fwd", "d256", False, 2): {"BN": 16},  # one wave
+        ("fwd", "d256", False, 1): {"BN": 16},  # 7 SGPR spills, one wave
+    },
+    "gfx1250": {},
+    "sm90": {},
+}
+
+
+def traced_config(
+    kind: str, cfg: Config, dcls: str, target, fp32: bool, windowed: bool = False
+) -> Config:
     """A tile of ``kind`` with a traced score or mask mod: the ``TRACED_TILES`` changes of
-    ``target`` (an untuned one reads gfx950's) for ``(kind, dcls, fp32)``."""
-    changes = _table_for(TRACED_TILES, target).get((kind, dcls, fp32), {})
+    ``target`` (an untuned one reads gfx950's) for ``(kind, dcls, fp32)``; ``windowed`` (a left
+    window bound, ``cfg`` the band level's tile): ``TRACED_WINDOW_TILES``' at its warps."""
+    if windowed:
+        key = (kind, dcls, fp32, cfg.num_warps)
+        changes = _table_for(TRACED_WINDOW_TILES, target).get(key, {})
+    else:
+        changes = _table_for(TRACED_TILES, target).get((kind, dcls, fp32), {})
     return replace(cfg, notes={}, **changes) if changes else cfg
 
 

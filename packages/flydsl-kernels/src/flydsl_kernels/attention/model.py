@@ -22,9 +22,10 @@ compile; survivors are ranked (``score``) by
 level of the window's shrink (a decode tile's: as grown for its rows), a prefill's over a
 paged cache, and an fp32 tile's (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``,
 ``FP32_TILES``); ``mod_search`` the change a tile takes with a traced score or mask mod
-(``configs.TRACED_TILES``); and ``check_tables`` compiles every entry plain, persistent
-where it ships so, and under those problems (``window_problems``, ``decode_problems``,
-``mod_problems``).
+(``configs.TRACED_TILES``; under a left window bound ``TRACED_WINDOW_TILES``); and
+``check_tables`` compiles every entry plain, persistent where it ships so, and under those
+problems (``window_problems``, ``decode_problems``, ``mod_problems``,
+``mod_window_problems``).
 """
 
 from __future__ import annotations
@@ -298,10 +299,11 @@ def check_tables(
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
     (``window_problems(fp32=True)``), and with ``mods`` each entry's with each traced score
-    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32); the problems found
-    (compile failures, scratch, spills, LDS over the target's limit, and on AMD targets fewer
-    than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``). ``keys``: only those
-    ``(kind, dclass)`` entries."""
+    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32; with ``windows`` a
+    prefill entry's under windows on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
+    problems found (compile failures, scratch, spills, LDS over the target's limit, and on
+    AMD targets fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``).
+    ``keys``: only those ``(kind, dclass)`` entries."""
     from flydsl_core.exc import FlyDSLError
 
     bad = []
@@ -315,7 +317,7 @@ def check_tables(
                 if windows:
                     kernels += _windowed_kernels(kind, dcls, cfg, t, pages, fp32)
                 if mods and kind in MOD_KINDS:
-                    kernels += _mod_kernels(kind, dcls, t)
+                    kernels += _mod_kernels(kind, dcls, t, windows)
             except FlyDSLError as e:
                 bad.append(f"{t} {kind} {dcls}: compile failed: {e.msg.splitlines()[0]}")
                 continue
@@ -830,21 +832,59 @@ MOD_PROBES = {
 
 
 def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
-    """``[(probe, problem, captured tensor spec)]``: a prefill of ``dcls`` (B4 H16 S4096, not
-    causal, no window; decode: one query of 16 heads over 4 KV heads and 4096 keys) with each
-    mod of ``MOD_PROBES``, fp32 operands with ``fp32``."""
+    """``[(probe, problem, captured tensor spec)]``: a prefill of ``dcls`` (B4 H16 S4096, no
+    window) with each mod of ``MOD_PROBES``, not causal and then causal (its diagonal loop
+    masks with the mod's index arithmetic live: gfx1250's d64 dQ spilled SGPRs only there);
+    decode: one query of 16 heads over 4 KV heads and 4096 keys; fp32 operands with
+    ``fp32``."""
     from flydsl_core import TensorSpec
 
     from .mods import MaskMod, ScoreMod
 
     _, _, d, dv = MODEL_SHAPES[dcls]
     out = []
-    for name, (which, fn, dt, shape) in MOD_PROBES.items():
-        m = {"score_mod": ScoreMod(fn)} if which == "score" else {"mask_mod": MaskMod(fn)}
-        p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, dv, dtype="fp32" if fp32 else "bf16", **m)
-        if kind == "decode":
-            p = replace(p, seqlen_q=1, heads_k=4, causal=False, decode=True, seqused=True)
-        out.append((name, p, TensorSpec(dt, shape)))
+    for causal in (False,) if kind == "decode" else (False, True):
+        for name, (which, fn, dt, shape) in MOD_PROBES.items():
+            m = {"score_mod": ScoreMod(fn)} if which == "score" else {"mask_mod": MaskMod(fn)}
+            dtype = "fp32" if fp32 else "bf16"
+            p = plan.Problem(4, MOD_S, MOD_S, 16, 16, d, dv, causal=causal, dtype=dtype, **m)
+            if kind == "decode":
+                p = replace(p, seqlen_q=1, heads_k=4, decode=True, seqused=True)
+            out.append((name, p, TensorSpec(dt, shape)))
+    return out
+
+
+#: the probes a traced mod's band levels are compiled with (``mod_window_problems``): the
+#: heaviest two of ``MOD_PROBES`` (a gather a score, two and a compare), ALiBi's arithmetic
+#: being lighter than either; a level is a dozen compiles a probe
+WINDOW_PROBES = ("table", "document")
+
+#: the targets whose traced mods' band levels ``mod_search(windows=True)`` has searched
+#: (``configs.TRACED_WINDOW_TILES``) and ``check_tables`` compiles; the others' are unsearched
+MOD_WINDOW_TARGETS = ("gfx950", "gfx942")
+
+
+def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dict:
+    """``{warps: [(probe, problem, spec, tile), ...]}``: a prefill entry's problems with each
+    probe of ``WINDOW_PROBES`` (``mod_problems``' not causal) under a left window bound, by
+    the warps of the band level the plan's tile reaches (``plan.mod_band_tile``: ``tile``,
+    before ``configs.TRACED_WINDOW_TILES``' changes): causal windows (``WINDOW_LEFTS``), the
+    first met of each level and loop shape (``plan.narrow_band``), and a left bound without a
+    right one (not causal: no band)."""
+    if kind not in ("fwd", "bwd_dkdv", "bwd_dq"):
+        raise ValueError(f"a traced mod's band levels are the prefill's, not {kind!r}'s")
+    out, seen = {}, set()
+    for name, p0, spec in mod_problems(kind, dcls, fp32)[: len(MOD_PROBES)]:
+        if name not in WINDOW_PROBES:
+            continue
+        probs = [replace(p0, window=(left, 0), causal=True) for left in WINDOW_LEFTS]
+        probs.append(replace(p0, window=(WINDOW_LEFTS[-1], -1)))
+        for p in probs:
+            tile = plan.mod_band_tile(kind, p, target)
+            key = (name, tile.num_warps, plan.narrow_band(p, tile.BM, tile.BN, kind), p.causal)
+            if key not in seen:
+                seen.add(key)
+                out.setdefault(tile.num_warps, []).append((name, p, spec, tile))
     return out
 
 
@@ -861,47 +901,55 @@ def mod_kernel(kind: str, p, spec, target, cfg=None):
 MOD_KINDS = ("fwd", "decode", "bwd_dkdv", "bwd_dq")
 
 
-def _mod_kernels(kind, dcls, target):
+def _mod_kernels(kind, dcls, target, windows=True):
     """``(label, kernel, floor, -1)`` of an entry at its mod problems (``MOD_KINDS``), 16-bit
-    at the entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them"""
+    at the entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them; with
+    ``windows`` on ``MOD_WINDOW_TARGETS`` a prefill entry's under windows too
+    (``mod_window_problems``)"""
     out = []
     for fp32 in (False, True):
         fl = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
+        tag = " fp32" if fp32 else ""
         for name, p, spec in mod_problems(kind, dcls, fp32):
-            what = f" mod {name}" + (" fp32" if fp32 else "")
+            what = f" mod {name}" + (" causal" if p.causal else "") + tag
             out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
+        if windows and kind != "decode" and target in MOD_WINDOW_TARGETS:
+            for probs in mod_window_problems(kind, dcls, target, fp32).values():
+                for name, p, spec, _ in probs:
+                    what = f" mod {name} window {p.window}" + ("" if p.causal else " not causal")
+                    out.append((what + tag, mod_kernel(kind, p, spec, target), fl, -1))
     return out
 
 
-def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print) -> dict:
-    """The ``configs.TRACED_TILES`` change of an entry of ``MOD_KINDS`` (``{}``: none needed;
-    None: none found) at its mod problems (``mod_problems``): the single change
-    (``window_changes`` and ``fp32_changes``' on the plan's tile before it:
-    ``plan.forward_mod_tile``, ``plan.backward_tile``), else a pair of the six nearest the bar,
-    or triple, that compiles every probe clean at the entry's floor (fp32's: ``FP32_FLOOR``)
-    with the fewest loop instructions per useful MFMA summed over them (on NVIDIA, which has no
-    loop figure: the most warps per SM summed over them)."""
-    if kind not in MOD_KINDS:
-        raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
-    probs = mod_problems(kind, dcls, fp32)
-    p0 = probs[0][1]
-    if kind in ("fwd", "decode"):
-        tile = plan.forward_mod_tile(p0, target, kind)
-    else:
-        tile = plan.backward_tile(kind, p0, target)
+def _mod_best(kind, dcls, target, fp32, probs, log) -> dict | None:
+    """The change (``{}``: none needed; None: none found) that compiles every one of ``probs``
+    (``(probe, problem, spec, tile)``, each with the tile the plan gives it before the
+    searched change) clean at the entry's floor (fp32's: ``FP32_FLOOR``) with the fewest loop
+    instructions per useful MFMA summed over them (on NVIDIA, which has no loop figure: the
+    most warps per SM): the single changes (``window_changes`` and ``fp32_changes``' on the
+    tile of the first problem that falls short), else a pair of the six nearest the bar, else
+    a triple."""
     floor = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
     amd = str(target).startswith("gfx")
 
-    def trial(changes):
-        c = replace(tile, **changes)
+    def build(p, spec, t, changes):
+        c = replace(t, **changes)
+        return mod_kernel(kind, p, spec, target, c), c
+
+    def trial(changes, among=None):
         builds = [
-            (p, lambda p=p, sp=spec: (mod_kernel(kind, p, sp, target, c), c))
-            for _, p, spec in probs
+            (p, lambda p=p, sp=spec, t=t: build(p, sp, t, changes))
+            for _, p, spec, t in among or probs
         ]
         return _trial(builds, kind, target, floor, None if amd else _fewer_warps)
 
-    if trial({})[1] is None:
+    # the problems that fall short unchanged first: a change that does not mend them fails
+    # at its first compile
+    failing = [pr for pr in probs if trial({}, [pr])[1] is not None]
+    if not failing:
         return {}
+    probs = failing + [pr for pr in probs if pr not in failing]
+    tile = probs[0][3]
     singles = window_changes(kind, tile, tile, target)
     singles += [c for c in fp32_changes(kind, tile, tile) if c not in singles]
     if not amd and tile.BM > 16:  # NVIDIA's rows per warp need not fill an MFMA
@@ -912,7 +960,8 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
             cands = _combos(near, size)
         for ch in cands:
             total, why, off = trial(ch)
-            log(f"{target} {kind} {dcls} {'fp32 ' if fp32 else ''}{ch}: {why or round(total, 2)}")
+            w = f"{tile.num_warps} warps " + ("fp32 " if fp32 else "")
+            log(f"{target} {kind} {dcls} {w}{ch}: {why or round(total, 2)}")
             if why is None and (best is None or total < best[0]):
                 best = (total, ch)
             if size == 1:
@@ -920,6 +969,36 @@ def mod_search(kind: str, dcls: str, target: str, fp32: bool = False, log=print)
         if best is not None:
             break
     return best[1] if best else None
+
+
+def mod_search(
+    kind: str, dcls: str, target: str, fp32: bool = False, log=print, windows: bool = False
+) -> dict | None:
+    """The ``configs.TRACED_TILES`` change of an entry of ``MOD_KINDS`` (``{}``: none needed;
+    None: none found) at its mod problems (``mod_problems``), from the plan's tile before it
+    (``plan.forward_mod_tile``, ``plan.backward_tile``): ``_mod_best``'s. ``windows`` (a
+    prefill entry): ``{warps: change}``, ``configs.TRACED_WINDOW_TILES``' for the band levels
+    that fall short under a left bound (``mod_window_problems``), each from its level's tile;
+    a level no change mends is logged and left out."""
+    if kind not in MOD_KINDS:
+        raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
+    if windows:
+        out = {}
+        levels = mod_window_problems(kind, dcls, target, fp32)
+        for warps, probs in sorted(levels.items(), reverse=True):
+            ch = _mod_best(kind, dcls, target, fp32, probs, log)
+            if ch is None:
+                log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean")
+            elif ch:
+                out[warps] = ch
+        return out
+    probs = mod_problems(kind, dcls, fp32)
+    p0 = probs[0][1]
+    if kind in ("fwd", "decode"):
+        tile = plan.forward_mod_tile(p0, target, kind)
+    else:
+        tile = plan.backward_tile(kind, p0, target)
+    return _mod_best(kind, dcls, target, fp32, [(*pr, tile) for pr in probs], log)
 
 
 def _persistent_kernels(kind, dcls, cfg, target):
@@ -966,7 +1045,8 @@ def main(argv=None):  # pragma: no cover - a developer tool
         "--windows",
         action="store_true",
         help="search the changes the --kind / --dclass entry's window tiles need "
-        "(configs.WINDOW_TILES) on --target",
+        "(configs.WINDOW_TILES) on --target; with --mods: a traced mod's band levels' "
+        "(configs.TRACED_WINDOW_TILES)",
     )
     ap.add_argument(
         "--mod",
@@ -995,7 +1075,7 @@ def main(argv=None):  # pragma: no cover - a developer tool
     )
     a = ap.parse_args(argv)
     if a.mods:
-        print(mod_search(a.kind, a.dclass, a.target, a.fp32))
+        print(mod_search(a.kind, a.dclass, a.target, a.fp32, windows=a.windows))
         return
     if a.windows:
         print(window_search(a.kind, a.dclass, a.target, mod=a.mod, paged=a.paged, fp32=a.fp32))

@@ -247,11 +247,14 @@ def plan_forward(
         # the table's tile (fp32's: its own changes), which the window, score-term and page
         # changes were chosen for: not a mod's or a block mask's (their rules shaped it
         # above); a decode tile's changes apply to it as grown for its rows
-        tuned = not (p.score_mod is not None or p.mask_mod is not None or sparse)
+        traced = p.score_mod is not None or p.mask_mod is not None
+        tuned = not (traced or sparse)
         cfg = configs.window_config(
             kind, cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size),
             fp32=p.dtype == "fp32",
         )  # fmt: skip
+        if traced and not sparse and p.bounds[0] >= 0:  # the band level's own for the mod
+            cfg = configs.traced_config(kind, cfg, dcls, table, p.dtype == "fp32", True)
         klanes = cfg.klanes  # fp32's tile has none (fp32_tiles)
         cfg = page_tile(cfg, p.page_size, klanes)  # the changes set the table's key tile
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
@@ -614,6 +617,19 @@ def forward_mod_tile(p: Problem, table, kind: str = "fwd") -> configs.Config:
     return configs.mod_config(c)
 
 
+def mod_band_tile(kind: str, p: Problem, table) -> configs.Config:
+    """The tile of a prefill kernel ``kind`` for ``p`` with a traced score or mask mod and no
+    block mask, before ``configs.TRACED_WINDOW_TILES``' changes (``plan_forward``'s and
+    ``plan_backward``'s; under a left bound those of its warps follow): the forward's mod tile
+    with its ``TRACED_TILES`` changes, shrunk for the window; the backward's
+    ``backward_tile``."""
+    dcls = configs.dclass(p.head_dim, p.head_dim_v)
+    if kind != "fwd":
+        return backward_tile(kind, p, table)
+    c = configs.traced_config(kind, forward_mod_tile(p, table), dcls, table, p.dtype == "fp32")
+    return configs.window_config(kind, c, p.bounds, dcls, table, tuned=False)
+
+
 def backward_tile(kind: str, p: Problem, table) -> configs.Config:
     """The tile of the backward kernel ``kind`` (``"bwd_dkdv"`` / ``"bwd_dq"``) for ``p`` from
     ``table`` (a target name): the entry (fp32's: ``fp32_tiles``') with its level's window,
@@ -635,10 +651,13 @@ def plan_backward(
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
 
     def tile(kind):
-        """``backward_tile``, with a traced score or mask mod's changes without a window"""
+        """``backward_tile``, with a traced score or mask mod's changes: without a left bound
+        (causal's right bound keeps the table's tile) ``TRACED_TILES``', under one the band
+        level's ``TRACED_WINDOW_TILES``'"""
         c = backward_tile(kind, p, table)
-        if (p.score_mod is not None or p.mask_mod is not None) and p.bounds == (-1, -1):
-            c = configs.traced_config(kind, c, dcls, table, p.dtype == "fp32")
+        if p.score_mod is not None or p.mask_mod is not None:
+            windowed = p.bounds[0] >= 0
+            c = configs.traced_config(kind, c, dcls, table, p.dtype == "fp32", windowed)
         return c
 
     c1 = dkdv_config or tile("bwd_dkdv")
