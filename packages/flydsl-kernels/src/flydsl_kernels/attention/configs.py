@@ -1533,8 +1533,8 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
 #: and masks the mod's gathers had no room next to. Chosen by ``model.mod_search(windows=True)``
 #: (``flydsl-kernels model attention --mods --windows``) at the probes' window problems
 #: (``model.mod_window_problems``), as ``TRACED_TILES``' are; ``model.check_tables`` compiles
-#: them all (on ``model.MOD_WINDOW_TARGETS``: the others' levels are unsearched). Before
-#: (Triton 3.9, the worst problem of the level): at each entry
+#: them all. Before (Triton 3.9, the worst problem of the level): at each entry; the levels
+#: not listed compile clean with no change
 TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
     "gfx950": {
         # 16-bit dQ: the table bias's levels spilled SGPRs (most of all d64's, 301) or lost a
@@ -1582,8 +1582,52 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("fwd", "d256", False, 2): {"BN": 16},  # one wave
         ("fwd", "d256", False, 1): {"BN": 16},  # 7 SGPR spills, one wave
     },
-    "gfx1250": {},
-    "sm90": {},
+    "gfx1250": {
+        # 16-bit dQ: SGPR spills at every level, the table bias's 8-warp d128 and d192 tiles
+        # 612 and 620 B of scratch too
+        ("bwd_dq", "d64", False, 4): {"BN": 32, "num_warps": 8},  # 184 SGPR spills
+        ("bwd_dq", "d64", False, 2): {"BN": 32, "num_warps": 4},  # 154
+        ("bwd_dq", "d64", False, 1): {"BM": 16, "nonkdim": 16, "BN": 32},  # 61
+        ("bwd_dq", "d128", False, 8): {"BN": 32, "num_stages": 1},  # 268 spills, 612 B
+        ("bwd_dq", "d128", False, 4): {"BN": 32},  # 32 SGPR spills
+        ("bwd_dq", "d128", False, 2): {"BN": 32},  # 32, one wave
+        ("bwd_dq", "d192", False, 8): {"BN": 32},  # 278 spills, 620 B
+        ("bwd_dq", "d192", False, 4): {"BN": 32},  # 32 SGPR spills, one wave
+        # 16-bit dK/dV with the table bias, and the forward d256's one-warp level (both)
+        ("bwd_dkdv", "d64", False, 4): {"sched": "max-ilp"},  # 2 SGPR spills
+        ("bwd_dkdv", "d64", False, 2): {"sched": "iterative-ilp"},  # 2
+        ("bwd_dkdv", "d64", False, 1): {"sched": "iterative-ilp"},  # 3
+        ("bwd_dkdv", "d128", False, 1): {"split_off": False},  # 2, one wave
+        ("bwd_dkdv", "d192", False, 2): {"num_warps": 4},  # one wave
+        ("bwd_dkdv", "d192", False, 1): {"BM": 16},  # 18 SGPR spills, one wave
+        ("bwd_dkdv", "d256", False, 2): {"num_warps": 4},  # one wave
+        ("fwd", "d256", False, 1): {"num_warps": 2},  # 82 SGPR spills, one wave
+        # fp32: the table bias's (dQ d64's, the document mask's too)
+        ("bwd_dq", "d64", True, 4): {"BN": 16},  # 8 SGPR spills
+        ("bwd_dq", "d64", True, 2): {"BM": 32, "num_warps": 1},  # 6
+        ("bwd_dq", "d64", True, 1): {"sched": "iterative-ilp"},  # 7
+        ("bwd_dq", "d128", True, 8): {"BN": 16},  # 44 VGPR spills, 180 B
+        ("bwd_dkdv", "d128", True, 8): {"sched": "coexec"},  # 3, 16 B
+        ("bwd_dkdv", "d256", True, 8): {"sched": "iterative-ilp"},  # 5, 24 B
+        ("fwd", "d128", True, 1): {"split_off": False},  # 22 SGPR spills
+    },
+    "sm90": {
+        # 16-bit: local memory (scratch) in the one- to four-warp levels
+        ("bwd_dq", "d64", False, 1): {"BN": 16},  # 24 B with the document mask
+        ("bwd_dq", "d192", False, 1): {"num_stages": 2, "num_warps": 2},  # 8 B
+        ("bwd_dq", "d256", False, 4): {"num_stages": 2},  # 40 B
+        ("bwd_dq", "d256", False, 2): {"num_warps": 4},  # 8 B
+        ("fwd", "d128", False, 1): {"BN": 16},  # 32 B
+        ("fwd", "d192", False, 1): {"BN": 16},  # 40 B
+        ("fwd", "d256", False, 4): {"BN": 16},  # 32 B
+        ("fwd", "d256", False, 2): {"BM": 16},  # 96 B
+        ("fwd", "d256", False, 1): {"num_warps": 2},  # 1096 B
+        # fp32: the table bias's dQ, the document mask's forward d192
+        ("bwd_dq", "d128", True, 4): {"BM": 16},  # 320 B
+        ("bwd_dq", "d192", True, 4): {"num_warps": 8},  # 592 B
+        ("bwd_dq", "d256", True, 8): {"BM": 32, "num_warps": 4},  # 912 B
+        ("fwd", "d192", True, 8): {"BM": 16},  # 24 B
+    },
 }
 
 

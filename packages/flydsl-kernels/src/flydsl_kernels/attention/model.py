@@ -860,8 +860,9 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
 WINDOW_PROBES = ("table", "document")
 
 #: the targets whose traced mods' band levels ``mod_search(windows=True)`` has searched
-#: (``configs.TRACED_WINDOW_TILES``) and ``check_tables`` compiles; the others' are unsearched
-MOD_WINDOW_TARGETS = ("gfx950", "gfx942")
+#: (``configs.TRACED_WINDOW_TILES``) and ``check_tables`` compiles: a target added to
+#: ``TABLES`` joins once searched
+MOD_WINDOW_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 
 
 def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dict:
