@@ -459,6 +459,7 @@ def test_traced_tiles_apply_to_the_backward_without_a_window(monkeypatch):
 
     tiles = {("bwd_dq", "d128", False): {"BN": 16}, ("bwd_dkdv", "d128", True): {"BM": 16}}
     monkeypatch.setitem(configs.TRACED_TILES, "gfx950", tiles)
+    monkeypatch.setitem(configs.TRACED_WINDOW_TILES, "gfx950", {})  # a left bound's own
     sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
     p = plan.Problem(2, 300, 300, 4, 4, 128, 128, score_mod=sm)
     bp = plan.plan_backward(p, "gfx950")
@@ -506,8 +507,15 @@ def test_traced_window_tiles_apply_at_their_band_level(monkeypatch):
                     plan.plan_backward(q, "gfx942").dq
                 )  # fmt: skip
                 assert got == configs.traced_config(kind, tile, "d64", "gfx942", False, True)
-    with pytest.raises(ValueError, match="not 'decode'"):
-        model.mod_window_problems("decode", "d128", "gfx950")
+    with pytest.raises(ValueError, match="not 'bwd_preprocess'"):
+        model.mod_window_problems("bwd_preprocess", "d128", "gfx950")
+    # a decode tile does not shrink: one level, each probe under a causal window and a left
+    # bound alone, the plan's tile before the level's changes
+    (_, probs), *more = model.mod_window_problems("decode", "d128", "gfx942").items()
+    assert not more and len(probs) == 2 * len(model.MOD_PROBES)
+    for _, q, _, tile in probs:
+        got = plan.plan_forward(q, "gfx942").config
+        assert got == configs.traced_config("decode", tile, "d128", "gfx942", False, True)
 
 
 @pytest.mark.parametrize("kind, dcls, warps", [("bwd_dq", "d64", 4), ("bwd_dkdv", "d64", 1)])
@@ -889,8 +897,8 @@ def test_mod_search_windows_cli_finds_the_band_levels_changes(capsys, monkeypatc
     monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
     model.main(["--mods", "--windows", "--target", "gfx950", "--kind", "bwd_dq", "--dclass", "d64"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == str({4: four, 1: one})
-    with pytest.raises(ValueError, match="not 'decode'"):
-        model.mod_search("decode", "d64", "gfx950", windows=True)
+    with pytest.raises(ValueError, match="not 'bwd_preprocess'"):
+        model.mod_search("bwd_preprocess", "d64", "gfx950", windows=True)
 
 
 def test_decode_with_a_traced_mod_takes_its_traced_tile():

@@ -1468,8 +1468,8 @@ def mod_config(cfg: Config) -> Config:
 #: forward's fp32 tiles, gfx950 d256 29 VGPR spills (120 B of scratch), d192 9 with the
 #: document mask (40 B), gfx942 d256 68 spills and 204 B, gfx1250 d256 6 and 28 B, sm90 64 to
 #: 9944 B at every head dim (16-bit: every forward clean); the backward's 16-bit tiles (every
-#: dK/dV but gfx950's d64 and every sm90 one clean), gfx950 dQ with the table 172 SGPR spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of
-#: scratch), 37 at d192, d256 37 VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ
+#: dK/dV but gfx950's d64 and every sm90 one clean), gfx950 dQ with the table 172 SGPR
+#: spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of scratch), 37 at d192, d256 37 VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ
 #: d64 26 SGPR spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and
 #: 25 SGPR spills at d64, d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
 #: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B, gfx950 fp32 dK/dV d64 1 SGPR spill
@@ -1528,9 +1528,10 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
 #: per target: the field changes a traced score or mask mod's tile takes under a left window
 #: bound, by ``(kind, dclass, fp32, warps)``, ``warps`` those of the band level the plan's tile
 #: reached (``band_config``'s shrink of the forward's mod tile, with its ``TRACED_TILES``
-#: changes; the backward's ``plan.backward_tile``, with the level's ``WINDOW_TILES`` ones),
-#: on top of it. A left bound adds the loops that mask at the window's edges, whose bounds
-#: and masks the mod's gathers had no room next to. Chosen by ``model.mod_search(windows=True)``
+#: changes; a decode tile's, which does not shrink, as grown for its rows; the backward's
+#: ``plan.backward_tile``, with the level's ``WINDOW_TILES`` ones), on top of it. A left
+#: bound adds the loops that mask at the window's edges, whose bounds and masks the mod's
+#: gathers had no room next to. Chosen by ``model.mod_search(windows=True)``
 #: (``flydsl-kernels model attention --mods --windows``) at the probes' window problems
 #: (``model.mod_window_problems``), as ``TRACED_TILES``' are; ``model.check_tables`` compiles
 #: them all. Before (Triton 3.9, the worst problem of the level): at each entry; the levels
@@ -1581,6 +1582,8 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("fwd", "d256", False, 4): {"lane_sums": True},  # one wave
         ("fwd", "d256", False, 2): {"BN": 16},  # one wave
         ("fwd", "d256", False, 1): {"BN": 16},  # 7 SGPR spills, one wave
+        # decode (one level: the tile does not shrink), fp32 d256 with the table bias
+        ("decode", "d256", True, 2): {"num_warps": 4},  # 7 SGPR spills
     },
     "gfx1250": {
         # 16-bit dQ: SGPR spills at every level, the table bias's 8-warp d128 and d192 tiles
@@ -1610,6 +1613,8 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("bwd_dkdv", "d128", True, 8): {"sched": "coexec"},  # 3, 16 B
         ("bwd_dkdv", "d256", True, 8): {"sched": "iterative-ilp"},  # 5, 24 B
         ("fwd", "d128", True, 1): {"split_off": False},  # 22 SGPR spills
+        # decode, 16-bit d128 with the table bias
+        ("decode", "d128", False, 1): {"sched": "iterative-ilp"},  # 2 SGPR spills
     },
     "sm90": {
         # 16-bit: local memory (scratch) in the one- to four-warp levels
@@ -1627,6 +1632,11 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("bwd_dq", "d192", True, 4): {"num_warps": 8},  # 592 B
         ("bwd_dq", "d256", True, 8): {"BM": 32, "num_warps": 4},  # 912 B
         ("fwd", "d192", True, 8): {"BM": 16},  # 24 B
+        # decode: 16-bit d256 and fp32 d64 with the ALiBi-like mod, fp32 d256 with the
+        # document mask
+        ("decode", "d256", False, 8): {"num_stages": 2},  # 16 B
+        ("decode", "d64", True, 2): {"num_stages": 2},  # 24 B
+        ("decode", "d256", True, 8): {"num_stages": 2},  # 8 B
     },
 }
 

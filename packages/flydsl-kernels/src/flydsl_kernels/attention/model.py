@@ -299,8 +299,8 @@ def check_tables(
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
     (``window_problems(fp32=True)``), and with ``mods`` each entry's with each traced score
-    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32; with ``windows`` a
-    prefill entry's under windows on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
+    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32; with ``windows`` under
+    windows too on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
     problems found (compile failures, scratch, spills, LDS over the target's limit, and on
     AMD targets fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``).
     ``keys``: only those ``(kind, dclass)`` entries."""
@@ -866,20 +866,26 @@ MOD_WINDOW_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 
 
 def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dict:
-    """``{warps: [(probe, problem, spec, tile), ...]}``: a prefill entry's problems with each
-    probe of ``WINDOW_PROBES`` (``mod_problems``' not causal) under a left window bound, by
-    the warps of the band level the plan's tile reaches (``plan.mod_band_tile``: ``tile``,
-    before ``configs.TRACED_WINDOW_TILES``' changes): causal windows (``WINDOW_LEFTS``), the
-    first met of each level and loop shape (``plan.narrow_band``), and a left bound without a
-    right one (not causal: no band)."""
-    if kind not in ("fwd", "bwd_dkdv", "bwd_dq"):
-        raise ValueError(f"a traced mod's band levels are the prefill's, not {kind!r}'s")
+    """``{warps: [(probe, problem, spec, tile), ...]}``: an entry's problems with a traced mod
+    (``mod_problems``' not causal) under a left window bound, by the warps of the band level
+    the plan's tile reaches (``plan.mod_band_tile``: ``tile``, before
+    ``configs.TRACED_WINDOW_TILES``' changes). A prefill's: each probe of ``WINDOW_PROBES``
+    under causal windows (``WINDOW_LEFTS``), the first met of each level and loop shape
+    (``plan.narrow_band``), and a left bound without a right one (not causal: no band). A
+    decode entry's (its tile does not shrink: one level): each of ``MOD_PROBES`` under each
+    of ``DECODE_WINDOWS`` (the kernel is the same at every width: a decode tile's loops all
+    mask; sm90's d64 and d256 kept scratch with the ALiBi-like mod only)."""
+    if kind not in MOD_KINDS:
+        raise ValueError(f"a traced mod's band levels are {', '.join(MOD_KINDS)}'s, not {kind!r}'s")
     out, seen = {}, set()
     for name, p0, spec in mod_problems(kind, dcls, fp32)[: len(MOD_PROBES)]:
-        if name not in WINDOW_PROBES:
+        if kind == "decode":
+            probs = [replace(p0, window=w, causal=w[1] == 0) for w in DECODE_WINDOWS]
+        elif name not in WINDOW_PROBES:
             continue
-        probs = [replace(p0, window=(left, 0), causal=True) for left in WINDOW_LEFTS]
-        probs.append(replace(p0, window=(WINDOW_LEFTS[-1], -1)))
+        else:
+            probs = [replace(p0, window=(left, 0), causal=True) for left in WINDOW_LEFTS]
+            probs.append(replace(p0, window=(WINDOW_LEFTS[-1], -1)))
         for p in probs:
             tile = plan.mod_band_tile(kind, p, target)
             key = (name, tile.num_warps, plan.narrow_band(p, tile.BM, tile.BN, kind), p.causal)
@@ -905,8 +911,7 @@ MOD_KINDS = ("fwd", "decode", "bwd_dkdv", "bwd_dq")
 def _mod_kernels(kind, dcls, target, windows=True):
     """``(label, kernel, floor, -1)`` of an entry at its mod problems (``MOD_KINDS``), 16-bit
     at the entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them; with
-    ``windows`` on ``MOD_WINDOW_TARGETS`` a prefill entry's under windows too
-    (``mod_window_problems``)"""
+    ``windows`` on ``MOD_WINDOW_TARGETS`` under windows too (``mod_window_problems``)"""
     out = []
     for fp32 in (False, True):
         fl = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
@@ -914,7 +919,7 @@ def _mod_kernels(kind, dcls, target, windows=True):
         for name, p, spec in mod_problems(kind, dcls, fp32):
             what = f" mod {name}" + (" causal" if p.causal else "") + tag
             out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
-        if windows and kind != "decode" and target in MOD_WINDOW_TARGETS:
+        if windows and target in MOD_WINDOW_TARGETS:
             for probs in mod_window_problems(kind, dcls, target, fp32).values():
                 for name, p, spec, _ in probs:
                     what = f" mod {name} window {p.window}" + ("" if p.causal else " not causal")
@@ -977,8 +982,8 @@ def mod_search(
 ) -> dict | None:
     """The ``configs.TRACED_TILES`` change of an entry of ``MOD_KINDS`` (``{}``: none needed;
     None: none found) at its mod problems (``mod_problems``), from the plan's tile before it
-    (``plan.forward_mod_tile``, ``plan.backward_tile``): ``_mod_best``'s. ``windows`` (a
-    prefill entry): ``{warps: change}``, ``configs.TRACED_WINDOW_TILES``' for the band levels
+    (``plan.forward_mod_tile``, ``plan.backward_tile``): ``_mod_best``'s. ``windows``:
+    ``{warps: change}``, ``configs.TRACED_WINDOW_TILES``' for the band levels
     that fall short under a left bound (``mod_window_problems``), each from its level's tile;
     a level no change mends is logged and left out."""
     if kind not in MOD_KINDS:

@@ -618,15 +618,19 @@ def forward_mod_tile(p: Problem, table, kind: str = "fwd") -> configs.Config:
 
 
 def mod_band_tile(kind: str, p: Problem, table) -> configs.Config:
-    """The tile of a prefill kernel ``kind`` for ``p`` with a traced score or mask mod and no
-    block mask, before ``configs.TRACED_WINDOW_TILES``' changes (``plan_forward``'s and
-    ``plan_backward``'s; under a left bound those of its warps follow): the forward's mod tile
-    with its ``TRACED_TILES`` changes, shrunk for the window; the backward's
-    ``backward_tile``."""
+    """The tile of kernel ``kind`` for ``p`` with a traced score or mask mod and no block mask,
+    before ``configs.TRACED_WINDOW_TILES``' changes (``plan_forward``'s and ``plan_backward``'s;
+    under a left bound those of its warps follow): the forward's mod tile with its
+    ``TRACED_TILES`` changes, shrunk for the window (a decode tile's: grown for its rows and
+    capped at its page, no shrink); the backward's ``backward_tile``."""
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
-    if kind != "fwd":
+    if kind not in ("fwd", "decode"):
         return backward_tile(kind, p, table)
-    c = configs.traced_config(kind, forward_mod_tile(p, table), dcls, table, p.dtype == "fp32")
+    mt = forward_mod_tile(p, table, kind)
+    c = configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32")
+    if kind == "decode":
+        c = grown_decode(c, configs.decode_rows(c.BM, p.seqlen_q, next_gp(p.group)))
+        c = page_tile(c, p.page_size, c.klanes if p.dtype != "fp32" else 0)
     return configs.window_config(kind, c, p.bounds, dcls, table, tuned=False)
 
 
