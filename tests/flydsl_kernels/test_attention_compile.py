@@ -599,6 +599,11 @@ WINDOWED = [
     ("sm90", "bwd_dq", "d192", (-1, -1), F32),  # 32 B (9760 B before the fp32 tiles)
     ("sm90", "fwd", "d128", (94, 0), F32),  # 232 B (1720 B before the fp32 tiles)
     ("sm90", "bwd_dkdv", "d128", (15, 0), {"alibi": True}),  # 40 B (model.TILE_SHORTFALLS)
+    # fp32 with a score term under a window (its FP32_TILES changes on the plain ones)
+    ("gfx950", "fwd", "d256", (4095, -1), F32 | {"alibi": True}),  # 9 spills, 40 B
+    ("gfx942", "fwd", "d256", (47, 0), F32 | {"softcap": 50.0}),  # 22 spills, 92 B
+    ("sm90", "fwd", "d128", (15, 0), F32 | {"alibi": True}),  # 272 B
+    ("sm90", "bwd_dq", "d128", (4095, -1), F32 | {"softcap": 50.0}),  # 320 B, mended by hand
 ]
 
 
@@ -606,7 +611,9 @@ WINDOWED = [
 def test_windowed_tiles_compile_clean(target, kind, dcls, window, terms):
     p = replace(model.model_problem(kind, dcls), window=window, **terms)
     ck = model.window_kernel(kind, p, target)
-    assert model.shortfall(ck, target, model.floor_of(target, kind, dcls)) is None
+    fp32 = terms.get("dtype") == "fp32"  # held to model.FP32_FLOOR, as check_tables does
+    floor = model.FP32_FLOOR if fp32 else model.floor_of(target, kind, dcls)
+    assert model.shortfall(ck, target, floor) is None
 
 
 @pytest.mark.parametrize("key", sorted(model.TILE_SHORTFALLS))
@@ -674,11 +681,13 @@ def test_check_tables_compiles_every_fp32_level(monkeypatch):
         (True, (-1, -1)),
         (False, (-1, -1)),
     }
-    # with a score term, the problems without a window only (model.FP32_MOD_KINDS)
+    # with a score term (model.FP32_MOD_KINDS), the same levels, windowed or not
     alibi = model.fp32_levels("bwd_dq", "d128", entry, "gfx950", "alibi")
-    assert not [lv for lv in alibi if lv[1]]
+    plain = model.fp32_levels("bwd_dq", "d128", entry, "gfx950")
+    assert set(alibi) == set(plain) and [lv for lv in alibi if lv[1]]
     probs = [p for level in alibi.values() for p, _ in level]
-    assert len(probs) == 2 and all(p.alibi and p.dtype == "fp32" for p in probs)
+    assert all(p.alibi and p.dtype == "fp32" for p in probs)
+    assert len([p for p in probs if p.bounds[0] < 0]) == 2  # causal and not, no window
     keys = {("bwd_dq", "d128")}
     monkeypatch.setattr(model, "TILE_MODS", {})
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15, 4095))

@@ -382,6 +382,8 @@ FP32_SHORTFALLS: dict[tuple, tuple[int, str]] = {
     ("gfx942", "bwd_dkdv", "d256", "", 4, False): (0, "1 and 5 VGPR spills, no scratch"),
     ("gfx942", "bwd_dkdv", "d256", "alibi", 4, False): (0, "Q and dO loaded as views: 6 spills"),
     ("gfx942", "bwd_dkdv", "d256", "softcap", 4, False): (0, "max-ilp: 11 spills, no scratch"),
+    ("gfx942", "bwd_dkdv", "d256", "alibi", 4, True): (0, "max-ilp: 10 spills, 2 problems"),
+    ("gfx942", "bwd_dkdv", "d256", "softcap", 4, True): (0, "7 and 2 VGPR spills, no scratch"),
 }
 
 #: the score terms ``MOD_TILES`` is keyed by (``configs.tile_mod``) and the problem fields
@@ -390,22 +392,20 @@ TILE_MODS = {"alibi": {"alibi": True}, "softcap": {"softcap": 50.0}}
 
 
 #: the kinds whose fp32 problems are compiled with each score term of ``TILE_MODS`` too
-#: (``fp32_levels``; ``configs.FP32_TILES`` keyed by it), without a window only: the plain
-#: fp32 problems under windows are ten or more compiles an entry, and a decode entry's
-#: (``decode_problems``) twelve at every head dim and term
+#: (``fp32_levels``; ``configs.FP32_TILES`` keyed by it), with and without windows; not
+#: decode's (``decode_problems``: twelve compiles at every head dim and term)
 FP32_MOD_KINDS = ("fwd", "bwd_dkdv", "bwd_dq")
 
 
 def fp32_levels(kind: str, dcls: str, cfg: Config, target, mod: str = "") -> dict:
     """``{(warps, windowed): [(problem, tile), ...]}``: an entry's fp32 problems
-    (``window_problems(fp32=True)``) by the level of ``configs.FP32_TILES`` they take; with a
-    score term ``mod`` (``FP32_MOD_KINDS``) those without a window only."""
+    (``window_problems(fp32=True)``, with a score term ``mod`` of ``FP32_MOD_KINDS``) by the
+    level of ``configs.FP32_TILES`` they take."""
     out: dict = {}
     for (warps, _, _, windowed, *_), pt in window_problems(
         kind, dcls, cfg, target, mod, 0, True
     ).items():
-        if not (mod and windowed):
-            out.setdefault((warps, windowed), []).append(pt)
+        out.setdefault((warps, windowed), []).append(pt)
     return out
 
 
@@ -669,8 +669,7 @@ def window_search(
     from those without a window (at the table's level), which take no change they do not
     need. ``fp32`` (not ``paged``): the ``FP32_TILES`` changes of the fp32 tile
     (``plan.fp32_tiles``), keyed so too; they replace the others (``configs.window_config``);
-    with ``mod``, on top of the level's plain fp32 ones, at its problems without a window
-    (``fp32_levels``).
+    with ``mod``, on top of the level's plain fp32 ones (``fp32_levels``).
     The search tries ``fp32_changes`` and their pairs, then ``window_changes``' others, alone
     and on the size change nearest the bar; a level none brings to ``OCCUPANCY_FLOOR`` is
     searched again at ``FP32_FLOOR`` waves (none needed where it is clean at one), and one
