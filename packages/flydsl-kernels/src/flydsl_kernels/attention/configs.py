@@ -1614,6 +1614,10 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("bwd_dq", "d64", False, 2): {"BN": 16},  # 36
         ("bwd_dq", "d64", False, 1): {"BN": 16},  # 22
         ("bwd_dq", "d256", False, 4): {"BN": 16},  # 164 spills, 488 B of scratch
+        # the ALiBi-like mod's 2-warp dQ levels: one wave (d256: 7 spills, 32 B)
+        ("bwd_dq", "d128", False, 2): {"nonkdim": 16},
+        ("bwd_dq", "d192", False, 2): {"BN": 16},
+        ("bwd_dq", "d256", False, 2): {"nonkdim": 16},
         ("fwd", "d256", False, 4): {"lane_sums": True},  # one wave
         ("fwd", "d256", False, 2): {"BN": 16},  # one wave
         ("fwd", "d256", False, 1): {"BN": 16},  # 7 SGPR spills, one wave
@@ -1637,7 +1641,7 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("bwd_dkdv", "d64", False, 1): {"sched": "iterative-ilp"},  # 3
         ("bwd_dkdv", "d128", False, 1): {"split_off": False},  # 2, one wave
         ("bwd_dkdv", "d192", False, 2): {"num_warps": 4},  # one wave
-        ("bwd_dkdv", "d192", False, 1): {"BM": 16},  # 18 SGPR spills, one wave
+        ("bwd_dkdv", "d192", False, 1): {"num_warps": 2},  # 18 SGPR spills, one wave
         ("bwd_dkdv", "d256", False, 2): {"num_warps": 4},  # one wave
         ("fwd", "d256", False, 1): {"num_warps": 2},  # 82 SGPR spills, one wave
         # fp32: the table bias's (dQ d64's, the document mask's too)
@@ -1663,8 +1667,12 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("fwd", "d256", False, 2): {"BM": 16},  # 96 B
         ("fwd", "d256", False, 1): {"num_warps": 2},  # 1096 B
         # fp32: the table bias's dQ, the document mask's forward d192
+        ("bwd_dq", "d64", True, 4): {"num_warps": 8},  # 8 B (the ALiBi-like mod's)
         ("bwd_dq", "d128", True, 4): {"BM": 16},  # 320 B
+        ("bwd_dq", "d128", True, 2): {"num_warps": 4},  # 312 B (the ALiBi-like mod's)
         ("bwd_dq", "d192", True, 4): {"num_warps": 8},  # 592 B
+        ("bwd_dq", "d192", True, 2): {"num_warps": 4},  # 400 B (the ALiBi-like mod's)
+        ("bwd_dkdv", "d128", True, 2): {"num_warps": 4},  # 240 B (the ALiBi-like mod's)
         ("bwd_dq", "d256", True, 8): {"BM": 32, "num_warps": 4},  # 912 B
         ("fwd", "d192", True, 8): {"BM": 16},  # 24 B
         # decode: 16-bit d256 and fp32 d64 with the ALiBi-like mod, fp32 d256 with the

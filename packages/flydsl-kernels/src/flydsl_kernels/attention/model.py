@@ -853,10 +853,11 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
     return out
 
 
-#: the probes a traced mod's band levels are compiled with (``mod_window_problems``): the
-#: heaviest two of ``MOD_PROBES`` (a gather a score, two and a compare), ALiBi's arithmetic
-#: being lighter than either; a level is a dozen compiles a probe
-WINDOW_PROBES = ("table", "document")
+#: the probes a prefill entry's band levels are compiled with (``mod_window_problems``): each
+#: of ``MOD_PROBES`` (ALiBi's arithmetic, lighter than a gather, lost a wave or kept scratch
+#: at levels the other two compiled clean at: gfx942's 16-bit dQ d128 to d256 at 2 warps,
+#: sm90's fp32 dQ and dK/dV d128); a level is a dozen compiles a probe
+WINDOW_PROBES = tuple(MOD_PROBES)
 
 #: the targets whose traced mods' band levels ``mod_search(windows=True)`` has searched
 #: (``configs.TRACED_WINDOW_TILES``) and ``check_tables`` compiles: a target added to
