@@ -522,9 +522,9 @@ def test_traced_window_tiles_apply_at_their_band_level(monkeypatch):
 def test_traced_mod_band_levels_compile_clean(kind, dcls, warps, monkeypatch):
     # configs.TRACED_WINDOW_TILES: gfx950's 16-bit d64 dQ at its 4-warp band level spilled 301
     # SGPRs with the table bias, its dK/dV at one warp 48; with the level's change every
-    # problem of the level compiles clean, both probes
+    # problem of the level compiles clean, every probe
     probs = model.mod_window_problems(kind, dcls, "gfx950")[warps]
-    assert {n for n, *_ in probs} == set(model.WINDOW_PROBES)
+    assert {n for n, *_ in probs} == set(model.MOD_PROBES)
     assert all(p.bounds[0] >= 0 for _, p, _, _ in probs)
     fl = model.floor_of("gfx950", kind, dcls)
     for name, p, spec, _ in probs:
@@ -897,11 +897,11 @@ def test_mod_search_windows_cli_finds_the_band_levels_changes(capsys, monkeypatc
     # flydsl-kernels model attention --mods --windows: gfx950's d64 dQ with the table bias
     # under a left bound of 15 keys, causal (its 1-warp band level: 84 SGPR spills) and not
     # (the 4-warp tile: 301): each level takes its shipped TRACED_WINDOW_TILES change
-    # (candidates cut to those two here; the document mask's problems cut out)
+    # (candidates cut to those two here; the other probes' problems cut out)
     shipped = configs.TRACED_WINDOW_TILES["gfx950"]
     four, one = shipped[("bwd_dq", "d64", False, 4)], shipped[("bwd_dq", "d64", False, 1)]
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15,))
-    monkeypatch.setattr(model, "WINDOW_PROBES", ("table",))
+    monkeypatch.setattr(model, "MOD_PROBES", {"table": model.MOD_PROBES["table"]})
     monkeypatch.setattr(model, "window_changes", lambda *a: [one, four])
     monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
     model.main(["--mods", "--windows", "--target", "gfx950", "--kind", "bwd_dq", "--dclass", "d64"])

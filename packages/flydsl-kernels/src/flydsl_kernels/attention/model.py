@@ -853,12 +853,6 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
     return out
 
 
-#: the probes a prefill entry's band levels are compiled with (``mod_window_problems``): each
-#: of ``MOD_PROBES`` (ALiBi's arithmetic, lighter than a gather, lost a wave or kept scratch
-#: at levels the other two compiled clean at: gfx942's 16-bit dQ d128 to d256 at 2 warps,
-#: sm90's fp32 dQ and dK/dV d128); a level is a dozen compiles a probe
-WINDOW_PROBES = tuple(MOD_PROBES)
-
 #: the targets whose traced mods' band levels ``mod_search(windows=True)`` has searched
 #: (``configs.TRACED_WINDOW_TILES``) and ``check_tables`` compiles: a target added to
 #: ``TABLES`` joins once searched
@@ -869,20 +863,22 @@ def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dic
     """``{warps: [(probe, problem, spec, tile), ...]}``: an entry's problems with a traced mod
     (``mod_problems``' not causal) under a left window bound, by the warps of the band level
     the plan's tile reaches (``plan.mod_band_tile``: ``tile``, before
-    ``configs.TRACED_WINDOW_TILES``' changes). A prefill's: each probe of ``WINDOW_PROBES``
-    under causal windows (``WINDOW_LEFTS``), the first met of each level and loop shape
-    (``plan.narrow_band``), and a left bound without a right one (not causal: no band). A
-    decode entry's (its tile does not shrink: one level): each of ``MOD_PROBES`` under each
-    of ``DECODE_WINDOWS`` (the kernel is the same at every width: a decode tile's loops all
+    ``configs.TRACED_WINDOW_TILES``' changes), with each probe of ``MOD_PROBES`` (ALiBi's
+    arithmetic, lighter than a gather, lost a wave or kept scratch at levels the other two
+    compiled clean at: gfx942's 16-bit dQ d128 to d256 at 2 warps, sm90's fp32 dQ and dK/dV
+    d128). A prefill's: under causal windows (``WINDOW_LEFTS``), the first met of each level
+    and loop shape (``plan.narrow_band``), and a left bound without a right one (not causal:
+    no band). A decode entry's (its tile does not shrink: one level): under each of
+    ``DECODE_WINDOWS`` (the kernel is the same at every width: a decode tile's loops all
     mask; sm90's d64 and d256 kept scratch with the ALiBi-like mod only)."""
     if kind not in MOD_KINDS:
         raise ValueError(f"a traced mod's band levels are {', '.join(MOD_KINDS)}'s, not {kind!r}'s")
     out, seen = {}, set()
-    for name, p0, spec in mod_problems(kind, dcls, fp32)[: len(MOD_PROBES)]:
+    for name, p0, spec in mod_problems(kind, dcls, fp32):
+        if p0.causal:  # the windows set it
+            continue
         if kind == "decode":
             probs = [replace(p0, window=w, causal=w[1] == 0) for w in DECODE_WINDOWS]
-        elif name not in WINDOW_PROBES:
-            continue
         else:
             probs = [replace(p0, window=(left, 0), causal=True) for left in WINDOW_LEFTS]
             probs.append(replace(p0, window=(WINDOW_LEFTS[-1], -1)))
