@@ -230,33 +230,34 @@ def plan_forward(
     sparse = bool(p.sparse[0])
     kind = "decode" if p.decode and not sparse else "fwd"
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
-    cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
-    if config is None and (p.score_mod is not None or p.mask_mod is not None):
-        mt = forward_mod_tile(p, table, kind)  # the mod tile, with its traced-mod changes
-        cfg = configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32")
-    if sparse:
-        cfg = sparse_tiles(cfg, p.sparse)
+    traced = p.score_mod is not None or p.mask_mod is not None
+    if config is None and traced and not sparse:  # the mod tile at its band level (its
+        # changes), then the level's own for the mod under a left bound
+        cfg = mod_band_tile(kind, p, table)
+        if p.bounds[0] >= 0:
+            cfg = configs.traced_config(kind, cfg, dcls, table, p.dtype == "fp32", True)
+    else:
+        cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
+        if config is None and traced:  # a block mask's: the mod tile with its changes
+            mt = forward_mod_tile(p, table, kind)
+            cfg = configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32")
+        if sparse:
+            cfg = sparse_tiles(cfg, p.sparse)
+        cfg = fitted_tile(kind, cfg, p)
+        if config is None:
+            # the table's tile (fp32's: its own changes), which the window, score-term and
+            # page changes were chosen for: not a block mask's (its rule shaped it above); a
+            # decode tile's changes apply to it as grown for its rows
+            cfg = configs.window_config(
+                kind, cfg, p.bounds, dcls, table, mod=configs.tile_mod(p.alibi, bool(p.softcap)),
+                tuned=not sparse, paged=bool(p.page_size), fp32=p.dtype == "fp32",
+            )  # fmt: skip
+    # a given config's K lane order is a 16-bit operand's (fp32's tiles have none: fp32_tiles)
+    klanes = cfg.klanes if config is None or p.dtype != "fp32" else 0
+    if config is None:  # the changes set the table's key tile
+        cfg = page_tile(cfg, p.page_size, klanes)
     G = p.group
     GP = next_gp(G) if kind == "decode" else 1
-    if kind == "decode":
-        cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, GP))
-    klanes = cfg.klanes if p.dtype != "fp32" else 0
-    cfg = page_tile(cfg, p.page_size, klanes)
-    if config is None:
-        mod = configs.tile_mod(p.alibi, bool(p.softcap))
-        # the table's tile (fp32's: its own changes), which the window, score-term and page
-        # changes were chosen for: not a mod's or a block mask's (their rules shaped it
-        # above); a decode tile's changes apply to it as grown for its rows
-        traced = p.score_mod is not None or p.mask_mod is not None
-        tuned = not (traced or sparse)
-        cfg = configs.window_config(
-            kind, cfg, p.bounds, dcls, table, mod=mod, tuned=tuned, paged=bool(p.page_size),
-            fp32=p.dtype == "fp32",
-        )  # fmt: skip
-        if traced and not sparse and p.bounds[0] >= 0:  # the band level's own for the mod
-            cfg = configs.traced_config(kind, cfg, dcls, table, p.dtype == "fp32", True)
-        klanes = cfg.klanes  # fp32's tile has none (fp32_tiles)
-        cfg = page_tile(cfg, p.page_size, klanes)  # the changes set the table's key tile
     BM = configs.decode_rows(cfg.BM, p.seqlen_q, GP) if p.decode else cfg.BM
     left, right = p.bounds
     # every field computed first and Fwd built once: a dataclasses.replace of its 36 fields
@@ -621,17 +622,23 @@ def mod_band_tile(kind: str, p: Problem, table) -> configs.Config:
     """The tile of kernel ``kind`` for ``p`` with a traced score or mask mod and no block mask,
     before ``configs.TRACED_WINDOW_TILES``' changes (``plan_forward``'s and ``plan_backward``'s;
     under a left bound those of its warps follow): the forward's mod tile with its
-    ``TRACED_TILES`` changes, shrunk for the window (a decode tile's: grown for its rows and
-    capped at its page, no shrink); the backward's ``backward_tile``."""
+    ``TRACED_TILES`` changes, fitted to the problem (``fitted_tile``: a decode tile grown for
+    its rows; capped at the page) and shrunk for the window; the backward's
+    ``backward_tile``."""
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
     if kind not in ("fwd", "decode"):
         return backward_tile(kind, p, table)
     mt = forward_mod_tile(p, table, kind)
-    c = configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32")
-    if kind == "decode":
-        c = grown_decode(c, configs.decode_rows(c.BM, p.seqlen_q, next_gp(p.group)))
-        c = page_tile(c, p.page_size, c.klanes if p.dtype != "fp32" else 0)
+    c = fitted_tile(kind, configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32"), p)
     return configs.window_config(kind, c, p.bounds, dcls, table, tuned=False)
+
+
+def fitted_tile(kind: str, cfg: configs.Config, p: Problem) -> configs.Config:
+    """A forward tile ``cfg`` fitted to ``p``'s rows and cache: a decode tile grown for its
+    rows (``grown_decode``), then the key tile capped at ``p``'s page (``page_tile``)."""
+    if kind == "decode":
+        cfg = grown_decode(cfg, configs.decode_rows(cfg.BM, p.seqlen_q, next_gp(p.group)))
+    return page_tile(cfg, p.page_size, cfg.klanes if p.dtype != "fp32" else 0)
 
 
 def backward_tile(kind: str, p: Problem, table) -> configs.Config:
