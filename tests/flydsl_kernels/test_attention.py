@@ -122,6 +122,12 @@ def test_window_tiles_against_the_reference(table, d, dv, window, terms, kind, w
         ("gfx950", 192, 32, (-1, -1), {"alibi": True}, {"BN": 32, "lane_sums": False}),
         # the key tile capped at the page again after the level's 32 keys
         ("gfx950", 128, 16, (200, 0), {}, {"BM": 128, "BN": 16, "num_warps": 4}),
+        # configs.FP32_PAGED_TILES: fp32 operands, on top of FP32_TILES' (not PAGED_TILES')
+        ("gfx950", 192, 256, (-1, -1), F32, {"BM": 128, "nonkdim": 16, "lane_sums": True}),
+        ("gfx950", 128, 64, (100, 0), F32 | {"alibi": True}, {"BM": 32, "nonkdim": 16}),
+        ("gfx942", 256, 32, (-1, -1), F32 | {"softcap": 5.0}, {"BN": 16, "num_warps": 8}),
+        ("gfx1250", 128, 16, (20, 0), F32, {"BM": 64, "num_warps": 2}),
+        ("sm90", 256, 64, (200, 0), F32, {"BN": 16, "num_stages": 1}),
     ],
 )  # fmt: skip
 def test_paged_prefill_tiles_against_the_reference(
@@ -130,13 +136,15 @@ def test_paged_prefill_tiles_against_the_reference(
     g = gen(61 + page)
     dv = 128 if d == 192 else d
     B, Sq, H, Hk, S = 2, 77, 2, 1, 256
-    q = rand(B, Sq, H, d, g=g)
-    kfull, vfull = rand(B, S, Hk, d, g=g), rand(B, S, Hk, dv, g=g)
+    dt = FP32 if terms.get("dtype") == "fp32" else BF16
+    q = rand(B, Sq, H, d, g=g, dtype=dt)
+    kfull, vfull = rand(B, S, Hk, d, g=g, dtype=dt), rand(B, S, Hk, dv, g=g, dtype=dt)
     kw = {"softcap": terms["softcap"]} if "softcap" in terms else {}
     if terms.get("alibi"):
         kw["alibi_slopes"] = torch.rand(H, generator=g) * 0.5
     fp = _checked_kvcache(monkeypatch, q, kfull, vfull, page, g, window, table, **kw)
     assert fp.problem.page_size == page and not fp.problem.decode
+    assert fp.problem.dtype == terms.get("dtype", "bf16")
     assert {f: getattr(fp.config, f) for f in want} == want
 
 
@@ -184,7 +192,7 @@ def _checked_kvcache(monkeypatch, q, kfull, vfull, page, g, window, table, **kw)
     ro, rl = reference.attention(
         q, kfull, vfull, causal=True, seqused_k=lens, window_size=window, **kw
     )
-    close(out, ro, OUT_TOL[BF16])
+    close(out, ro, OUT_TOL[q.dtype])
     close_lse(lse, rl)
     return seen[0]
 
@@ -1654,6 +1662,33 @@ def test_fp32_tiles_take_their_level_changes(monkeypatch):
     d = replace(p, seqlen_q=1, decode=True, seqused=True, causal=False)
     assert plan.plan_forward(d, "gfx950").config.num_stages == 2
     assert plan.plan_forward(replace(d, dtype="bf16"), "gfx950").config.num_stages == 1
+
+
+def test_fp32_paged_tiles_go_on_top_of_the_fp32_ones(monkeypatch):
+    # configs.FP32_PAGED_TILES: an fp32 prefill over a paged cache, by (kind, dclass, score
+    # term, level warps, left bound), on top of FP32_TILES' (plain and the term's), not
+    # PAGED_TILES' (chosen for 16-bit operands); its keys capped at the page after them
+    monkeypatch.setitem(configs.FP32_TILES, "gfx950", {("fwd", "d128", "", 2, True): {"BN": 16}})
+    monkeypatch.setitem(configs.PAGED_TILES, "gfx950", {("fwd", "d128", "", 2, True): {"BM": 32}})
+    paged = {
+        ("fwd", "d128", "", 2, True): {"BN": 32, "num_warps": 4},
+        ("fwd", "d128", "alibi", 8, False): {"BM": 128},
+    }
+    monkeypatch.setitem(configs.FP32_PAGED_TILES, "gfx950", paged)
+    p = plan.Problem(2, 512, 512, 8, 2, 128, 128, causal=True, window=(127, 0), dtype="fp32")
+    c = plan.plan_forward(p, "gfx950").config  # dense: FP32_TILES' alone
+    assert (c.BM, c.BN, c.num_warps) == (64, 16, 2), c
+    pg = replace(p, page_size=64, seqused=True)
+    c = plan.plan_forward(pg, "gfx950").config
+    assert (c.BM, c.BN, c.num_warps) == (64, 32, 4), c
+    c = plan.plan_forward(replace(pg, page_size=16), "gfx950").config  # capped at the page
+    assert (c.BM, c.BN, c.num_warps) == (64, 16, 4), c
+    c = plan.plan_forward(replace(pg, dtype="bf16"), "gfx950").config  # 16-bit: PAGED_TILES'
+    assert c.BM == 32, c
+    # by score term and left bound: ALiBi's without a window, not the plain level's
+    c = plan.plan_forward(replace(pg, window=(-1, -1), alibi=True), "gfx950").config
+    assert (c.BM, c.BN) == (128, 32), c
+    assert plan.plan_forward(replace(pg, window=(-1, -1)), "gfx950").config.BM == 256
 
 
 def test_mod_tiles_go_on_top_of_the_window_tiles(monkeypatch):

@@ -604,6 +604,11 @@ WINDOWED = [
     ("gfx942", "fwd", "d256", (47, 0), F32 | {"softcap": 50.0}),  # 22 spills, 92 B
     ("sm90", "fwd", "d128", (15, 0), F32 | {"alibi": True}),  # 272 B
     ("sm90", "bwd_dq", "d128", (4095, -1), F32 | {"softcap": 50.0}),  # 320 B, mended by hand
+    # fp32 over a paged cache (configs.FP32_PAGED_TILES; FP32_TILES' alone before)
+    ("gfx950", "fwd", "d192", (-1, -1), F32 | PAGED),  # 13 spills, 56 B
+    ("gfx942", "fwd", "d256", (94, 0), F32 | PAGED),  # 9 spills, 40 B
+    ("gfx1250", "fwd", "d256", (158, 0), F32 | PAGED | {"softcap": 50.0}),  # 6 spills, 28 B
+    ("sm90", "fwd", "d256", (47, 0), F32 | PAGED),  # 1160 B of scratch
 ]
 
 
@@ -721,6 +726,26 @@ def test_check_tables_compiles_every_paged_level(monkeypatch):
     monkeypatch.setitem(configs.PAGED_TILES, "gfx950", {})
     bad = model.check_tables(("gfx950",), keys, pages=(256,), fp32=False, mods=False)
     assert bad and all(" pages of 256" in b for b in bad), bad
+
+
+def test_check_tables_compiles_every_fp32_paged_level(monkeypatch):
+    # an fp32 forward over a paged cache (model.fp32_levels with pages): every problem reads
+    # pages of the size in fp32, levels keyed as the dense ones; without gfx950's
+    # FP32_PAGED_TILES its d192 forward without a window spilled at pages of 256 (FP32_TILES'
+    # dense change alone)
+    entry = configs.TABLES["gfx950"][("fwd", "d192")]
+    levels = model.fp32_levels("fwd", "d192", entry, "gfx950", pages=(256, 16))
+    probs = [p for level in levels.values() for p, _ in level]
+    assert all(p.dtype == "fp32" and p.seqused for p in probs)
+    assert {p.page_size for p in probs} == {256, 16}
+    assert set(levels) == set(model.fp32_levels("fwd", "d192", entry, "gfx950"))
+    keys = {("fwd", "d192")}
+    monkeypatch.setattr(model, "TILE_MODS", {})
+    monkeypatch.setattr(model, "WINDOW_LEFTS", (4095,))
+    assert model.check_tables(("gfx950",), keys, pages=(256,), mods=False) == []
+    monkeypatch.setitem(configs.FP32_PAGED_TILES, "gfx950", {})
+    bad = model.check_tables(("gfx950",), keys, pages=(256,), mods=False)
+    assert bad and all(" fp32 window (-1, -1)" in b and " pages of 256" in b for b in bad), bad
 
 
 def test_check_tables_compiles_decode_under_windows(monkeypatch):

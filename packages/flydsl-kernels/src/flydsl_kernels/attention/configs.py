@@ -1362,6 +1362,82 @@ FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
 }
 
 
+#: per target: the field changes the tile of an fp32 prefill forward over a paged KV cache
+#: takes (``flash_attn_with_kvcache`` with many fp32 queries), by ``PAGED_TILES``' key, on top
+#: of the ``FP32_TILES`` ones (``PAGED_TILES``' were chosen for 16-bit operands); the plan then
+#: caps the key tile at the page again. Chosen by ``model.window_search`` (``--windows --paged
+#: --fp32 [--mod alibi|softcap]``) at pages of ``model.PAGES`` keys, with and without windows,
+#: held to no spill or scratch and, where a change reaches it, two waves (``model.FP32_FLOOR``).
+#: Before (Triton 3.9, the ``FP32_TILES`` changes alone), 140 of the 1296 kernels of those
+#: problems (4 targets, every level, plain, with ALiBi and with softcap) fell short at one
+#: wave: gfx950 25 (fwd d192 without a window up to 304 B of scratch, d128 with ALiBi 92 B),
+#: gfx942 31 (d256 up to 64 B), gfx1250 9 (d256 with softcap 28 B), sm90 75 (d192 up to 280 B,
+#: d256 at every level up to 1232 B: its fp32 tiles' two stages)
+FP32_PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
+    "gfx950": {
+        ("fwd", "d128", "", 8, False): {"lane_sums": False},
+        ("fwd", "d128", "", 4, True): {"num_warps": 8},
+        ("fwd", "d128", "", 2, True): {"BM": 32, "nonkdim": 16},
+        ("fwd", "d128", "", 1, True): {"lane_sums": False},
+        ("fwd", "d128", "alibi", 8, False): {"BM": 128, "nonkdim": 16},
+        ("fwd", "d128", "alibi", 4, True): {"BM": 64, "nonkdim": 16},
+        ("fwd", "d128", "alibi", 2, True): {"BM": 32, "nonkdim": 16},
+        ("fwd", "d128", "alibi", 1, True): {"nonkdim": 16},
+        ("fwd", "d128", "softcap", 8, False): {"lane_sums": False},
+        ("fwd", "d128", "softcap", 4, True): {"num_warps": 8},
+        ("fwd", "d128", "softcap", 2, True): {"BM": 32, "nonkdim": 16},
+        ("fwd", "d128", "softcap", 1, True): {"lane_sums": False},
+        ("fwd", "d192", "", 8, False): {"BM": 128, "nonkdim": 16, "lane_sums": True},
+        ("fwd", "d192", "", 1, True): {"BM": 16, "nonkdim": 16, "lane_sums": False},
+        ("fwd", "d192", "softcap", 1, True): {"BM": 16, "nonkdim": 16, "lane_sums": False},
+        ("fwd", "d256", "alibi", 8, True): {"lane_sums": True, "num_warps": 8},
+        ("fwd", "d256", "alibi", 8, False): {"hoist_rsrc": ""},
+        ("fwd", "d256", "softcap", 8, True): {"num_warps": 8},
+    },
+    "gfx942": {
+        ("fwd", "d64", "alibi", 1, True): {"BM": 64, "num_warps": 2},
+        ("fwd", "d192", "alibi", 2, True): {"BM": 64, "num_warps": 4},
+        ("fwd", "d256", "", 8, False): {"lane_sums": True, "num_warps": 8},
+        ("fwd", "d256", "", 4, True): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "", 2, True): {"num_warps": 8},
+        ("fwd", "d256", "alibi", 4, True): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "alibi", 1, True): {"lane_sums": True},
+        ("fwd", "d256", "softcap", 8, True): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "softcap", 8, False): {"lane_sums": True, "num_warps": 8},
+        ("fwd", "d256", "softcap", 4, True): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "softcap", 2, True): {"BM": 32, "num_warps": 4},
+        ("fwd", "d256", "softcap", 1, True): {"lane_sums": True},
+    },
+    "gfx1250": {
+        ("fwd", "d128", "", 1, True): {"BM": 64, "num_warps": 2},
+        ("fwd", "d128", "alibi", 8, False): {"BM": 256, "num_warps": 8},
+        ("fwd", "d128", "alibi", 1, True): {"BM": 64, "num_warps": 2},
+        ("fwd", "d128", "softcap", 8, False): {"BN": 16},
+        ("fwd", "d128", "softcap", 1, True): {"BM": 64, "num_warps": 2},
+        ("fwd", "d256", "", 1, True): {"BM": 32, "num_warps": 4},
+        ("fwd", "d256", "alibi", 8, False): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "alibi", 1, True): {"BM": 32, "num_warps": 4},
+        ("fwd", "d256", "softcap", 8, True): {"sched": "iterative-ilp"},
+        ("fwd", "d256", "softcap", 1, True): {"BM": 32, "num_warps": 4},
+    },
+    "sm90": {
+        ("fwd", "d192", "", 4, True): {"num_stages": 1},
+        ("fwd", "d192", "", 1, True): {"num_warps": 4},
+        ("fwd", "d192", "alibi", 1, True): {"num_warps": 4},
+        ("fwd", "d192", "softcap", 1, True): {"num_warps": 4},
+        ("fwd", "d256", "", 4, True): {"num_stages": 1},
+        ("fwd", "d256", "", 4, False): {"num_stages": 1},
+        ("fwd", "d256", "", 2, True): {"num_stages": 1},
+        ("fwd", "d256", "alibi", 4, True): {"num_stages": 1},
+        ("fwd", "d256", "alibi", 4, False): {"num_stages": 1},
+        ("fwd", "d256", "alibi", 2, True): {"num_stages": 1},
+        ("fwd", "d256", "softcap", 4, True): {"num_stages": 1},
+        ("fwd", "d256", "softcap", 4, False): {"num_stages": 1},
+        ("fwd", "d256", "softcap", 2, True): {"num_stages": 1},
+    },
+}
+
+
 def tile_mod(alibi: bool, softcap: bool) -> str:
     """The ``MOD_TILES`` key of a problem's score terms: ALiBi's (the heavier: a slope and the
     distance live per score) before softcap's; "" neither."""
@@ -1395,16 +1471,19 @@ def window_config(
     tile at the page). ``tuned`` False (a tile another rule shaped: a score or mask mod's, a
     block mask's; the changes set tile sizes that may not fit it): the shrink alone. ``fp32``
     (fp32 operands, ``cfg`` the plan's fp32 tile: ``plan.fp32_tiles``): the ``FP32_TILES``
-    changes at the level (and ``mod``'s on top) instead of the others, which were chosen for
-    16-bit operands."""
+    changes at the level (and ``mod``'s on top, and over a ``paged`` cache the
+    ``FP32_PAGED_TILES`` ones) instead of the others, which were chosen for 16-bit operands."""
     c = band_config(kind, cfg, band_of(bounds), warp_keys)
     if not tuned:
         return c
-    if fp32:  # the level's fp32 changes, then its score term's on top
+    if fp32:  # the level's fp32 changes, then its score term's, then a paged cache's on top
         tab = _table_for(FP32_TILES, target)
         changes = dict(tab.get((kind, dcls, "", c.num_warps, bounds[0] >= 0), {}))
         if mod:
             changes.update(tab.get((kind, dcls, mod, c.num_warps, bounds[0] >= 0), {}))
+        if paged:
+            key = (kind, dcls, mod, c.num_warps, bounds[0] >= 0)
+            changes.update(_table_for(FP32_PAGED_TILES, target).get(key, {}))
         return replace(c, notes={}, **changes) if changes else c
     changes = {}
     if bounds[0] >= 0:  # a left bound

@@ -20,9 +20,10 @@ compile; survivors are ranked (``score``) by
 
 ``window_search`` picks the changes a table tile takes under a window or a score term at each
 level of the window's shrink (a decode tile's: as grown for its rows), a prefill's over a
-paged cache, and an fp32 tile's (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``,
-``FP32_TILES``); ``mod_search`` the change a tile takes with a traced score or mask mod
-(``configs.TRACED_TILES``; under a left window bound ``TRACED_WINDOW_TILES``); and
+paged cache, and an fp32 tile's, dense or paged (``configs.WINDOW_TILES``, ``MOD_TILES``,
+``PAGED_TILES``, ``FP32_TILES``, ``FP32_PAGED_TILES``); ``mod_search`` the change a tile
+takes with a traced score or mask mod (``configs.TRACED_TILES``; under a left window bound
+``TRACED_WINDOW_TILES``); and
 ``check_tables`` compiles every entry plain, persistent where it ships so, and under those
 problems (``window_problems``, ``decode_problems``, ``mod_problems``,
 ``mod_window_problems``).
@@ -298,7 +299,7 @@ def check_tables(
     """Compile every shipped entry of every target's table at its model problem, and the
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
-    (``window_problems(fp32=True)``), and with ``mods`` each entry's with each traced score
+    (``window_problems(fp32=True)``; a forward's over those caches too), and with ``mods`` each entry's with each traced score
     or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32; with ``windows`` under
     windows too on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
     problems found (compile failures, scratch, spills, LDS over the target's limit, and on
@@ -336,8 +337,8 @@ def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES, fp32=True):
     """``(label, CompiledKernel)`` of a prefill entry under each of its window problems
     (``window_problems``), plain and with each score term of ``TILE_MODS``, a forward's over a
     cache of each of ``pages``, and with ``fp32`` each of them in fp32, as the plan compiles
-    them (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES`` and ``FP32_TILES``
-    applied)."""
+    them (``configs.WINDOW_TILES``, ``MOD_TILES``, ``PAGED_TILES``, ``FP32_TILES`` and
+    ``FP32_PAGED_TILES`` applied)."""
     out = []
     for page in (0, *pages) if kind == "fwd" else (0,):
         for mod in ("", *TILE_MODS):
@@ -348,14 +349,16 @@ def _windowed_kernels(kind, dcls, cfg, target, pages=PAGES, fp32=True):
                 what += (f" {mod}" if mod else "") + (f" pages of {page}" if page else "")
                 out.append((what, window_kernel(kind, p, target)))
     if fp32:  # held to FP32_FLOOR waves, and a known shortfall to the scratch it keeps
-        for mod in ("", *(TILE_MODS if kind in FP32_MOD_KINDS else ())):
-            for (warps, windowed), probs in fp32_levels(kind, dcls, cfg, target, mod).items():
-                key = (target, kind, dcls, mod, warps, windowed)
-                keep = FP32_SHORTFALLS.get(key, (-1,))[0]
-                for p, _ in probs:
-                    what = f" fp32 window {p.window}" + ("" if p.causal else " not causal")
-                    what += f" {mod}" if mod else ""
-                    out.append((what, window_kernel(kind, p, target), FP32_FLOOR, keep))
+        for page in (0, *pages) if kind == "fwd" else (0,):
+            for mod in ("", *(TILE_MODS if kind in FP32_MOD_KINDS else ())):
+                levels = fp32_levels(kind, dcls, cfg, target, mod, (page,))
+                for (warps, windowed), probs in levels.items():
+                    key = (target, kind, dcls, mod, warps, windowed)
+                    keep = FP32_SHORTFALLS.get(key, (-1,))[0] if not page else -1
+                    for p, _ in probs:
+                        what = f" fp32 window {p.window}" + ("" if p.causal else " not causal")
+                        what += (f" {mod}" if mod else "") + (f" pages of {page}" if page else "")
+                        out.append((what, window_kernel(kind, p, target), FP32_FLOOR, keep))
     return out
 
 
@@ -397,15 +400,17 @@ TILE_MODS = {"alibi": {"alibi": True}, "softcap": {"softcap": 50.0}}
 FP32_MOD_KINDS = ("fwd", "bwd_dkdv", "bwd_dq")
 
 
-def fp32_levels(kind: str, dcls: str, cfg: Config, target, mod: str = "") -> dict:
+def fp32_levels(kind: str, dcls: str, cfg: Config, target, mod: str = "", pages=(0,)) -> dict:
     """``{(warps, windowed): [(problem, tile), ...]}``: an entry's fp32 problems
     (``window_problems(fp32=True)``, with a score term ``mod`` of ``FP32_MOD_KINDS``) by the
-    level of ``configs.FP32_TILES`` they take."""
+    level of ``configs.FP32_TILES`` they take; a forward's over a cache of each of ``pages``
+    (0: dense) for ``configs.FP32_PAGED_TILES``, the largest page first."""
     out: dict = {}
-    for (warps, _, _, windowed, *_), pt in window_problems(
-        kind, dcls, cfg, target, mod, 0, True
-    ).items():
-        out.setdefault((warps, windowed), []).append(pt)
+    for page in sorted(pages, reverse=True):
+        for (warps, _, _, windowed, *_), pt in window_problems(
+            kind, dcls, cfg, target, mod, page, True
+        ).items():
+            out.setdefault((warps, windowed), []).append(pt)
     return out
 
 
@@ -667,9 +672,10 @@ def window_search(
     window. ``paged`` (a forward's): the ``PAGED_TILES`` changes for ``mod`` at every page size
     of ``PAGES``, on top of both, keyed ``(warps, windowed)``: a left bound's problems apart
     from those without a window (at the table's level), which take no change they do not
-    need. ``fp32`` (not ``paged``): the ``FP32_TILES`` changes of the fp32 tile
-    (``plan.fp32_tiles``), keyed so too; they replace the others (``configs.window_config``);
-    with ``mod``, on top of the level's plain fp32 ones (``fp32_levels``).
+    need. ``fp32``: the ``FP32_TILES`` changes of the fp32 tile (``plan.fp32_tiles``), keyed
+    so too; they replace the others (``configs.window_config``); with ``mod``, on top of the
+    level's plain fp32 ones (``fp32_levels``); with ``paged`` too, the ``FP32_PAGED_TILES``
+    changes, on top of the level's ``FP32_TILES`` ones (plain and ``mod``'s).
     The search tries ``fp32_changes`` and their pairs, then ``window_changes``' others, alone
     and on the size change nearest the bar; a level none brings to ``OCCUPANCY_FLOOR`` is
     searched again at ``FP32_FLOOR`` waves (none needed where it is clean at one), and one
@@ -682,9 +688,9 @@ def window_search(
     wins = configs.WINDOW_TILES.get(target, {}) if (mod or paged) and not fp32 else {}
     mods = configs.MOD_TILES.get(target, {}) if paged and mod else {}
     f32_all = configs.FP32_TILES.get(target, {})
-    f32 = f32_all if fp32 and mod else {}
+    f32 = f32_all if fp32 and (mod or paged) else {}
     if fp32:
-        levels = fp32_levels(kind, dcls, cfg, target, mod)
+        levels = fp32_levels(kind, dcls, cfg, target, mod, PAGES if paged else (0,))
     else:
         levels = {}
         # the largest page first: a level's first tile (the changes' base) is the dense one's
@@ -697,8 +703,9 @@ def window_search(
 
     def before(warps, windowed):
         """the changes the plan makes to a level's tile before the searched ones"""
-        if fp32:  # a score term's go on top of the level's plain fp32 ones
-            return f32.get((kind, dcls, "", warps, windowed), {})
+        if fp32:  # a score term's go on top of the level's plain fp32 ones, a page's on both
+            plain = f32.get((kind, dcls, "", warps, windowed), {})
+            return plain | (f32.get((kind, dcls, mod, warps, windowed), {}) if paged else {})
         w = wins.get((kind, dcls, warps), {}) if windowed else {}
         return w | mods.get((kind, dcls, mod, warps), {})
 
@@ -756,7 +763,7 @@ def window_search(
                 start = replace(probs[0][1], **before(warps, level[1]))
                 singles = fp32_changes(kind, probs[0][1], cfg)
                 singles += [c for c in fp32_changes(kind, start, cfg) if c not in singles]
-                shipped = {} if mod else f32_all.get((kind, dcls, "", *level), {})
+                shipped = {} if mod or paged else f32_all.get((kind, dcls, "", *level), {})
                 if shipped:  # the shipped change stays in the race
                     on = replace(probs[0][1], **shipped)
                     ons = [shipped] + [shipped | c for c in fp32_changes(kind, on, cfg)]
@@ -1073,7 +1080,7 @@ def main(argv=None):  # pragma: no cover - a developer tool
         "--paged",
         action="store_true",
         help="with --windows (--kind fwd): search configs.PAGED_TILES' changes (with --mod: "
-        "for that score term)",
+        "for that score term; with --fp32: configs.FP32_PAGED_TILES')",
     )
     a = ap.parse_args(argv)
     if a.mods:
