@@ -609,6 +609,9 @@ WINDOWED = [
     ("gfx942", "fwd", "d256", (94, 0), F32 | PAGED),  # 9 spills, 40 B
     ("gfx1250", "fwd", "d256", (158, 0), F32 | PAGED | {"softcap": 50.0}),  # 6 spills, 28 B
     ("sm90", "fwd", "d256", (47, 0), F32 | PAGED),  # 1160 B of scratch
+    # fp32 decode with a score term (its FP32_TILES changes on the plain ones)
+    ("gfx942", "decode", "d256", (127, 0), F32 | {"alibi": True, "seqlen_q": 16}),  # 64 B
+    ("sm90", "decode", "d128", (127, 0), F32 | {"alibi": True}),  # 32 B of scratch
 ]
 
 
@@ -693,6 +696,11 @@ def test_check_tables_compiles_every_fp32_level(monkeypatch):
     probs = [p for level in alibi.values() for p, _ in level]
     assert all(p.alibi and p.dtype == "fp32" for p in probs)
     assert len([p for p in probs if p.bounds[0] < 0]) == 2  # causal and not, no window
+    # decode's too: its problems (model.decode_problems) with the term, in fp32
+    dec = configs.TABLES["gfx950"][("decode", "d128")]
+    probs = [p for lv in model.fp32_levels("decode", "d128", dec, "gfx950", "alibi").values()
+             for p, _ in lv]  # fmt: skip
+    assert probs and all(p.alibi and p.dtype == "fp32" and p.decode for p in probs)
     keys = {("bwd_dq", "d128")}
     monkeypatch.setattr(model, "TILE_MODS", {})
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15, 4095))

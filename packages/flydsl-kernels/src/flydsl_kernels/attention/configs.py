@@ -1181,7 +1181,10 @@ PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
 #: warps under a left bound (264 B), and its dQ d192 at 4 warps (608 B windowed, 32 B without).
 #: Under windows with a score term (the plain changes alone), 33 of the 442 problems: gfx950 5
 #: (fwd d256 with ALiBi 40 B), gfx942 7 (fwd d256 92 B; dK/dV d256 spills into AGPRs, kept:
-#: ``model.FP32_SHORTFALLS``), gfx1250 5 (up to 28 B), sm90 16 (up to 408 B)
+#: ``model.FP32_SHORTFALLS``), gfx1250 5 (up to 28 B), sm90 16 (up to 408 B). Decode with
+#: ALiBi or softcap (``model.decode_problems``, 768 kernels on the plain changes alone): 10
+#: fell short (gfx942 d256 with ALiBi 18 spills and 72 B, with softcap 8 B; sm90 d64 8 B, d128
+#: with ALiBi 32 B, d256 24 B), and four levels took one wave where a change reaches two
 FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
     "gfx950": {
         ("fwd", "d128", "", 8, True): {"BM": 128, "nonkdim": 16},
@@ -1199,6 +1202,7 @@ FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
         ("decode", "d256", "", 8, False): {"lane_sums": True},
         ("decode", "d256", "", 2, True): {"num_warps": 4, "lane_sums": True},
         ("decode", "d256", "", 2, False): {"num_warps": 4},
+        ("decode", "d128", "alibi", 1, True): {"BN": 16},
         ("bwd_dkdv", "d192", "", 2, True): {"BN": 32, "num_warps": 4},
         ("bwd_dq", "d128", "", 8, True): {"BM": 128, "nonkdim": 16},
         ("bwd_dq", "d128", "", 8, False): {"BM": 128, "nonkdim": 16},
@@ -1235,6 +1239,9 @@ FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
         ("decode", "d256", "", 8, False): {"sched": "max-ilp"},
         ("decode", "d256", "", 2, True): {"num_warps": 4},
         ("decode", "d256", "", 2, False): {"num_warps": 4},
+        ("decode", "d128", "alibi", 1, True): {"lane_sums": False},
+        ("decode", "d256", "alibi", 8, True): {"sched": "iterative-ilp"},
+        ("decode", "d256", "softcap", 8, True): {"sched": "iterative-ilp"},
         ("bwd_dkdv", "d128", "", 2, True): {"BN": 32, "num_warps": 4},
         ("bwd_dkdv", "d256", "", 4, True): {"sched": "iterative-ilp"},
         ("bwd_dq", "d64", "", 1, True): {"BM": 64, "num_warps": 2},
@@ -1269,6 +1276,8 @@ FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
         ("fwd", "d256", "", 2, True): {"num_warps": 4},
         ("fwd", "d256", "", 1, True): {"num_warps": 2},
         ("decode", "d256", "", 2, True): {"num_warps": 4},
+        ("decode", "d256", "alibi", 2, False): {"num_warps": 4},
+        ("decode", "d256", "softcap", 2, False): {"num_warps": 4},
         ("bwd_dkdv", "d128", "", 2, True): {"BN": 32, "num_warps": 4},
         ("bwd_dkdv", "d192", "", 8, True): {"BM": 16},
         ("bwd_dkdv", "d192", "", 8, False): {"BM": 16},
@@ -1320,6 +1329,10 @@ FP32_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
         ("decode", "d128", "", 8, False): {"BN": 16, "num_stages": 1},
         ("decode", "d128", "", 2, True): {"num_warps": 4, "num_stages": 1},
         ("decode", "d128", "", 2, False): {"num_warps": 4, "BN": 16},
+        ("decode", "d64", "alibi", 2, False): {"lane_sums": True},
+        ("decode", "d64", "softcap", 8, False): {"lane_sums": True},
+        ("decode", "d128", "alibi", 2, True): {"lane_sums": True},
+        ("decode", "d256", "alibi", 8, True): {"num_stages": 2},
         ("bwd_dkdv", "d64", "", 4, True): {"BM": 16},
         ("bwd_dkdv", "d64", "", 4, False): {"BM": 16},
         ("bwd_dkdv", "d64", "", 2, True): {"BM": 16},
