@@ -1510,6 +1510,67 @@ def test_score_mod_tiles_against_the_reference(table, d, dtype, causal, window):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "table, d, sq, page, dtype",
+    [
+        ("gfx950", 64, 1, 16, BF16),  # decode: one query per head, a page per key tile
+        ("gfx950", 128, 5, 64, BF16),  # a few speculative queries
+        ("gfx950", 192, 77, 256, FP32),  # a chunked prefill in fp32, pages wider than a tile
+        ("sm90", 256, 77, 16, FP32),
+        ("gfx942", 256, 1, 256, FP32),
+        ("sm90", 128, 1, 16, BF16),
+    ],
+)
+def test_traced_mods_over_a_paged_cache_against_the_reference(
+    table, d, sq, page, dtype, monkeypatch
+):
+    # flash_attn_with_kvcache with a traced score mod (a captured per-head, per-key bias) and
+    # mask mod over a paged cache in a random page order: the plan's tile (the mod tile with
+    # its TRACED_TILES and TRACED_PAGED_TILES changes, capped at the page) computes the
+    # reference's attention and LSE
+    g = gen(71 + page + d)
+    B, H, Hk, S = 2, 4, 2, 256
+    dv = 128 if d == 192 else d
+    q = rand(B, sq, H, d, g=g, dtype=dtype)
+    kfull, vfull = rand(B, S, Hk, d, g=g, dtype=dtype), rand(B, S, Hk, dv, g=g, dtype=dtype)
+    bias = torch.randn(H, S, generator=g)
+    lens = torch.tensor([256, 190], dtype=torch.int32)
+    kc, vc, bt = _paged(kfull, vfull, page, g)
+
+    def key_bias(score, b, h, q_idx, kv_idx, t):
+        return score + t.gather(h, kv_idx).load()
+
+    def odd_keys_even_heads(b, h, q_idx, kv_idx):
+        return (kv_idx % 3 != 1) | (h % 2 == 0)
+
+    seen, real = [], plan.plan_forward
+    monkeypatch.setattr(
+        plan, "plan_forward", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]
+    )
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True, return_softmax_lse=True,
+        score_mod=ScoreMod(key_bias, additive=True), mask_mod=MaskMod(odd_keys_even_heads),
+        mod_tensors=(bias,), target=REF, table=table,
+    )  # fmt: skip
+    ro, rl = reference.attention(
+        q, kfull, vfull, causal=True, seqused_k=lens,
+        score_mod=lambda s, b, h, qi, ki: s + bias.double()[h, ki],
+        mask_mod=lambda b, h, qi, ki: (ki % 3 != 1) | (h % 2 == 0),
+    )  # fmt: skip
+    close(out, ro, OUT_TOL[dtype])
+    close_lse(lse, rl)
+    fp = seen[0]
+    assert fp.problem.page_size == page and fp.problem.dtype == attn_api._DNAME[dtype]
+    keys = fp.config.BN  # plan.page_tile: the key tile capped at the page
+    assert fp.config.klanes or keys <= max(page, 16)
+    kind = "decode" if fp.problem.decode else "fwd"
+    dcls, f32 = configs.dclass(d, dv), dtype == FP32
+    want = configs.TRACED_PAGED_TILES[table].get((kind, dcls, f32), {})
+    assert {f: getattr(fp.config, f) for f in want if f != "BN"} == {
+        f: v for f, v in want.items() if f != "BN"
+    }
+
+
 def test_score_mod_without_gradient_is_a_clear_error():
     q, k, v = qkv(1, 8, 8, 2, 2, 32, seed=34, grad=True)
     out = flash_attn_func(q, k, v, score_mod=lambda s, b, h, qi, ki: s * 2.0, target=REF)

@@ -551,6 +551,23 @@ def test_check_tables_compiles_every_mod_problem(monkeypatch):
     assert bad and all(" mod " in b and "spills" in b for b in bad), bad
 
 
+def test_check_tables_compiles_every_mod_problem_over_a_paged_cache(monkeypatch):
+    # model.mod_paged_problems: a forward's and decode's mod problems over pages of each of
+    # model.MOD_PAGES keys (none for the backward's); without gfx942's TRACED_PAGED_TILES its
+    # fp32 decode d256 spilled 2 SGPRs with the table over pages of 256
+    probs = model.mod_paged_problems("decode", "d256", fp32=True)
+    plain = model.mod_problems("decode", "d256", fp32=True)
+    assert len(probs) == len(plain) * len(model.MOD_PAGES)
+    assert {p.page_size for _, p, _ in probs} == set(model.MOD_PAGES)
+    assert all(p.seqused and p.decode and p.dtype == "fp32" for _, p, _ in probs)
+    assert model.mod_paged_problems("bwd_dq", "d256") == []
+    keys = {("decode", "d256")}
+    assert model.check_tables(("gfx942",), keys, windows=False) == []
+    monkeypatch.setitem(configs.TRACED_PAGED_TILES, "gfx942", {})
+    bad = model.check_tables(("gfx942",), keys, windows=False)
+    assert bad and all(" mod " in b and " fp32 pages of " in b for b in bad), bad
+
+
 def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
     # gfx942's d256 dQ needs one wave per SIMD (no candidate reaches two): allowed by name only
     keys = {("bwd_dq", "d256")}

@@ -1775,18 +1775,54 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
     },
 }
 
+#: per target: the field changes a traced score or mask mod's forward tile (prefill and
+#: decode) takes over a paged KV cache (``flash_attn_with_kvcache`` with ``score_mod`` /
+#: ``mask_mod``), by ``(kind, dclass, fp32)``, on top of its ``TRACED_TILES`` ones; the plan
+#: then caps the key tile at the page (``plan.fitted_tile``). Chosen by ``model.mod_search``
+#: (``--mods --paged``) at ``model.mod_paged_problems``: the mod problems over pages of
+#: ``model.MOD_PAGES`` keys. Before (Triton 3.9, ``TRACED_TILES``' alone), 19 of the 576
+#: kernels of those problems (4 targets, forward and decode, 16-bit and fp32, the three probes)
+#: fell short: gfx950 fp32 fwd d192 3 SGPR spills with the table over pages of 256, gfx942 fp32
+#: decode d256 2, sm90 8 B at a few (16-bit decode d128, fwd d256; fp32 decode d128, fwd
+#: d128) and its fp32 fwd d256 952 to 1128 B with every probe and page
+TRACED_PAGED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
+    "gfx950": {
+        ("fwd", "d192", True): {"sched": "max-ilp"},
+    },
+    "gfx942": {
+        ("decode", "d256", True): {"num_warps": 4},
+    },
+    "gfx1250": {},
+    "sm90": {
+        ("fwd", "d128", True): {"BM": 16},
+        ("fwd", "d256", False): {"BM": 32},
+        ("fwd", "d256", True): {"num_warps": 8, "BM": 16},
+        ("decode", "d128", False): {"num_warps": 4},
+        ("decode", "d128", True): {"num_stages": 1},
+    },
+}
+
 
 def traced_config(
-    kind: str, cfg: Config, dcls: str, target, fp32: bool, windowed: bool = False
+    kind: str,
+    cfg: Config,
+    dcls: str,
+    target,
+    fp32: bool,
+    windowed: bool = False,
+    paged: bool = False,
 ) -> Config:
     """A tile of ``kind`` with a traced score or mask mod: the ``TRACED_TILES`` changes of
-    ``target`` (an untuned one reads gfx950's) for ``(kind, dcls, fp32)``; ``windowed`` (a left
-    window bound, ``cfg`` the band level's tile): ``TRACED_WINDOW_TILES``' at its warps."""
+    ``target`` (an untuned one reads gfx950's) for ``(kind, dcls, fp32)``, and over a ``paged``
+    cache the ``TRACED_PAGED_TILES`` ones on top; ``windowed`` (a left window bound, ``cfg``
+    the band level's tile): ``TRACED_WINDOW_TILES``' at its warps."""
     if windowed:
         key = (kind, dcls, fp32, cfg.num_warps)
         changes = _table_for(TRACED_WINDOW_TILES, target).get(key, {})
     else:
-        changes = _table_for(TRACED_TILES, target).get((kind, dcls, fp32), {})
+        changes = dict(_table_for(TRACED_TILES, target).get((kind, dcls, fp32), {}))
+        if paged:
+            changes.update(_table_for(TRACED_PAGED_TILES, target).get((kind, dcls, fp32), {}))
     return replace(cfg, notes={}, **changes) if changes else cfg
 
 

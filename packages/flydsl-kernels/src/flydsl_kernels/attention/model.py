@@ -23,10 +23,10 @@ level of the window's shrink (a decode tile's: as grown for its rows), a prefill
 paged cache, and an fp32 tile's, dense or paged (``configs.WINDOW_TILES``, ``MOD_TILES``,
 ``PAGED_TILES``, ``FP32_TILES``, ``FP32_PAGED_TILES``); ``mod_search`` the change a tile
 takes with a traced score or mask mod (``configs.TRACED_TILES``; under a left window bound
-``TRACED_WINDOW_TILES``); and
+``TRACED_WINDOW_TILES``, over a paged cache ``TRACED_PAGED_TILES``); and
 ``check_tables`` compiles every entry plain, persistent where it ships so, and under those
 problems (``window_problems``, ``decode_problems``, ``mod_problems``,
-``mod_window_problems``).
+``mod_paged_problems``, ``mod_window_problems``).
 """
 
 from __future__ import annotations
@@ -300,8 +300,9 @@ def check_tables(
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
     (``window_problems(fp32=True)``; a forward's over those caches too), and with ``mods`` each entry's with each traced score
-    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32; with ``windows`` under
-    windows too on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
+    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32, a forward's and decode's
+    over paged caches too: ``mod_paged_problems``; with ``windows`` under windows too on
+    ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
     problems found (compile failures, scratch, spills, LDS over the target's limit, and on
     AMD targets fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``).
     ``keys``: only those ``(kind, dclass)`` entries."""
@@ -861,6 +862,23 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
     return out
 
 
+#: the page sizes (keys) a traced mod's forward and decode problems are compiled at over a
+#: paged cache (``mod_paged_problems``): one page per key tile, and pages wider than it
+MOD_PAGES = (16, 256)
+
+
+def mod_paged_problems(kind: str, dcls: str, fp32: bool = False) -> list:
+    """``mod_problems`` of a forward or decode entry over a cache of pages of each of
+    ``MOD_PAGES`` keys (``[]`` for the backward's kinds, which read no paged cache)."""
+    if kind not in ("fwd", "decode"):
+        return []
+    return [
+        (name, replace(p, page_size=page, seqused=True), spec)
+        for name, p, spec in mod_problems(kind, dcls, fp32)
+        for page in MOD_PAGES
+    ]
+
+
 #: the targets whose traced mods' band levels ``mod_search(windows=True)`` has searched
 #: (``configs.TRACED_WINDOW_TILES``) and ``check_tables`` compiles: a target added to
 #: ``TABLES`` joins once searched
@@ -913,15 +931,17 @@ MOD_KINDS = ("fwd", "decode", "bwd_dkdv", "bwd_dq")
 
 
 def _mod_kernels(kind, dcls, target, windows=True):
-    """``(label, kernel, floor, -1)`` of an entry at its mod problems (``MOD_KINDS``), 16-bit
-    at the entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them; with
+    """``(label, kernel, floor, -1)`` of an entry at its mod problems (``MOD_KINDS``; a
+    forward's and decode's over paged caches too: ``mod_paged_problems``), 16-bit at the
+    entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them; with
     ``windows`` on ``MOD_WINDOW_TARGETS`` under windows too (``mod_window_problems``)"""
     out = []
     for fp32 in (False, True):
         fl = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
         tag = " fp32" if fp32 else ""
-        for name, p, spec in mod_problems(kind, dcls, fp32):
+        for name, p, spec in mod_problems(kind, dcls, fp32) + mod_paged_problems(kind, dcls, fp32):
             what = f" mod {name}" + (" causal" if p.causal else "") + tag
+            what += f" pages of {p.page_size}" if p.page_size else ""
             out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
         if windows and target in MOD_WINDOW_TARGETS:
             for probs in mod_window_problems(kind, dcls, target, fp32).values():
@@ -982,16 +1002,33 @@ def _mod_best(kind, dcls, target, fp32, probs, log) -> dict | None:
 
 
 def mod_search(
-    kind: str, dcls: str, target: str, fp32: bool = False, log=print, windows: bool = False
+    kind: str,
+    dcls: str,
+    target: str,
+    fp32: bool = False,
+    log=print,
+    windows: bool = False,
+    paged: bool = False,
 ) -> dict | None:
     """The ``configs.TRACED_TILES`` change of an entry of ``MOD_KINDS`` (``{}``: none needed;
     None: none found) at its mod problems (``mod_problems``), from the plan's tile before it
     (``plan.forward_mod_tile``, ``plan.backward_tile``): ``_mod_best``'s. ``windows``:
     ``{warps: change}``, ``configs.TRACED_WINDOW_TILES``' for the band levels
     that fall short under a left bound (``mod_window_problems``), each from its level's tile;
-    a level no change mends is logged and left out."""
+    a level no change mends is logged and left out. ``paged`` (a forward's or decode's):
+    ``configs.TRACED_PAGED_TILES``' change at ``mod_paged_problems``, on top of the
+    ``TRACED_TILES`` one."""
     if kind not in MOD_KINDS:
         raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
+    if paged:
+        probs = mod_paged_problems(kind, dcls, fp32)
+        if not probs:
+            raise ValueError(f"mod_search(paged=True) searches fwd and decode, not {kind!r}")
+        tiles = [
+            configs.traced_config(kind, plan.forward_mod_tile(p, target, kind), dcls, target, fp32)
+            for _, p, _ in probs
+        ]
+        return _mod_best(kind, dcls, target, fp32, [(*pr, t) for pr, t in zip(probs, tiles)], log)
     if windows:
         out = {}
         levels = mod_window_problems(kind, dcls, target, fp32)
@@ -1081,11 +1118,12 @@ def main(argv=None):  # pragma: no cover - a developer tool
         "--paged",
         action="store_true",
         help="with --windows (--kind fwd): search configs.PAGED_TILES' changes (with --mod: "
-        "for that score term; with --fp32: configs.FP32_PAGED_TILES')",
+        "for that score term; with --fp32: configs.FP32_PAGED_TILES'); with --mods (--kind "
+        "fwd or decode): configs.TRACED_PAGED_TILES'",
     )
     a = ap.parse_args(argv)
     if a.mods:
-        print(mod_search(a.kind, a.dclass, a.target, a.fp32, windows=a.windows))
+        print(mod_search(a.kind, a.dclass, a.target, a.fp32, windows=a.windows, paged=a.paged))
         return
     if a.windows:
         print(window_search(a.kind, a.dclass, a.target, mod=a.mod, paged=a.paged, fp32=a.fp32))

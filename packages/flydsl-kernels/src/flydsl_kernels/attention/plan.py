@@ -622,15 +622,16 @@ def mod_band_tile(kind: str, p: Problem, table) -> configs.Config:
     """The tile of kernel ``kind`` for ``p`` with a traced score or mask mod and no block mask,
     before ``configs.TRACED_WINDOW_TILES``' changes (``plan_forward``'s and ``plan_backward``'s;
     under a left bound those of its warps follow): the forward's mod tile with its
-    ``TRACED_TILES`` changes, fitted to the problem (``fitted_tile``: a decode tile grown for
-    its rows; capped at the page) and shrunk for the window; the backward's
-    ``backward_tile``."""
+    ``TRACED_TILES`` changes (over a paged cache ``TRACED_PAGED_TILES``' too), fitted to the
+    problem (``fitted_tile``: a decode tile grown for its rows; capped at the page) and shrunk
+    for the window; the backward's ``backward_tile``."""
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
     if kind not in ("fwd", "decode"):
         return backward_tile(kind, p, table)
     mt = forward_mod_tile(p, table, kind)
-    c = fitted_tile(kind, configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32"), p)
-    return configs.window_config(kind, c, p.bounds, dcls, table, tuned=False)
+    paged = bool(p.page_size)
+    c = configs.traced_config(kind, mt, dcls, table, p.dtype == "fp32", paged=paged)
+    return configs.window_config(kind, fitted_tile(kind, c, p), p.bounds, dcls, table, tuned=False)
 
 
 def fitted_tile(kind: str, cfg: configs.Config, p: Problem) -> configs.Config:
