@@ -727,8 +727,9 @@ _GFX1250.update(
         ("bwd_dq", "d256"): replace(_GFX1250[("bwd_dq", "d256")], split_off=True),
         # two row copies (Config.fold): at the model problem 286 -> 244 loop instructions
         # per trip, pages of 256 289 -> 247 (4 copies: 342, 3 waves), of 16 and 32 unchanged
-        # (their tiles shrink to a page, below plan.FOLD_KEYS_MIN), gpt-oss's decode 48.17 / 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4
-        # waves); d128 (page64 42.38 -> 34.25) took one wave at the model problem: not set
+        # (their tiles shrink to a page, below plan.FOLD_KEYS_MIN), gpt-oss's decode 48.17 /
+        # 61.5 -> 41.17 / 58.33 per MFMA (5 -> 4 waves); d128 (page64 42.38 -> 34.25) took
+        # one wave at the model problem: not set
         ("decode", "d64"): replace(_GFX1250[("decode", "d64")], soffset=True, fold=2),
         ("decode", "d192"): replace(_GFX1250[("decode", "d192")], soffset=True),
         ("decode", "d256"): replace(_GFX1250[("decode", "d256")], soffset=True),
@@ -1596,9 +1597,10 @@ def mod_config(cfg: Config) -> Config:
 #: document mask (40 B), gfx942 d256 68 spills and 204 B, gfx1250 d256 6 and 28 B, sm90 64 to
 #: 9944 B at every head dim (16-bit: every forward clean); the backward's 16-bit tiles (every
 #: dK/dV but gfx950's d64 and every sm90 one clean), gfx950 dQ with the table 172 SGPR
-#: spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of scratch), 37 at d192, d256 37 VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ
-#: d64 26 SGPR spills, d128 49 VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and
-#: 25 SGPR spills at d64, d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
+#: spills at d64, 10 at d128 (ALiBi-like: 2 VGPRs, 12 B of scratch), 37 at d192, d256 37
+#: VGPR spills and 144 B, dK/dV d64 20 SGPR spills; gfx942 dQ d64 26 SGPR spills, d128 49
+#: VGPR spills and 200 B, d256 7 and 32 B; gfx1250 dQ 112, 32 and 25 SGPR spills at d64,
+#: d128, d192; fp32: gfx950 dQ d64 6 SGPR spills, gfx1250 dQ d128 and
 #: d192 88 to 164 B, sm90 dQ d128 to d256 48 to 912 B, gfx950 fp32 dK/dV d64 1 SGPR spill
 #: with the document mask; decode (one query, 16 heads over 4): gfx1250 d128 15 SGPR spills
 #: with the table, sm90 fp32 d128 792 to 1096 B. Causal (its diagonal loop masks with the

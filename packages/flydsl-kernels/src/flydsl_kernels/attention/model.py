@@ -299,11 +299,11 @@ def check_tables(
     """Compile every shipped entry of every target's table at its model problem, and the
     prefill ones under every window problem (``window_problems``; ``windows``), a forward's
     also over a cache of each of ``pages``, and with ``fp32`` each entry's fp32 problems
-    (``window_problems(fp32=True)``; a forward's over those caches too), and with ``mods`` each entry's with each traced score
-    or mask mod of ``MOD_PROBES`` (``mod_problems``, 16-bit and fp32, a forward's and decode's
-    over paged caches too: ``mod_paged_problems``; with ``windows`` under windows too on
-    ``MOD_WINDOW_TARGETS``: ``mod_window_problems``); the
-    problems found (compile failures, scratch, spills, LDS over the target's limit, and on
+    (``window_problems(fp32=True)``; a forward's over those caches too), and with ``mods``
+    each entry's with each traced score or mask mod of ``MOD_PROBES`` (``mod_problems``,
+    16-bit and fp32, a forward's and decode's over paged caches too: ``mod_paged_problems``;
+    with ``windows`` under windows too on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``);
+    the problems found (compile failures, scratch, spills, LDS over the target's limit, and on
     AMD targets fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``).
     ``keys``: only those ``(kind, dclass)`` entries."""
     from flydsl_core.exc import FlyDSLError
