@@ -960,6 +960,21 @@ def test_mod_search_windows_cli_finds_the_band_levels_changes(capsys, monkeypatc
         model.mod_search("bwd_preprocess", "d64", "gfx950", windows=True)
 
 
+def test_mod_search_paged_cli_finds_the_change_over_pages(capsys, monkeypatch):
+    # flydsl-kernels model attention --mods --paged: gfx942's fp32 decode d256 with the table
+    # bias over pages of 256 spilled 2 SGPRs on its TRACED_TILES tile; the search (on top of
+    # that tile, candidates cut to the two it logged) picks the shipped TRACED_PAGED_TILES one
+    shipped = configs.TRACED_PAGED_TILES["gfx942"][("decode", "d256", True)]
+    monkeypatch.setattr(model, "MOD_PROBES", {"table": model.MOD_PROBES["table"]})
+    monkeypatch.setattr(model, "window_changes", lambda *a: [{"lane_sums": True}, shipped])
+    monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
+    argv = ["--mods", "--paged", "--fp32", "--target", "gfx942", "--kind", "decode"]
+    model.main([*argv, "--dclass", "d256"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(shipped)
+    with pytest.raises(ValueError, match="fwd and decode, not 'bwd_dq'"):
+        model.mod_search("bwd_dq", "d256", "gfx942", paged=True)
+
+
 def test_decode_with_a_traced_mod_takes_its_traced_tile():
     # configs.TRACED_TILES' decode entries: the mod tile before it grows for its rows; sm90's
     # fp32 d128 decode with the document mask kept 792 B of scratch before

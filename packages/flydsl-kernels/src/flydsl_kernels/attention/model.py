@@ -1020,16 +1020,9 @@ def mod_search(
     ``TRACED_TILES`` one."""
     if kind not in MOD_KINDS:
         raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
-    if paged:
-        probs = mod_paged_problems(kind, dcls, fp32)
-        if not probs:
-            raise ValueError(f"mod_search(paged=True) searches fwd and decode, not {kind!r}")
-        tiles = [
-            configs.traced_config(kind, plan.forward_mod_tile(p, target, kind), dcls, target, fp32)
-            for _, p, _ in probs
-        ]
-        return _mod_best(kind, dcls, target, fp32, [(*pr, t) for pr, t in zip(probs, tiles)], log)
-    if windows:
+    if paged and kind not in ("fwd", "decode"):
+        raise ValueError(f"mod_search(paged=True) searches fwd and decode, not {kind!r}")
+    if windows and not paged:
         out = {}
         levels = mod_window_problems(kind, dcls, target, fp32)
         for warps, probs in sorted(levels.items(), reverse=True):
@@ -1039,10 +1032,12 @@ def mod_search(
             elif ch:
                 out[warps] = ch
         return out
-    probs = mod_problems(kind, dcls, fp32)
+    probs = (mod_paged_problems if paged else mod_problems)(kind, dcls, fp32)
     p0 = probs[0][1]
     if kind in ("fwd", "decode"):
         tile = plan.forward_mod_tile(p0, target, kind)
+        if paged:  # the paged change goes on top of the TRACED_TILES one
+            tile = configs.traced_config(kind, tile, dcls, target, fp32)
     else:
         tile = plan.backward_tile(kind, p0, target)
     return _mod_best(kind, dcls, target, fp32, [(*pr, tile) for pr in probs], log)
