@@ -1511,22 +1511,28 @@ def test_score_mod_tiles_against_the_reference(table, d, dtype, causal, window):
 
 
 @pytest.mark.parametrize(
-    "table, d, sq, page, dtype",
+    "table, d, sq, page, dtype, window",
     [
-        ("gfx950", 64, 1, 16, BF16),  # decode: one query per head, a page per key tile
-        ("gfx950", 128, 5, 64, BF16),  # a few speculative queries
-        ("gfx950", 192, 77, 256, FP32),  # a chunked prefill in fp32, pages wider than a tile
-        ("sm90", 256, 77, 16, FP32),
-        ("gfx942", 256, 1, 256, FP32),
-        ("sm90", 128, 1, 16, BF16),
+        ("gfx950", 64, 1, 16, BF16, (-1, -1)),  # decode: one query per head, a page per tile
+        ("gfx950", 128, 5, 64, BF16, (-1, -1)),  # a few speculative queries
+        ("gfx950", 192, 77, 256, FP32, (-1, -1)),  # a chunked prefill in fp32, wide pages
+        ("sm90", 256, 77, 16, FP32, (-1, -1)),
+        ("gfx942", 256, 1, 256, FP32, (-1, -1)),
+        ("sm90", 128, 1, 16, BF16, (-1, -1)),
+        # under a left bound: the band level's TRACED_WINDOW_PAGED_TILES changes
+        ("gfx950", 192, 77, 256, FP32, (15, 0)),
+        ("gfx942", 64, 1, 16, BF16, (127, 0)),
+        ("gfx1250", 256, 77, 256, BF16, (62, 0)),
+        ("sm90", 256, 77, 16, FP32, (15, 0)),
     ],
 )
 def test_traced_mods_over_a_paged_cache_against_the_reference(
-    table, d, sq, page, dtype, monkeypatch
+    table, d, sq, page, dtype, window, monkeypatch
 ):
     # flash_attn_with_kvcache with a traced score mod (a captured per-head, per-key bias) and
     # mask mod over a paged cache in a random page order: the plan's tile (the mod tile with
-    # its TRACED_TILES and TRACED_PAGED_TILES changes, capped at the page) computes the
+    # its TRACED_TILES and TRACED_PAGED_TILES changes, capped at the page; under a left bound
+    # the band level's TRACED_WINDOW_TILES and TRACED_WINDOW_PAGED_TILES ones) computes the
     # reference's attention and LSE
     g = gen(71 + page + d)
     B, H, Hk, S = 2, 4, 2, 256
@@ -1550,10 +1556,10 @@ def test_traced_mods_over_a_paged_cache_against_the_reference(
     out, lse = flash_attn_with_kvcache(
         q, kc, vc, cache_seqlens=lens, block_table=bt, causal=True, return_softmax_lse=True,
         score_mod=ScoreMod(key_bias, additive=True), mask_mod=MaskMod(odd_keys_even_heads),
-        mod_tensors=(bias,), target=REF, table=table,
+        mod_tensors=(bias,), target=REF, table=table, window_size=window,
     )  # fmt: skip
     ro, rl = reference.attention(
-        q, kfull, vfull, causal=True, seqused_k=lens,
+        q, kfull, vfull, causal=True, seqused_k=lens, window_size=window,
         score_mod=lambda s, b, h, qi, ki: s + bias.double()[h, ki],
         mask_mod=lambda b, h, qi, ki: (ki % 3 != 1) | (h % 2 == 0),
     )  # fmt: skip
@@ -1566,6 +1572,9 @@ def test_traced_mods_over_a_paged_cache_against_the_reference(
     kind = "decode" if fp.problem.decode else "fwd"
     dcls, f32 = configs.dclass(d, dv), dtype == FP32
     want = configs.TRACED_PAGED_TILES[table].get((kind, dcls, f32), {})
+    if window[0] >= 0:  # the level the tile reached before its changes
+        level = plan.mod_band_tile(kind, fp.problem, table).num_warps
+        want = configs.TRACED_WINDOW_PAGED_TILES[table][(kind, dcls, f32, level)]
     assert {f: getattr(fp.config, f) for f in want if f != "BN"} == {
         f: v for f, v in want.items() if f != "BN"
     }

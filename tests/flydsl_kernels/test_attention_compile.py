@@ -518,6 +518,46 @@ def test_traced_window_tiles_apply_at_their_band_level(monkeypatch):
         assert got == configs.traced_config("decode", tile, "d128", "gfx942", False, True)
 
 
+def test_traced_window_paged_tiles_apply_at_their_band_level_over_pages(monkeypatch):
+    # configs.TRACED_WINDOW_PAGED_TILES: a traced mod's forward and decode tiles under a left
+    # bound over a paged cache take their band level's changes on top of its
+    # TRACED_WINDOW_TILES ones, then the key tile is capped at the page; not over a dense cache
+    # and not without a left bound
+    from flydsl_kernels.attention import mods, plan
+
+    sm = mods.ScoreMod(lambda score, b, h, q, kv: score * 0.5)
+    p = plan.Problem(
+        2, 600, 600, 4, 4, 128, 128, causal=True, score_mod=sm, window=(47, 0), page_size=16,
+        seqused=True,
+    )  # fmt: skip
+    dp = replace(p, page_size=0, seqused=False)
+    base = plan.mod_band_tile("fwd", p, "gfx950")
+    keys = {("fwd", "d128", False, plan.mod_band_tile("fwd", q, "gfx950").num_warps)
+            for q in (p, dp)}  # fmt: skip
+    monkeypatch.setitem(
+        configs.TRACED_WINDOW_TILES, "gfx950", {key: {"sched": "coexec"} for key in keys}
+    )
+    paged = {key: {"waves_per_eu": 3, "BN": 64} for key in keys}
+    monkeypatch.setitem(configs.TRACED_WINDOW_PAGED_TILES, "gfx950", paged)
+    got = plan.plan_forward(p, "gfx950").config
+    want = replace(base, sched="coexec", waves_per_eu=3, BN=64, notes={})
+    assert got == plan.page_tile(want, 16, want.klanes) and got.BN <= 64
+    dense = plan.plan_forward(dp, "gfx950").config
+    assert dense.sched == "coexec" and dense.waves_per_eu != 3
+    assert plan.plan_forward(replace(p, window=(-1, -1)), "gfx950").config.waves_per_eu != 3
+    # every band level the model's search compiles over pages is the plan's tile before the
+    # paged changes: TRACED_WINDOW_TILES' go on first (mod_search), the page cap last
+    for kind in ("fwd", "decode"):
+        levels = model.mod_window_problems(kind, "d64", "gfx942", paged=True)
+        probs = [pr for prs in levels.values() for pr in prs]
+        assert {q.page_size for _, q, _, _ in probs} == set(model.MOD_PAGES)
+        assert all(q.bounds[0] >= 0 and q.seqused for _, q, _, _ in probs)
+        for _, q, _, tile in probs:
+            c = configs.traced_config(kind, tile, "d64", "gfx942", False, True, True)
+            assert plan.plan_forward(q, "gfx942").config == plan.page_tile(c, q.page_size, c.klanes)
+    assert model.mod_window_problems("bwd_dq", "d64", "gfx942", paged=True) == {}
+
+
 @pytest.mark.parametrize("kind, dcls, warps", [("bwd_dq", "d64", 4), ("bwd_dkdv", "d64", 1)])
 def test_traced_mod_band_levels_compile_clean(kind, dcls, warps, monkeypatch):
     # configs.TRACED_WINDOW_TILES: gfx950's 16-bit d64 dQ at its 4-warp band level spilled 301
@@ -533,6 +573,32 @@ def test_traced_mod_band_levels_compile_clean(kind, dcls, warps, monkeypatch):
     monkeypatch.setitem(configs.TRACED_WINDOW_TILES, "gfx950", {})
     name, p, spec, _ = next(pr for pr in probs if pr[0] == "table")
     assert "spills" in model.shortfall(model.mod_kernel(kind, p, spec, "gfx950"), "gfx950", fl)
+
+
+@pytest.mark.parametrize(
+    "target, kind, dcls, warps, page",
+    [
+        ("gfx942", "decode", "d64", 1, 16),  # 4 SGPR spills with the table bias
+        ("sm90", "fwd", "d64", 1, 256),  # 32 B of scratch
+    ],
+)
+def test_traced_mod_band_levels_over_pages_compile_clean(
+    target, kind, dcls, warps, page, monkeypatch
+):
+    # configs.TRACED_WINDOW_PAGED_TILES: with the level's change every problem of the band
+    # level over a paged cache compiles clean, every probe and page; without it the table
+    # bias's problem over pages of ``page`` falls short
+    probs = model.mod_window_problems(kind, dcls, target, paged=True)[warps]
+    assert {n for n, *_ in probs} == set(model.MOD_PROBES)
+    assert {p.page_size for _, p, _, _ in probs} == set(model.MOD_PAGES)
+    fl = model.floor_of(target, kind, dcls)
+    for name, p, spec, _ in probs:
+        ck = model.mod_kernel(kind, p, spec, target)
+        assert model.shortfall(ck, target, fl) is None, (name, p.window, p.page_size)
+    monkeypatch.setitem(configs.TRACED_WINDOW_PAGED_TILES, target, {})
+    worst = [model.shortfall(model.mod_kernel(kind, p, spec, target), target, fl)
+             for name, p, spec, _ in probs if name == "table" and p.page_size == page]  # fmt: skip
+    assert any(w and "spills" in w for w in worst), worst
 
 
 def test_check_tables_compiles_every_mod_problem(monkeypatch):
@@ -566,6 +632,27 @@ def test_check_tables_compiles_every_mod_problem_over_a_paged_cache(monkeypatch)
     monkeypatch.setitem(configs.TRACED_PAGED_TILES, "gfx942", {})
     bad = model.check_tables(("gfx942",), keys, windows=False)
     assert bad and all(" mod " in b and " fp32 pages of " in b for b in bad), bad
+
+
+def test_check_tables_compiles_every_traced_band_level_over_pages(monkeypatch):
+    # check_tables' mod kernels (model._mod_kernels) include a forward's and decode's band
+    # levels under a left bound over a paged cache (mod_window_problems(paged=True)), every
+    # problem of them, 16-bit and fp32, labelled with the page; the backward's have none
+    seen = []
+    monkeypatch.setattr(model, "mod_kernel", lambda kind, p, spec, t: seen.append(p) or p)
+    for kind in ("fwd", "decode", "bwd_dq"):
+        seen.clear()
+        out = model._mod_kernels(kind, "d192", "gfx1250")
+        for fp32 in (False, True):
+            levels = model.mod_window_problems(kind, "d192", "gfx1250", fp32, paged=True)
+            want = [p for probs in levels.values() for _, p, _, _ in probs]
+            assert bool(want) == (kind != "bwd_dq")
+            assert all(p in seen for p in want)
+            labels = {what for what, p, *_ in out if p in want}
+            pages = tuple(f" pages of {n}" for n in model.MOD_PAGES)
+            assert all(" window " in w and w.endswith(pages) for w in labels), labels
+            assert all((" fp32 pages of " in w) == fp32 for w in labels), labels
+            assert len(labels) == len(want)
 
 
 def test_check_tables_reports_one_wave_entries_outside_the_allowed(monkeypatch):
@@ -973,6 +1060,21 @@ def test_mod_search_paged_cli_finds_the_change_over_pages(capsys, monkeypatch):
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(shipped)
     with pytest.raises(ValueError, match="fwd and decode, not 'bwd_dq'"):
         model.mod_search("bwd_dq", "d256", "gfx942", paged=True)
+
+
+def test_mod_search_windows_paged_cli_finds_the_band_levels_changes(capsys, monkeypatch):
+    # flydsl-kernels model attention --mods --windows --paged: gfx942's 16-bit decode d64 with
+    # the table bias over pages of 16 spilled 4 SGPRs at its one level (K in lane order); the
+    # search, on top of the level's TRACED_WINDOW_TILES tile (candidates cut to the two it
+    # logged, one page size), picks the shipped TRACED_WINDOW_PAGED_TILES change
+    shipped = configs.TRACED_WINDOW_PAGED_TILES["gfx942"][("decode", "d64", False, 1)]
+    monkeypatch.setattr(model, "MOD_PROBES", {"table": model.MOD_PROBES["table"]})
+    monkeypatch.setattr(model, "MOD_PAGES", (16,))
+    monkeypatch.setattr(model, "window_changes", lambda *a: [{"sched": "max-ilp"}, shipped])
+    monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
+    argv = ["--mods", "--windows", "--paged", "--target", "gfx942", "--kind", "decode"]
+    model.main([*argv, "--dclass", "d64"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str({1: shipped})
 
 
 def test_decode_with_a_traced_mod_takes_its_traced_tile():

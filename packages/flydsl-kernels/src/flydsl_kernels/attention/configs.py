@@ -1805,6 +1805,88 @@ TRACED_PAGED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
 }
 
 
+#: per target: the field changes a traced score or mask mod's forward tile (prefill and
+#: decode) takes under a left window bound over a paged KV cache, by ``(kind, dclass, fp32,
+#: warps)`` as ``TRACED_WINDOW_TILES``' (the band level the plan's tile reached, over the
+#: page: ``plan.mod_band_tile``), on top of that table's changes; the plan then caps the key
+#: tile at the page. A page's gather (its id per key tile, the page table's bounds) holds
+#: scalar registers the window's edge loops and the mod's index arithmetic had no room next
+#: to. Chosen by ``model.mod_search(windows=True, paged=True)`` (``--mods --windows
+#: --paged``) at ``model.mod_window_problems(paged=True)``: the band levels over pages of
+#: ``model.MOD_PAGES`` keys. Before (Triton 3.9, ``TRACED_WINDOW_TILES``' alone), 85 of those
+#: 1242 kernels (4 targets, 16-bit and fp32, the three probes) fell short: gfx950 17 (SGPR
+#: spills, up to 41 in fp32 d192 with the table bias), gfx942 15, gfx1250 29 (up to 13, and
+#: d256's lost waves), sm90 24 (8 to 40 B of scratch); the worst problem of the level at each
+#: entry; the levels not listed compile clean with no change
+TRACED_WINDOW_PAGED_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
+    "gfx950": {
+        # SGPR spills, all over pages of 256 but d256 fp32's (VGPRs, pages of 16)
+        ("fwd", "d64", False, 1): {"sched": "max-ilp"},  # 2 SGPR spills
+        ("fwd", "d128", False, 4): {"waves_per_eu": 2},  # 2
+        ("fwd", "d192", False, 1): {"BN": 16},  # 4
+        ("fwd", "d256", False, 2): {"BN": 16},  # 2
+        ("fwd", "d64", True, 4): {"sched": "iterative-ilp"},  # 2
+        ("fwd", "d64", True, 1): {"BN": 16},  # 9
+        ("fwd", "d128", True, 8): {"BN": 16},  # 4
+        ("fwd", "d128", True, 4): {"sched": "coexec"},  # 9
+        ("fwd", "d128", True, 1): {"BN": 16},  # 23
+        ("fwd", "d192", True, 2): {"BN": 16},  # 9
+        ("fwd", "d192", True, 1): {"BN": 16},  # 41
+        ("fwd", "d256", True, 4): {"sched": "iterative-ilp"},  # 2 VGPR spills
+    },
+    "gfx942": {
+        ("fwd", "d128", False, 4): {"BM": 32, "num_warps": 2},  # 1 SGPR spill
+        ("fwd", "d192", False, 1): {"waves_per_eu": 2},  # 1
+        ("fwd", "d256", False, 8): {"waves_per_eu": 2},  # 2
+        ("fwd", "d256", False, 4): {"BN": 16},  # 3, and the ALiBi-like mod one wave
+        ("fwd", "d192", True, 1): {"sched": "iterative-ilp"},  # 13
+        ("fwd", "d256", True, 4): {"sched": "iterative-ilp"},  # 1 VGPR spill
+        ("fwd", "d256", True, 2): {"BM": 16, "num_warps": 1},  # 11 SGPR spills
+        # decode over pages of 16 with the table bias: K in lane order gathered a page per
+        # MFMA key block
+        ("decode", "d64", False, 1): {"klanes": 0},  # 4
+        ("decode", "d128", False, 1): {"klanes": 0},  # 2
+    },
+    "gfx1250": {
+        # SGPR spills over pages of 256; d256's one wave over pages of 16 too
+        ("fwd", "d64", False, 4): {"sched": "max-ilp"},  # 6 SGPR spills
+        ("fwd", "d64", False, 2): {"sched": "max-ilp"},  # 6
+        ("fwd", "d128", False, 4): {"sched": "max-ilp"},  # 6
+        ("fwd", "d128", False, 2): {"sched": "max-ilp"},  # 6
+        ("fwd", "d128", False, 1): {"BN": 16},  # 3
+        ("fwd", "d192", False, 4): {"sched": "iterative-ilp"},  # 4
+        ("fwd", "d192", False, 2): {"sched": "iterative-ilp"},  # 5
+        ("fwd", "d192", False, 1): {"BN": 16},  # 5
+        ("fwd", "d256", False, 8): {"BN": 16},  # 8
+        ("fwd", "d256", False, 4): {"num_warps": 8},  # 13, one wave
+        ("fwd", "d256", False, 2): {"num_warps": 4},  # 10, one wave
+        ("fwd", "d256", False, 1): {"BN": 16},  # 5
+        ("fwd", "d64", True, 4): {"sched": "iterative-ilp"},  # 5
+        ("fwd", "d64", True, 2): {"BN": 16},  # 3
+        ("fwd", "d64", True, 1): {"BN": 16},  # 6
+        ("fwd", "d128", True, 8): {"waves_per_eu": 2},  # 1
+        ("fwd", "d128", True, 4): {"BN": 16},  # 13
+        ("fwd", "d128", True, 2): {"BN": 16},  # 8
+        ("fwd", "d128", True, 1): {"BN": 16},  # 2
+    },
+    "sm90": {
+        # local memory (scratch)
+        ("fwd", "d64", False, 2): {"BM": 16},  # 8 B
+        ("fwd", "d64", False, 1): {"num_warps": 2},  # 32 B
+        ("fwd", "d128", False, 2): {"lane_sums": True},  # 8 B
+        ("fwd", "d128", False, 1): {"num_stages": 2, "num_warps": 2},  # 32 B
+        ("fwd", "d192", False, 1): {"num_warps": 2},  # 32 B
+        ("fwd", "d64", True, 8): {"num_stages": 1},  # 24 B
+        ("fwd", "d64", True, 2): {"num_stages": 1},  # 24 B
+        ("fwd", "d256", True, 8): {"num_warps": 4},  # 40 B over pages of 16
+        ("decode", "d192", False, 8): {"num_stages": 2},  # 8 B
+        ("decode", "d256", False, 8): {"BN": 16},  # 16 B
+        ("decode", "d64", True, 2): {"num_warps": 4},  # 8 B
+        ("decode", "d256", True, 8): {"num_stages": 1, "lane_sums": True},  # 8 B
+    },
+}
+
+
 def traced_config(
     kind: str,
     cfg: Config,
@@ -1817,10 +1899,13 @@ def traced_config(
     """A tile of ``kind`` with a traced score or mask mod: the ``TRACED_TILES`` changes of
     ``target`` (an untuned one reads gfx950's) for ``(kind, dcls, fp32)``, and over a ``paged``
     cache the ``TRACED_PAGED_TILES`` ones on top; ``windowed`` (a left window bound, ``cfg``
-    the band level's tile): ``TRACED_WINDOW_TILES``' at its warps."""
+    the band level's tile): ``TRACED_WINDOW_TILES``' at its warps, over a ``paged`` cache
+    ``TRACED_WINDOW_PAGED_TILES``' on top."""
     if windowed:
         key = (kind, dcls, fp32, cfg.num_warps)
-        changes = _table_for(TRACED_WINDOW_TILES, target).get(key, {})
+        changes = dict(_table_for(TRACED_WINDOW_TILES, target).get(key, {}))
+        if paged:
+            changes.update(_table_for(TRACED_WINDOW_PAGED_TILES, target).get(key, {}))
     else:
         changes = dict(_table_for(TRACED_TILES, target).get((kind, dcls, fp32), {}))
         if paged:

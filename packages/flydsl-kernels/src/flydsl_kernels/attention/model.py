@@ -23,7 +23,8 @@ level of the window's shrink (a decode tile's: as grown for its rows), a prefill
 paged cache, and an fp32 tile's, dense or paged (``configs.WINDOW_TILES``, ``MOD_TILES``,
 ``PAGED_TILES``, ``FP32_TILES``, ``FP32_PAGED_TILES``); ``mod_search`` the change a tile
 takes with a traced score or mask mod (``configs.TRACED_TILES``; under a left window bound
-``TRACED_WINDOW_TILES``, over a paged cache ``TRACED_PAGED_TILES``); and
+``TRACED_WINDOW_TILES``, over a paged cache ``TRACED_PAGED_TILES``, both
+``TRACED_WINDOW_PAGED_TILES``); and
 ``check_tables`` compiles every entry plain, persistent where it ships so, and under those
 problems (``window_problems``, ``decode_problems``, ``mod_problems``,
 ``mod_paged_problems``, ``mod_window_problems``).
@@ -302,7 +303,8 @@ def check_tables(
     (``window_problems(fp32=True)``; a forward's over those caches too), and with ``mods``
     each entry's with each traced score or mask mod of ``MOD_PROBES`` (``mod_problems``,
     16-bit and fp32, a forward's and decode's over paged caches too: ``mod_paged_problems``;
-    with ``windows`` under windows too on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``);
+    with ``windows`` under windows too on ``MOD_WINDOW_TARGETS``: ``mod_window_problems``,
+    a forward's and decode's over paged caches too);
     the problems found (compile failures, scratch, spills, LDS over the target's limit, and on
     AMD targets fewer than ``OCCUPANCY_FLOOR`` waves per SIMD outside ``BELOW_FLOOR``).
     ``keys``: only those ``(kind, dclass)`` entries."""
@@ -885,7 +887,9 @@ def mod_paged_problems(kind: str, dcls: str, fp32: bool = False) -> list:
 MOD_WINDOW_TARGETS = ("gfx950", "gfx942", "gfx1250", "sm90")
 
 
-def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dict:
+def mod_window_problems(
+    kind: str, dcls: str, target, fp32: bool = False, paged: bool = False
+) -> dict:
     """``{warps: [(probe, problem, spec, tile), ...]}``: an entry's problems with a traced mod
     (``mod_problems``' not causal) under a left window bound, by the warps of the band level
     the plan's tile reaches (``plan.mod_band_tile``: ``tile``, before
@@ -896,11 +900,13 @@ def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dic
     and loop shape (``plan.narrow_band``), and a left bound without a right one (not causal:
     no band). A decode entry's (its tile does not shrink: one level): under each of
     ``DECODE_WINDOWS`` (the kernel is the same at every width: a decode tile's loops all
-    mask; sm90's d64 and d256 kept scratch with the ALiBi-like mod only)."""
+    mask; sm90's d64 and d256 kept scratch with the ALiBi-like mod only). ``paged`` (a
+    forward's or decode's): those problems over a paged cache (``mod_paged_problems``), each
+    page size's levels met apart (``configs.TRACED_WINDOW_PAGED_TILES``)."""
     if kind not in MOD_KINDS:
         raise ValueError(f"a traced mod's band levels are {', '.join(MOD_KINDS)}'s, not {kind!r}'s")
     out, seen = {}, set()
-    for name, p0, spec in mod_problems(kind, dcls, fp32):
+    for name, p0, spec in (mod_paged_problems if paged else mod_problems)(kind, dcls, fp32):
         if p0.causal:  # the windows set it
             continue
         if kind == "decode":
@@ -910,7 +916,8 @@ def mod_window_problems(kind: str, dcls: str, target, fp32: bool = False) -> dic
             probs.append(replace(p0, window=(WINDOW_LEFTS[-1], -1)))
         for p in probs:
             tile = plan.mod_band_tile(kind, p, target)
-            key = (name, tile.num_warps, plan.narrow_band(p, tile.BM, tile.BN, kind), p.causal)
+            band = plan.narrow_band(p, tile.BM, tile.BN, kind)
+            key = (name, tile.num_warps, band, p.causal, p.page_size)
             if key not in seen:
                 seen.add(key)
                 out.setdefault(tile.num_warps, []).append((name, p, spec, tile))
@@ -934,7 +941,8 @@ def _mod_kernels(kind, dcls, target, windows=True):
     """``(label, kernel, floor, -1)`` of an entry at its mod problems (``MOD_KINDS``; a
     forward's and decode's over paged caches too: ``mod_paged_problems``), 16-bit at the
     entry's floor and fp32 at ``FP32_FLOOR``, as the plan compiles them; with
-    ``windows`` on ``MOD_WINDOW_TARGETS`` under windows too (``mod_window_problems``)"""
+    ``windows`` on ``MOD_WINDOW_TARGETS`` under windows too (``mod_window_problems``, a
+    forward's and decode's over paged caches too)"""
     out = []
     for fp32 in (False, True):
         fl = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
@@ -944,10 +952,14 @@ def _mod_kernels(kind, dcls, target, windows=True):
             what += f" pages of {p.page_size}" if p.page_size else ""
             out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
         if windows and target in MOD_WINDOW_TARGETS:
-            for probs in mod_window_problems(kind, dcls, target, fp32).values():
+            levels = [mod_window_problems(kind, dcls, target, fp32)]
+            if kind in ("fwd", "decode"):
+                levels.append(mod_window_problems(kind, dcls, target, fp32, paged=True))
+            for probs in (pr for lv in levels for pr in lv.values()):
                 for name, p, spec, _ in probs:
                     what = f" mod {name} window {p.window}" + ("" if p.causal else " not causal")
-                    out.append((what + tag, mod_kernel(kind, p, spec, target), fl, -1))
+                    what += tag + (f" pages of {p.page_size}" if p.page_size else "")
+                    out.append((what, mod_kernel(kind, p, spec, target), fl, -1))
     return out
 
 
@@ -984,6 +996,10 @@ def _mod_best(kind, dcls, target, fp32, probs, log) -> dict | None:
     singles += [c for c in fp32_changes(kind, tile, tile) if c not in singles]
     if not amd and tile.BM > 16:  # NVIDIA's rows per warp need not fill an MFMA
         singles.append({"BM": tile.BM // 2})
+    if not amd and tile.num_warps > 1 and {"num_warps": tile.num_warps // 2} not in singles:
+        # nor its warps a row block each (sm90's fp32 forward d256 band level of 8 warps and
+        # 16 rows over pages of 16: 8 to 40 B of scratch at every other single change)
+        singles.append({"num_warps": tile.num_warps // 2})
     best, near, cands = None, [], singles
     for size in (1, 2, 3):  # the singles, then pairs and triples of the six nearest the bar
         if size > 1:
@@ -1017,15 +1033,23 @@ def mod_search(
     that fall short under a left bound (``mod_window_problems``), each from its level's tile;
     a level no change mends is logged and left out. ``paged`` (a forward's or decode's):
     ``configs.TRACED_PAGED_TILES``' change at ``mod_paged_problems``, on top of the
-    ``TRACED_TILES`` one."""
+    ``TRACED_TILES`` one; with ``windows``, ``{warps: change}`` of
+    ``configs.TRACED_WINDOW_PAGED_TILES`` at the band levels over pages
+    (``mod_window_problems(paged=True)``), on top of each level's ``TRACED_WINDOW_TILES``
+    change."""
     if kind not in MOD_KINDS:
         raise ValueError(f"mod_search searches {', '.join(MOD_KINDS)}, not {kind!r}")
     if paged and kind not in ("fwd", "decode"):
         raise ValueError(f"mod_search(paged=True) searches fwd and decode, not {kind!r}")
-    if windows and not paged:
+    if windows:
         out = {}
-        levels = mod_window_problems(kind, dcls, target, fp32)
+        levels = mod_window_problems(kind, dcls, target, fp32, paged)
         for warps, probs in sorted(levels.items(), reverse=True):
+            if paged:  # the paged change goes on top of the level's TRACED_WINDOW_TILES one
+                probs = [
+                    (n, p, sp, configs.traced_config(kind, t, dcls, target, fp32, True))
+                    for n, p, sp, t in probs
+                ]
             ch = _mod_best(kind, dcls, target, fp32, probs, log)
             if ch is None:
                 log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean")
@@ -1114,7 +1138,8 @@ def main(argv=None):  # pragma: no cover - a developer tool
         action="store_true",
         help="with --windows (--kind fwd): search configs.PAGED_TILES' changes (with --mod: "
         "for that score term; with --fp32: configs.FP32_PAGED_TILES'); with --mods (--kind "
-        "fwd or decode): configs.TRACED_PAGED_TILES'",
+        "fwd or decode): configs.TRACED_PAGED_TILES' (with --windows too: "
+        "configs.TRACED_WINDOW_PAGED_TILES')",
     )
     a = ap.parse_args(argv)
     if a.mods:

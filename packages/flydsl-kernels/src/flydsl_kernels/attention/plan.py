@@ -235,7 +235,8 @@ def plan_forward(
         # changes), then the level's own for the mod under a left bound
         cfg = mod_band_tile(kind, p, table)
         if p.bounds[0] >= 0:
-            cfg = configs.traced_config(kind, cfg, dcls, table, p.dtype == "fp32", True)
+            fp32, paged = p.dtype == "fp32", bool(p.page_size)
+            cfg = configs.traced_config(kind, cfg, dcls, table, fp32, True, paged)
     else:
         cfg = config or fp32_tiles(configs.select(kind, p.head_dim, table, p.head_dim_v), p)
         if config is None and traced:  # a block mask's: the mod tile with its changes
