@@ -232,7 +232,8 @@ def plan_forward(
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
     traced = p.score_mod is not None or p.mask_mod is not None
     if config is None and traced and not sparse:  # the mod tile at its band level (its
-        # changes), then the level's own for the mod under a left bound
+        # changes), then the level's own for the mod under a left bound (over a paged cache,
+        # its paged ones on top)
         cfg = mod_band_tile(kind, p, table)
         if p.bounds[0] >= 0:
             fp32, paged = p.dtype == "fp32", bool(p.page_size)
