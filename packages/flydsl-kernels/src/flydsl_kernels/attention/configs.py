@@ -1777,16 +1777,16 @@ TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
     },
 }
 
-#: per target: the field changes a traced score or mask mod's forward tile (prefill and
-#: decode) takes over a paged KV cache (``flash_attn_with_kvcache`` with ``score_mod`` /
-#: ``mask_mod``), by ``(kind, dclass, fp32)``, on top of its ``TRACED_TILES`` ones; the plan
-#: then caps the key tile at the page (``plan.fitted_tile``). Chosen by ``model.mod_search``
-#: (``--mods --paged``) at ``model.mod_paged_problems``: the mod problems over pages of
-#: ``model.MOD_PAGES`` keys. Before (Triton 3.9, ``TRACED_TILES``' alone), 19 of the 576
-#: kernels of those problems (4 targets, forward and decode, 16-bit and fp32, the three probes)
-#: fell short: gfx950 fp32 fwd d192 3 SGPR spills with the table over pages of 256, gfx942 fp32
-#: decode d256 2, sm90 8 B at a few (16-bit decode d128, fwd d256; fp32 decode d128, fwd
-#: d128) and its fp32 fwd d256 952 to 1128 B with every probe and page
+#: per target: the field changes a traced score or mask mod's forward tile (prefill and decode)
+#: takes over a paged KV cache (``flash_attn_with_kvcache`` with ``score_mod`` / ``mask_mod``), by
+#: ``(kind, dclass, fp32)``, on top of its ``TRACED_TILES`` ones; the plan then caps the key tile at
+#: the page (``plan.fitted_tile``). Chosen by ``model.mod_search`` (``--mods --paged``) at
+#: ``model.mod_paged_problems``: the mod problems over pages of ``model.MOD_PAGES`` keys. Before
+#: (Triton 3.9, ``TRACED_TILES``' alone), 19 of the 576 kernels of those problems over pages of 16
+#: and 256 (4 targets, forward and decode, 16-bit and fp32, the three probes; over pages of 32 and
+#: 64 none) fell short: gfx950 fp32 fwd d192 3 SGPR spills with the table over pages of 256, gfx942
+#: fp32 decode d256 2, sm90 8 B at a few (16-bit decode d128, fwd d256; fp32 decode d128, fwd d128)
+#: and its fp32 fwd d256 952 to 1128 B with every probe and page
 TRACED_PAGED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     "gfx950": {
         ("fwd", "d192", True): {"sched": "max-ilp"},
@@ -1813,11 +1813,12 @@ TRACED_PAGED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
 #: scalar registers the window's edge loops and the mod's index arithmetic had no room next
 #: to. Chosen by ``model.mod_search(windows=True, paged=True)`` (``--mods --windows
 #: --paged``) at ``model.mod_window_problems(paged=True)``: the band levels over pages of
-#: ``model.MOD_PAGES`` keys. Before (Triton 3.9, ``TRACED_WINDOW_TILES``' alone), 85 of those
-#: 1242 kernels (4 targets, 16-bit and fp32, the three probes) fell short: gfx950 17 (SGPR
-#: spills, up to 41 in fp32 d192 with the table bias), gfx942 15, gfx1250 29 (up to 13, and
-#: d256's lost waves), sm90 24 (8 to 40 B of scratch); the worst problem of the level at each
-#: entry; the levels not listed compile clean with no change
+#: ``model.MOD_PAGES`` keys. Before (Triton 3.9, ``TRACED_WINDOW_TILES``' alone), over pages of
+#: 16 and 256 85 of those 1242 kernels (4 targets, 16-bit and fp32, the three probes) fell
+#: short: gfx950 17 (SGPR spills, up to 41 in fp32 d192 with the table bias), gfx942 15,
+#: gfx1250 29 (up to 13, and d256's lost waves), sm90 24 (8 to 40 B of scratch); over pages of
+#: 32 and 64, 2 of 1242 more (the two entries that say so). The worst problem of the level at
+#: each entry; the levels not listed compile clean with no change
 TRACED_WINDOW_PAGED_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
     "gfx950": {
         # SGPR spills, all over pages of 256 but d256 fp32's (VGPRs, pages of 16)
@@ -1868,6 +1869,7 @@ TRACED_WINDOW_PAGED_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("fwd", "d128", True, 4): {"BN": 16},  # 13
         ("fwd", "d128", True, 2): {"BN": 16},  # 8
         ("fwd", "d128", True, 1): {"BN": 16},  # 2
+        ("fwd", "d64", False, 1): {"sched": "max-ilp"},  # 2 over pages of 32
     },
     "sm90": {
         # local memory (scratch)
@@ -1876,6 +1878,7 @@ TRACED_WINDOW_PAGED_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
         ("fwd", "d128", False, 2): {"lane_sums": True},  # 8 B
         ("fwd", "d128", False, 1): {"num_stages": 2, "num_warps": 2},  # 32 B
         ("fwd", "d192", False, 1): {"num_warps": 2},  # 32 B
+        ("fwd", "d256", False, 2): {"num_warps": 4},  # 8 B over pages of 32
         ("fwd", "d64", True, 8): {"num_stages": 1},  # 24 B
         ("fwd", "d64", True, 2): {"num_stages": 1},  # 24 B
         ("fwd", "d256", True, 8): {"num_warps": 4},  # 40 B over pages of 16

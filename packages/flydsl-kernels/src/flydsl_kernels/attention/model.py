@@ -865,8 +865,9 @@ def mod_problems(kind: str, dcls: str, fp32: bool = False) -> list:
 
 
 #: the page sizes (keys) a traced mod's forward and decode problems are compiled at over a
-#: paged cache (``mod_paged_problems``): one page per key tile, and pages wider than it
-MOD_PAGES = (16, 256)
+#: paged cache (``mod_paged_problems``): a forward entry's (pages of 32 alone kept gfx1250's
+#: d64 band level's 2 SGPR spills and sm90's d256 one's 8 B of scratch)
+MOD_PAGES = PAGES
 
 
 def mod_paged_problems(kind: str, dcls: str, fp32: bool = False) -> list:
