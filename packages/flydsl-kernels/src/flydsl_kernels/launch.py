@@ -80,3 +80,8 @@ def recording():
         yield out
     finally:
         _RECORDING.launches = prev
+
+
+def is_recording() -> bool:
+    """Whether ``recording()`` is on for this thread (``Launch.compile`` compiles nothing)."""
+    return getattr(_RECORDING, "launches", None) is not None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from .._target import table_target, target_name, tensor_target
-from . import configs, plan
+from . import configs, fit, plan
 from . import validate as V
 from .sparse import BlockSparse, backward_lists, check_block_sparse
 from .validate import MAX_HEAD_DIM, SUPPORTED_DTYPES
@@ -155,7 +155,7 @@ def _forward(
         )
     if q5.is_meta:
         return fp
-    for launch in fp.launches(
+    operands = dict(
         q=q5,
         k=k4,
         v=v4,
@@ -173,9 +173,26 @@ def _forward(
         lse_part=lse_part,
         sq_rows=q5.shape[1],
         sparse=sparse.lists(p.batch, p.heads_q) if sparse is not None else (None,) * 4,
-    ):
+    )
+    launches = fp.launches(**operands)
+    if config is None and _traced(p) and fit.fits(tgt) and launches and all(launches[0].grid):
+        # a traced mod's tile fitted to the target's registers (fit.traced_tile)
+        planned = fp
+
+        def build(c):
+            return plan.retile_forward(planned, tgt, c, table).launches(**operands)[0].compile(tgt)
+
+        cfg = fit.traced_tile(plan.forward_kind(p), p, tgt, fp.config, launches[0], build)
+        if cfg != fp.config:
+            fp = plan.retile_forward(planned, tgt, cfg, table)
+            launches = fp.launches(**operands)
+    for launch in launches:
         _run(launch, tgt)
     return fp
+
+
+def _traced(p) -> bool:
+    return p.score_mod is not None or p.mask_mod is not None
 
 
 def _backward(
@@ -209,26 +226,44 @@ def _backward(
     # covers every key of a dense or packed input (test_backward_writes_every_gradient_row)
     if q5.is_meta:
         return dq, dk, dv, ld[:, :, :, 1]
-    for n, launch in enumerate(
-        bp.launches(
-            q=q5,
-            k=k4,
-            v=v4,
-            o=o5,
-            do=do5,
-            lse=lse4,
-            ld=ld,
-            dq=dq,
-            dk=dk,
-            dv=dv,
-            alibi=alibi3,
-            cu_q=cu_q,
-            cu_k=cu_k,
-            mod_tensors=mt,
-            sq_rows=q5.shape[1],
-            **backward_lists(sparse, p),
-        )
-    ):
+    operands = dict(
+        q=q5,
+        k=k4,
+        v=v4,
+        o=o5,
+        do=do5,
+        lse=lse4,
+        ld=ld,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        alibi=alibi3,
+        cu_q=cu_q,
+        cu_k=cu_k,
+        mod_tensors=mt,
+        sq_rows=q5.shape[1],
+        **backward_lists(sparse, p),
+    )
+    launches = bp.launches(**operands)
+    if _traced(p) and fit.fits(tgt) and launches:
+        # a traced mod's dK/dV and dQ tiles fitted to the target's registers (fit.traced_tile)
+        planned = {"dkdv_config": bp.dkdv, "dq_config": bp.dq}
+        tiles = dict(planned)
+        for n, which, given in ((1, "dkdv", dkdv_config), (2, "dq", dq_config)):
+            if given is not None or not all(launches[n].grid):
+                continue
+            key = f"{which}_config"
+
+            def build(c, n=n, key=key):
+                trial = plan.plan_backward(p, tgt, table=table, **{**tiles, key: c})
+                return trial.launches(**operands)[n].compile(tgt)
+
+            kind = f"bwd_{which}"
+            tiles[key] = fit.traced_tile(kind, p, tgt, tiles[key], launches[n], build)
+        if tiles != planned:
+            bp = plan.plan_backward(p, tgt, table=table, **tiles)
+            launches = bp.launches(**operands)
+    for n, launch in enumerate(launches):
         _run(launch, tgt)
         if n == 0 and dlse4 is not None:
             # a gradient w.r.t. the LSE: d lse / d s_j = P_j, so dS = P * (dP - (delta - dlse))

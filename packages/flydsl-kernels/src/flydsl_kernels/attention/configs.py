@@ -1608,7 +1608,9 @@ def mod_config(cfg: Config) -> Config:
 #: changes: gfx950's d64 dQ 173 SGPR spills): with them, gfx1250's 16-bit d64 dK/dV and dQ 2
 #: and 4 SGPR spills with the table, fp32 dQ d64 6 with the document mask, fp32 dK/dV d128
 #: and d256 16 and 20 B with the table, gfx942's fp32 dK/dV d256 2 VGPR spills with the
-#: ALiBi-like mod, sm90's fp32 forward d64 24 B with the table: searched again over both
+#: ALiBi-like mod, sm90's fp32 forward d64 24 B with the table: searched again over both.
+#: A mod heavier than the probes is met at its first launch on a GPU (``fit.traced_tile``: the
+#: same search on the caller's kernel where the plan's tile falls short)
 TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
     "gfx950": {
         ("fwd", "d192", True): {"sched": "iterative-ilp"},

@@ -964,19 +964,24 @@ def _mod_kernels(kind, dcls, target, windows=True):
     return out
 
 
-def _mod_best(kind, dcls, target, fp32, probs, log) -> dict | None:
+def mod_best(
+    kind, dcls, target, fp32, probs, log, compile_with=None, sizes=(1, 2, 3)
+) -> dict | None:
     """The change (``{}``: none needed; None: none found) that compiles every one of ``probs``
     (``(probe, problem, spec, tile)``, each with the tile the plan gives it before the
     searched change) clean at the entry's floor (fp32's: ``FP32_FLOOR``) with the fewest loop
     instructions per useful MFMA summed over them (on NVIDIA, which has no loop figure: the
     most warps per SM): the single changes (``window_changes`` and ``fp32_changes``' on the
     tile of the first problem that falls short), else a pair of the six nearest the bar, else
-    a triple."""
+    a triple (``sizes``: the combination sizes tried). ``compile_with(problem, spec, config)``
+    compiles a candidate (default ``mod_kernel``; ``fit.traced_tile``: the caller's launch)."""
     floor = FP32_FLOOR if fp32 else floor_of(target, kind, dcls)
     amd = str(target).startswith("gfx")
 
     def build(p, spec, t, changes):
         c = replace(t, **changes)
+        if compile_with is not None:
+            return compile_with(p, spec, c), c
         return mod_kernel(kind, p, spec, target, c), c
 
     def trial(changes, among=None):
@@ -1002,7 +1007,7 @@ def _mod_best(kind, dcls, target, fp32, probs, log) -> dict | None:
         # 16 rows over pages of 16: 8 to 40 B of scratch at every other single change)
         singles.append({"num_warps": tile.num_warps // 2})
     best, near, cands = None, [], singles
-    for size in (1, 2, 3):  # the singles, then pairs and triples of the six nearest the bar
+    for size in sizes:  # the singles, then pairs and triples of the six nearest the bar
         if size > 1:
             cands = _combos(near, size)
         for ch in cands:
@@ -1029,7 +1034,7 @@ def mod_search(
 ) -> dict | None:
     """The ``configs.TRACED_TILES`` change of an entry of ``MOD_KINDS`` (``{}``: none needed;
     None: none found) at its mod problems (``mod_problems``), from the plan's tile before it
-    (``plan.forward_mod_tile``, ``plan.backward_tile``): ``_mod_best``'s. ``windows``:
+    (``plan.forward_mod_tile``, ``plan.backward_tile``): ``mod_best``'s. ``windows``:
     ``{warps: change}``, ``configs.TRACED_WINDOW_TILES``' for the band levels
     that fall short under a left bound (``mod_window_problems``), each from its level's tile;
     a level no change mends is logged and left out. ``paged`` (a forward's or decode's):
@@ -1051,7 +1056,7 @@ def mod_search(
                     (n, p, sp, configs.traced_config(kind, t, dcls, target, fp32, True))
                     for n, p, sp, t in probs
                 ]
-            ch = _mod_best(kind, dcls, target, fp32, probs, log)
+            ch = mod_best(kind, dcls, target, fp32, probs, log)
             if ch is None:
                 log(f"{target} {kind} {dcls} {warps} warps: no change compiles clean")
             elif ch:
@@ -1065,7 +1070,7 @@ def mod_search(
             tile = configs.traced_config(kind, tile, dcls, target, fp32)
     else:
         tile = plan.backward_tile(kind, p0, target)
-    return _mod_best(kind, dcls, target, fp32, [(*pr, tile) for pr in probs], log)
+    return mod_best(kind, dcls, target, fp32, [(*pr, tile) for pr in probs], log)
 
 
 def _persistent_kernels(kind, dcls, cfg, target):

@@ -228,7 +228,7 @@ def plan_forward(
     count (default: ``target``'s; see ``configs``' module doc)."""
     table = _table(target, table)
     sparse = bool(p.sparse[0])
-    kind = "decode" if p.decode and not sparse else "fwd"
+    kind = forward_kind(p)
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
     traced = p.score_mod is not None or p.mask_mod is not None
     if config is None and traced and not sparse:  # the mod tile at its band level (its
@@ -365,6 +365,21 @@ def plan_forward(
     if programs == 0:
         grid = (0, 0, 0)
     return FwdPlan(p, cfg, C, grid, s, pers, cfg.options(target), scale_of(p))
+
+
+def forward_kind(p: Problem) -> str:
+    """The forward's table kind for ``p``: ``decode`` (no block mask), else ``fwd``."""
+    return "decode" if p.decode and not p.sparse[0] else "fwd"
+
+
+def retile_forward(fp: FwdPlan, target, cfg: configs.Config, table=None) -> FwdPlan:
+    """``fp``'s problem planned again with the tile ``cfg`` (a change of ``fp.config``:
+    ``fit.traced_tile``'s), capped at the page as the plan caps its own, with ``fp``'s split
+    count and persistent grid."""
+    p = fp.problem
+    cfg = page_tile(cfg, p.page_size, cfg.klanes if p.dtype != "fp32" else 0)
+    kw = dict(table=table, config=cfg, splits=fp.splits, persistent=fp.persistent)
+    return plan_forward(p, target, **kw)
 
 
 def page_tile(cfg: configs.Config, page: int, klanes: int) -> configs.Config:

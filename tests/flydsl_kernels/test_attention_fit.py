@@ -1,0 +1,143 @@
+"""A traced mod's tiles fitted to the target's registers at launch (``attention.fit``), checked
+by cross-compiling for gfx950 on the CPU: the public API's launches are recorded instead of
+run (``api._run``), then compiled for the target and their resources read.
+
+The mod is heavier than the tables' probes (``model.MOD_PROBES``): a learned relative bias
+gathered from a table, an ALiBi-like slope per head and a softcap over both, with its
+gradient. With the plans' tiles (Triton 3.9) its causal gfx950 dK/dV d128 kernel spilled 6
+SGPRs and its forward d192/128 one SGPR.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import flydsl_core as fly
+from flydsl_kernels.attention import ScoreMod, api, fit, flash_attn_func, model, plan
+
+S = 256
+H = 16
+TARGET = "gfx950"
+
+
+def _heavy(score, b, h, q_idx, kv_idx, table, slopes):
+    s = score + table.gather(h, q_idx - kv_idx + (S - 1)).load().to(fly.fp32)
+    s = s - slopes.gather(h).load() * fly.abs(q_idx - kv_idx).to(fly.fp32)
+    return fly.tanh(s * 0.02) * 50.0
+
+
+def _heavy_grad(score, out, grad_out, b, h, q_idx, kv_idx, table, slopes):
+    t = out * 0.02
+    return grad_out * (1.0 - t * t)
+
+
+HEAVY = ScoreMod(_heavy, _heavy_grad)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The launches the API makes, recorded instead of run; the fit's memo emptied."""
+    ran = []
+    monkeypatch.setattr(api, "_run", lambda launch, tgt: ran.append(launch))
+    monkeypatch.setattr(fit, "_FITTED", {})
+    return ran
+
+
+def _inputs(d, dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, S, H, d, generator=g, dtype=torch.bfloat16).requires_grad_()
+    k = torch.randn(1, S, H, d, generator=g, dtype=torch.bfloat16).requires_grad_()
+    v = torch.randn(1, S, H, dv, generator=g, dtype=torch.bfloat16).requires_grad_()
+    table = torch.randn(H, 2 * S - 1, generator=g)
+    slopes = torch.rand(H, generator=g)
+    return q, k, v, (table, slopes)
+
+
+def _short(ck):
+    return model.shortfall(ck, TARGET, model.OCCUPANCY_FLOOR)
+
+
+def _fit_of(kind):
+    """(the plan's tile, the tile launched) of the fit's one ``kind`` pick"""
+    (tile, out), *more = [(k[2], v) for k, v in fit._FITTED.items() if k[0] == kind]
+    assert not more
+    return tile, out
+
+
+SPECS = (fly.TensorSpec("fp32", (H, 2 * S - 1)), fly.TensorSpec("fp32", (H,)))
+
+
+def test_a_heavy_mods_backward_launches_a_clean_dkdv_tile(recorded):
+    q, k, v, mt = _inputs(128, 128)
+    o = flash_attn_func(q, k, v, causal=True, score_mod=HEAVY, mod_tensors=mt, target=TARGET)
+    o.float().sum().backward()
+    fwd, _, dkdv, dq = recorded
+    tile, out = _fit_of("bwd_dkdv")
+    p = plan.Problem(1, S, S, H, H, 128, 128, causal=True, score_mod=HEAVY)
+    assert out != tile
+    launched = model.backward_launch(p, TARGET, "bwd_dkdv", out, SPECS)
+    assert (dkdv.constexprs, dkdv.options) == (launched.constexprs, launched.options)
+    # the plan's dK/dV tile falls short with this mod (SGPR spills); the launched one does not
+    assert _short(model.backward_launch(p, TARGET, "bwd_dkdv", tile, SPECS).compile(TARGET))
+    assert all(_short(launch.compile(TARGET)) is None for launch in (fwd, dkdv, dq))
+
+
+def test_a_heavy_mods_forward_launches_a_clean_tile(recorded):
+    q, k, v, mt = _inputs(192, 128)
+    flash_attn_func(q, k, v, causal=True, score_mod=HEAVY, mod_tensors=mt, target=TARGET)
+    (fwd,) = recorded
+    tile, out = _fit_of("fwd")
+    p = plan.Problem(1, S, S, H, H, 192, 128, causal=True, score_mod=HEAVY)
+    assert out != tile
+    fp = plan.plan_forward(p, TARGET, config=out, splits=1, persistent=0)
+    launched = model.forward_launches(fp, SPECS)[0]
+    assert (fwd.constexprs, fwd.options) == (launched.constexprs, launched.options)
+    fp = plan.plan_forward(p, TARGET, config=tile, splits=1, persistent=0)
+    assert _short(model.forward_launches(fp, SPECS)[0].compile(TARGET))
+    assert _short(fwd.compile(TARGET)) is None
+
+
+def test_a_clean_tile_a_given_tile_and_the_cpu_are_left_as_planned(recorded):
+    q, k, v, mt = _inputs(128, 128)
+    light = ScoreMod(lambda score, b, h, q_idx, kv_idx: score * 0.5 + 1.0)
+    flash_attn_func(q, k, v, causal=True, score_mod=light, target=TARGET)
+    tile, out = _fit_of("fwd")
+    assert out == tile  # clean as planned: no change
+    # a tile the caller gives is launched as given, unchecked
+    given = replace(tile, BN=16 if tile.BN != 16 else 32)
+    flash_attn_func(q, k, v, causal=True, score_mod=HEAVY, mod_tensors=mt, target=TARGET,
+                    config=given)  # fmt: skip
+    assert recorded[-1].constexprs["C"].BN == given.BN != tile.BN and len(fit._FITTED) == 1
+    assert not fit.fits("cpu-reference") and not fit.fits("cpu-interpret") and fit.fits("sm90")
+
+
+def test_the_pick_is_kept_and_a_tile_nothing_mends_runs_as_planned(recorded, caplog):
+    p = plan.Problem(1, S, S, H, H, 128, 128, causal=True, score_mod=HEAVY)
+    tile = plan.plan_forward(p, TARGET).config
+    fp = plan.plan_forward(p, TARGET, config=tile, splits=1, persistent=0)
+    launch = model.forward_launches(fp, SPECS)[0]
+    rep = launch.compile(TARGET).executable.report
+    spilling = SimpleNamespace(executable=SimpleNamespace(report=replace(rep, vgpr_spill_count=3)))
+    calls = []
+
+    def compile_with(c):
+        calls.append(c)
+        return spilling
+
+    with caplog.at_level(logging.WARNING, logger=fit.__name__):
+        assert fit.traced_tile("fwd", p, TARGET, tile, launch, compile_with) == tile
+    assert "no tile change the model tries compiles clean" in caplog.text
+    assert len(calls) > 2  # the plan's tile, then the model's changes
+    n = len(calls)
+    assert fit.traced_tile("fwd", p, TARGET, tile, launch, compile_with) == tile and len(calls) == n
+    # a longer sequence is the same kernel (kept); fp32 operands at the same tile are not
+    longer = replace(launch, args=tuple(4 * S if a == S else a for a in launch.args))
+    assert fit.traced_tile("fwd", p, TARGET, tile, longer, compile_with) and len(calls) == n
+    fp32 = model.forward_launches(replace(fp, problem=replace(p, dtype="fp32")), SPECS)[0]
+    fit.traced_tile("fwd", replace(p, dtype="fp32"), TARGET, tile, fp32, compile_with)
+    assert len(calls) > n
