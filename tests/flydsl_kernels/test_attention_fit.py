@@ -116,6 +116,17 @@ def test_a_clean_tile_a_given_tile_and_the_cpu_are_left_as_planned(recorded):
     assert not fit.fits("cpu-reference") and not fit.fits("cpu-interpret") and fit.fits("sm90")
 
 
+def test_flydsl_attn_fit_0_launches_the_planned_tile(recorded, monkeypatch):
+    monkeypatch.setenv("FLYDSL_ATTN_FIT", "0")
+    assert not fit.fits(TARGET)
+    q, k, v, mt = _inputs(128, 128)
+    o = flash_attn_func(q, k, v, causal=True, score_mod=HEAVY, mod_tensors=mt, target=TARGET)
+    o.float().sum().backward()
+    p = plan.Problem(1, S, S, H, H, 128, 128, causal=True, score_mod=HEAVY)
+    planned = model.backward_launch(p, TARGET, "bwd_dkdv", None, SPECS)
+    assert recorded[2].constexprs == planned.constexprs and not fit._FITTED
+
+
 def test_the_pick_is_kept_and_a_tile_nothing_mends_runs_as_planned(recorded, caplog):
     p = plan.Problem(1, S, S, H, H, 128, 128, causal=True, score_mod=HEAVY)
     tile = plan.plan_forward(p, TARGET).config

@@ -2,8 +2,8 @@
 parsed strictly.
 
 Each package declares its own variables in one table mechanism, ``declare(package, *vars)``:
-flydsl-core below; torch-flydsl in ``torch_flydsl/variables.py``; the test suite in
-``tests/conftest.py``. An installed package makes its declarations discoverable without
+flydsl-core below; flydsl-kernels in ``flydsl_kernels/variables.py``; torch-flydsl in
+``torch_flydsl/variables.py``; the test suite in ``tests/conftest.py``. An installed package makes its declarations discoverable without
 importing it through the ``flydsl.settings`` entry point group (``pyproject.toml``)::
 
     [project.entry-points."flydsl.settings"]

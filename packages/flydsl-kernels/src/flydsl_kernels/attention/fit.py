@@ -14,7 +14,8 @@ per useful MFMA (NVIDIA: the most warps per SM). The pick is kept per process; t
 compiles sit in the compile cache, so a new process repeats the choice from the cache.
 
 CPU backends (the reference, the Triton interpreter) report no registers: nothing to fit. A
-tile the caller set (``config=``, ``dkdv_config=``, ``dq_config=``) is used as given.
+tile the caller set (``config=``, ``dkdv_config=``, ``dq_config=``) is used as given, and
+``FLYDSL_ATTN_FIT=0`` launches the plan's tile unchecked.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from flydsl_core import settings
 from flydsl_core.targets import get_target
 
+from .. import variables  # noqa: F401  (declares FLYDSL_ATTN_FIT)
 from ..launch import is_recording
 from . import configs
 
@@ -49,10 +52,11 @@ def _signature(launch) -> tuple:
 
 
 def fits(target) -> bool:
-    """Whether ``target``'s compiles (a name, an alias or a ``Target``) report registers: a
-    GPU target's, not the CPU backends'; and none while ``launch.recording()`` is on (it
-    compiles nothing)."""
-    return get_target(target).backend in ("hip", "cuda") and not is_recording()
+    """Whether a traced kernel for ``target`` (a name, an alias or a ``Target``) is fitted:
+    a GPU target's, whose compiles report registers (not the CPU backends'), unless
+    ``FLYDSL_ATTN_FIT=0`` or ``launch.recording()`` is on (it compiles nothing)."""
+    gpu = get_target(target).backend in ("hip", "cuda")
+    return gpu and not is_recording() and settings.get("FLYDSL_ATTN_FIT")
 
 
 def traced_tile(kind: str, p, target, tile: configs.Config, launch, compile_with) -> configs.Config:
