@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import flydsl_core as fly
-from flydsl_kernels.attention import ScoreMod, api, fit, flash_attn_func, model, plan
+from flydsl_kernels.attention import ScoreMod, api, fit, flash_attn_func, model, plan, reference
 
 S = 256
 H = 16
@@ -37,6 +37,15 @@ def _heavy_grad(score, out, grad_out, b, h, q_idx, kv_idx, table, slopes):
 
 
 HEAVY = ScoreMod(_heavy, _heavy_grad)
+_RUN = api._run  # the launches' runner, before a test records them instead
+
+
+def _heavy_torch(table, slopes):
+    def mod(s, b, h, q, kv):
+        t = s + table.double()[h, q - kv + (S - 1)] - slopes.double()[h] * (q - kv).abs()
+        return torch.tanh(t * 0.02) * 50.0
+
+    return mod
 
 
 @pytest.fixture
@@ -152,3 +161,43 @@ def test_the_pick_is_kept_and_a_tile_nothing_mends_runs_as_planned(recorded, cap
     fp32 = model.forward_launches(replace(fp, problem=replace(p, dtype="fp32")), SPECS)[0]
     fit.traced_tile("fwd", replace(p, dtype="fp32"), TARGET, tile, fp32, compile_with)
     assert len(calls) > n
+
+
+@pytest.mark.parametrize("kind, d, dv", [("bwd_dkdv", 128, 128), ("fwd", 192, 128)])
+def test_the_fitted_tiles_compute_the_reference(recorded, monkeypatch, kind, d, dv):
+    # the tile the fit launches on gfx950 (the tests above), launched by the API on the CPU
+    # reference backend in the plan's place, against the float64 reference with the mod in torch
+    q, k, v, mt = _inputs(d, dv)
+    o = flash_attn_func(q, k, v, causal=True, score_mod=HEAVY, mod_tensors=mt, target=TARGET)
+    o.float().sum().backward()
+    tile, out = _fit_of(kind)
+    assert out != tile
+    asked = []
+
+    def fitted(kd, p, target, t, launch, build):
+        asked.append(kd)
+        return out if kd == kind else t
+
+    monkeypatch.setattr(api, "_run", _RUN)
+    monkeypatch.setattr(fit, "fits", lambda target: True)
+    monkeypatch.setattr(fit, "traced_tile", fitted)
+    g = torch.Generator().manual_seed(7)
+    n, h, hk = 37, 4, 2
+    qs = torch.randn(2, n, h, d, generator=g).to(torch.bfloat16).requires_grad_()
+    ks = torch.randn(2, n, hk, d, generator=g).to(torch.bfloat16).requires_grad_()
+    vs = torch.randn(2, n, hk, dv, generator=g).to(torch.bfloat16).requires_grad_()
+    table, slopes = torch.randn(h, 2 * S - 1, generator=g) * 3, torch.rand(h, generator=g)
+    out_, lse, _ = flash_attn_func(
+        qs, ks, vs, causal=True, score_mod=HEAVY, mod_tensors=(table, slopes),
+        return_attn_probs=True,
+    )  # fmt: skip
+    ins64 = [t.detach().double().requires_grad_() for t in (qs, ks, vs)]
+    ro, rl = reference.attention(*ins64, causal=True, score_mod=_heavy_torch(table, slopes))
+    torch.testing.assert_close(out_.double(), ro, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse.double(), rl, rtol=1e-4, atol=1e-4)
+    do = torch.randn(out_.shape, generator=g).to(torch.bfloat16)
+    grads = torch.autograd.grad(out_, (qs, ks, vs), do)
+    rgrads = torch.autograd.grad(ro, ins64, do.double())
+    for name, a, r in zip(("dq", "dk", "dv"), grads, rgrads):
+        torch.testing.assert_close(a.double(), r, rtol=2e-2, atol=2e-2, msg=name)
+    assert kind in asked
