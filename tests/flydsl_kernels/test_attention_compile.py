@@ -683,6 +683,7 @@ WINDOWED = [
     ("gfx950", "bwd_dq", "d256", (-1, -1), {"alibi": True}),  # 39 VGPR spills, 152 B
     ("gfx1250", "fwd", "d128", (4095, 0), {"softcap": 50.0}),  # Gemma 2 27B: 82 spills, 212 B
     ("gfx950", "fwd", "d64", (318, 0), PAGED),  # 4 SGPR spills
+    ("gfx942", "fwd", "d64", (-1, -1), PAGED),  # no window: 1 SGPR spill (found 2026-12-05)
     ("gfx950", "fwd", "d128", (-1, -1), {"alibi": True} | PAGED),  # 31 spills, 100 B
     ("sm90", "fwd", "d128", (94, 0), {"softcap": 50.0} | PAGED),  # 56 B of scratch
     ("gfx950", "decode", "d128", (127, 0), {}),  # one wave

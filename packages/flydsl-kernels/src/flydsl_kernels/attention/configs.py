@@ -1116,6 +1116,8 @@ PAGED_TILES: dict[str, dict[tuple[str, str, str, int, bool], dict]] = {
     },
     "gfx942": {
         ("fwd", "d64", "", 8, True): {"sched": "iterative-ilp"},
+        # without a window too: 1 SGPR spill over pages of 256 at the 2026-12-05 full check
+        ("fwd", "d64", "", 8, False): {"sched": "iterative-ilp"},
         ("fwd", "d64", "", 1, True): {"BM": 64, "num_warps": 2},
         ("fwd", "d64", "softcap", 2, True): {"sched": "iterative-ilp"},
         ("fwd", "d64", "softcap", 1, True): {"waves_per_eu": 2},
