@@ -73,23 +73,24 @@ def traced_tile(kind: str, p, target, tile: configs.Config, launch, compile_with
     from . import model  # the static model's rules; imported at a traced kernel's first launch
 
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
+    compiles = []
+
+    def compiled(_p, _spec, c):
+        compiles.append(c)
+        return compile_with(c)
+
     change = model.mod_best(
-        kind,
-        dcls,
-        name,
-        p.dtype == "fp32",
-        [("traced", p, None, tile)],
-        logger.debug,
-        compile_with=lambda _p, _spec, c: compile_with(c),
-        sizes=SIZES,
-    )
+        kind, dcls, name, p.dtype == "fp32", [("traced", p, None, tile)], logger.debug,
+        compile_with=compiled, sizes=SIZES,
+    )  # fmt: skip
     if change is None:
         logger.warning(
             "flydsl attention: the traced mod's %s kernel spills or loses waves on %s with "
-            "%s, and no tile change the model tries compiles clean; running it as planned",
+            "%s, and none of the %d tiles the model tried compiles clean; running it as planned",
             kind,
             name,
             tile.as_dict(),
+            len(compiles) - 1,
         )
         out = tile
     else:
@@ -97,10 +98,11 @@ def traced_tile(kind: str, p, target, tile: configs.Config, launch, compile_with
         if change:
             logger.info(
                 "flydsl attention: the traced mod's %s kernel on %s takes %s (the plan's tile "
-                "fell short)",
+                "fell short; %d compiles)",
                 kind,
                 name,
                 change,
+                len(compiles),
             )
     if len(_FITTED) >= MAX_FITTED:
         _FITTED.pop(next(iter(_FITTED)))
