@@ -175,7 +175,7 @@ def _forward(
         sparse=sparse.lists(p.batch, p.heads_q) if sparse is not None else (None,) * 4,
     )
     launches = fp.launches(**operands)
-    if config is None and _traced(p) and fit.fits(tgt) and launches and all(launches[0].grid):
+    if config is None and p.traced and fit.fits(tgt) and launches and all(launches[0].grid):
         # a traced mod's tile fitted to the target's registers (fit.traced_tile)
         planned = fp
 
@@ -189,10 +189,6 @@ def _forward(
     for launch in launches:
         _run(launch, tgt)
     return fp
-
-
-def _traced(p) -> bool:
-    return p.score_mod is not None or p.mask_mod is not None
 
 
 def _backward(
@@ -245,7 +241,7 @@ def _backward(
         **backward_lists(sparse, p),
     )
     launches = bp.launches(**operands)
-    if _traced(p) and fit.fits(tgt) and launches:
+    if p.traced and fit.fits(tgt) and launches:
         # a traced mod's dK/dV and dQ tiles fitted to the target's registers (fit.traced_tile)
         planned = {"dkdv_config": bp.dkdv, "dq_config": bp.dq}
         tiles = dict(planned)

@@ -75,6 +75,11 @@ class Problem:
         return self.heads_q // self.heads_k
 
     @property
+    def traced(self) -> bool:
+        """A score or mask mod is traced into the kernels."""
+        return self.score_mod is not None or self.mask_mod is not None
+
+    @property
     def bounds(self) -> tuple[int, int]:
         """``(left, right)`` window bounds, -1 unbounded; causal sets ``right = 0``."""
         left, right = self.window
@@ -230,7 +235,7 @@ def plan_forward(
     sparse = bool(p.sparse[0])
     kind = forward_kind(p)
     dcls = configs.dclass(p.head_dim, p.head_dim_v)
-    traced = p.score_mod is not None or p.mask_mod is not None
+    traced = p.traced
     if config is None and traced and not sparse:  # the mod tile at its band level (its
         # changes), then the level's own for the mod under a left bound (over a paged cache,
         # its paged ones on top)
@@ -502,7 +507,7 @@ def decode_fold(p: Problem, cfg: configs.Config, kind: str, rows: int, gp: int, 
     folded loop does not handle: score and mask mods, ALiBi, V in head-dim blocks."""
     if not (kind == "decode" and cfg.fold and not vblk and not p.alibi):  # decode: not sparse
         return 1
-    if p.score_mod is not None or p.mask_mod is not None:
+    if p.traced:
         return 1
     real = configs.next_pow2(max(p.seqlen_q, 1)) * gp
     f = 1
@@ -684,7 +689,7 @@ def plan_backward(
         (causal's right bound keeps the table's tile) ``TRACED_TILES``', under one the band
         level's ``TRACED_WINDOW_TILES``'"""
         c = backward_tile(kind, p, table)
-        if p.score_mod is not None or p.mask_mod is not None:
+        if p.traced:
             windowed = p.bounds[0] >= 0
             c = configs.traced_config(kind, c, dcls, table, p.dtype == "fp32", windowed)
         return c
