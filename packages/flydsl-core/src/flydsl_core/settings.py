@@ -3,8 +3,9 @@ parsed strictly.
 
 Each package declares its own variables in one table mechanism, ``declare(package, *vars)``:
 flydsl-core below; flydsl-kernels in ``flydsl_kernels/variables.py``; torch-flydsl in
-``torch_flydsl/variables.py``; the test suite in ``tests/conftest.py``. An installed package makes its declarations discoverable without
-importing it through the ``flydsl.settings`` entry point group (``pyproject.toml``)::
+``torch_flydsl/variables.py``; the test suite in ``tests/conftest.py``. An installed package
+makes its declarations discoverable without importing it through the ``flydsl.settings``
+entry point group (``pyproject.toml``)::
 
     [project.entry-points."flydsl.settings"]
     torch-flydsl = "torch_flydsl.variables:VARIABLES"

@@ -93,17 +93,18 @@ def traced_tile(kind: str, p, target, tile: configs.Config, launch, compile_with
             len(compiles) - 1,
         )
         out = tile
+    elif not change:  # clean as planned
+        out = tile
     else:
-        out = replace(tile, notes={}, **change) if change else tile
-        if change:
-            logger.info(
-                "flydsl attention: the traced mod's %s kernel on %s takes %s (the plan's tile "
-                "fell short; %d compiles)",
-                kind,
-                name,
-                change,
-                len(compiles),
-            )
+        out = replace(tile, notes={}, **change)
+        logger.info(
+            "flydsl attention: the traced mod's %s kernel on %s takes %s (the plan's tile "
+            "fell short; %d compiles)",
+            kind,
+            name,
+            change,
+            len(compiles),
+        )
     if len(_FITTED) >= MAX_FITTED:
         _FITTED.pop(next(iter(_FITTED)))
     _FITTED[key] = out
