@@ -56,6 +56,7 @@ AMD_ONLY_OPTIONS = frozenset(
         "buffer_soffset",
         "split_buffer_offsets",
         "wait_tr_reads",
+        "direct_lds",
     }
 )
 

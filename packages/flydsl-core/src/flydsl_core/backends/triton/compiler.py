@@ -38,6 +38,7 @@ from ...targets import Target
 from .. import Backend, Executable
 from . import stage_hook
 from .codegen import GeneratedKernel, generate
+from .direct_lds import DIRECT_LDS
 from .rules.elementwise import RESCALE_ASM_GUARD
 from .shared_operands import SHARE_TRANSPOSED
 from .signature import make_extractor
@@ -53,7 +54,8 @@ _INTERNAL = {"arch", "backend_name", "warp_size", "extern_libs", "supported_fp8_
 #: products read, one transposed, through LDS once (``shared_operands``); ``buffer_soffset``
 #: reads a based buffer load through its argument's descriptor with the origin as the scalar
 #: offset (``llir.buffer_soffset``); ``split_buffer_offsets`` gives a loop's buffer loads the
-#: uniform part of their offsets as the scalar offset (``llir.split_buffer_offsets``)
+#: uniform part of their offsets as the scalar offset (``llir.split_buffer_offsets``);
+#: ``direct_lds`` loads a gfx950 matrix operand's tile straight into LDS (``direct_lds``)
 FLY_AMD_OPTIONS = stage_hook.REWRITES
 
 log = logging.getLogger(__name__)
@@ -204,11 +206,13 @@ def triton_compile(
         with stage_hook.rewrites(chosen):
             return triton.compile(src, target=target.triton_target(), options=opts)
     except Exception as e:
-        if SHARE_TRANSPOSED not in chosen:
+        ttgir = [n for n in (SHARE_TRANSPOSED, DIRECT_LDS) if n in chosen]
+        if not ttgir:
             raise
         # a rewritten TTGIR a later stage rejects: Triton's own staging
-        log.warning("shared transposed operands: compile failed (%s); compiling without", e)
-    chosen.pop(SHARE_TRANSPOSED)
+        log.warning("TTGIR rewrites %s: compile failed (%s); compiling without", ttgir, e)
+    for n in ttgir:
+        chosen.pop(n)
     with stage_hook.rewrites(chosen):
         return triton.compile(src, target=target.triton_target(), options=opts)
 

@@ -250,6 +250,15 @@ _LOAD = re.compile(
     rf"^(\s*{_NAME} = (?:tail )?call (?:<[^>]*>|\S+) @llvm\.amdgcn\.raw\.ptr\.buffer\.load\.\w+\("
     rf"ptr addrspace\(8\) {_NAME}, i32 )({_NAME}), i32 0(, i32 \d+\).*)$"
 )
+_RFL_CALL = "@llvm.amdgcn.readfirstlane.i32("
+_RFL_DECL = "declare i32 @llvm.amdgcn.readfirstlane.i32(i32)"
+#: a buffer load straight into LDS (gfx950's async copy: ``direct_lds``): the LDS address and
+#: the bytes a lane writes come before the offsets, the instruction offset after them
+_LOAD_LDS = re.compile(
+    rf"^(\s*(?:tail )?call void @llvm\.amdgcn\.raw\.ptr\.buffer\.load\.(?:async\.)?lds\("
+    rf"ptr addrspace\(8\) {_NAME}, ptr addrspace\(3\) [^,]+, i32 \d+, i32 )({_NAME}), i32 0"
+    rf"(, i32 \d+, i32 \d+\).*)$"
+)
 _INT = re.compile(r"^-?\d+$")
 _ADD = re.compile(rf"^(?:add(?: nuw| nsw)*|or disjoint) i32 ({_NAME}|-?\d+), ({_NAME}|-?\d+)$")
 _SHL = re.compile(rf"^shl (?:nuw |nsw )*i32 ({_NAME}), (\d+)$")
@@ -383,7 +392,7 @@ def split_buffer_offsets(llir: str) -> str:
         return shifted[(v, c)]
 
     for i in range(d + 1, end):
-        m = _LOAD.match(lines[i])
+        m = _LOAD.match(lines[i]) or _LOAD_LDS.match(lines[i])
         if not m or m.group(2) not in defs:
             continue
         _, rhs, blk = defs[m.group(2)]
@@ -456,6 +465,13 @@ def split_buffer_offsets(llir: str) -> str:
             name = new("vo")
             ins.append(f"  {name} = select i1 {masked.group(1)}, i32 {vo}, i32 {masked.group(3)}")
             vo = name
+        if m.re is _LOAD_LDS:
+            # LLVM reads a scalar offset it finds divergent through a readfirstlane loop, and
+            # found the LDS loads' so in the forward's last KV loop (8 loops a trip); the value
+            # is uniform (above), so reading lane 0's is exact and tells LLVM so
+            name = new("so")
+            ins.append(f"  {name} = call i32 {_RFL_CALL}i32 {so})")
+            so = name
         lines[i] = f"{m.group(1)}{vo}, i32 {so}{m.group(3)}"
     if not before:
         return llir
@@ -464,7 +480,10 @@ def split_buffer_offsets(llir: str) -> str:
         out += before.get(i, [])
         out.append(s)
         out += after.get(i, [])
-    return "\n".join(out)
+    text = "\n".join(out)
+    if _RFL_CALL in text and _RFL_DECL not in text:
+        text += f"\n{_RFL_DECL}\n"
+    return text
 
 
 def _uniform(defs, args, body: str) -> set[str]:

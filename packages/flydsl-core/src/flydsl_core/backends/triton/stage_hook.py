@@ -19,7 +19,10 @@ Triton):
 * ``split_buffer_offsets``: the LLVM IR through ``llir.split_buffer_offsets`` (a loop's buffer
   loads take the uniform part of their offsets as the scalar offset);
 * ``wait_tr_reads``: the LLVM IR through ``llir.wait_tr_reads`` (one LDS wait before the matrix
-  products that read transposed LDS reads, gfx9).
+  products that read transposed LDS reads, gfx9);
+* ``direct_lds``: the TTGIR through ``direct_lds.rewrite_module`` (a matrix operand's tile
+  loaded straight into LDS by gfx950's buffer loads, outside Triton's pipeliner), after
+  ``share_transposed_operands`` where both are asked for.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import threading
 from pathlib import Path
 
+from . import direct_lds
 from .llir import buffer_soffset, hoist_buffer_rsrc, split_buffer_offsets, wait_tr_reads
 from .shared_operands import SHARE_TRANSPOSED, rewrite_module
 
@@ -37,12 +41,21 @@ BUFFER_SOFFSET = "buffer_soffset"
 SPLIT_OFFSETS = "split_buffer_offsets"
 WAIT_TR = "wait_tr_reads"
 #: the compile options that name a rewrite (AMD targets only: ``compiler.triton_options``)
-REWRITES = frozenset({HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET, SPLIT_OFFSETS, WAIT_TR})
+DIRECT_LDS = direct_lds.DIRECT_LDS
+REWRITES = frozenset(
+    {HOIST_RSRC, SHARE_TRANSPOSED, BUFFER_SOFFSET, SPLIT_OFFSETS, WAIT_TR, DIRECT_LDS}
+)
+#: the TTGIR rewrites in the order they run on Triton's ``ttgir`` stage
+TTGIR_REWRITES = (
+    (SHARE_TRANSPOSED, rewrite_module),
+    (DIRECT_LDS, direct_lds.rewrite_module),
+)
 #: the values ``hoist_rsrc`` takes: True (descriptors built more than once) or ``"all"``
 HOIST_VALUES = (True, "all")
 #: the LLVM IR rewrites in the order they run on Triton's ``llir`` stage: each takes the text
 #: and its option's value
 LLIR_REWRITES = (
+    (DIRECT_LDS, lambda text, value: direct_lds.llir_attributes(text)),
     (BUFFER_SOFFSET, lambda text, value: buffer_soffset(text)),
     (HOIST_RSRC, lambda text, value: hoist_buffer_rsrc(text, value == "all")),
     (SPLIT_OFFSETS, lambda text, value: split_buffer_offsets(text)),
@@ -52,6 +65,10 @@ LLIR_REWRITES = (
 #: a part of Triton's cache key for a rewriting compile: changes with the rewrites' code
 _KEY = hashlib.sha256(
     b"".join((Path(__file__).parent / f).read_bytes() for f in ("llir.py", "shared_operands.py"))
+).hexdigest()[:16]
+#: the same for ``direct_lds``'s code, in the key of the compiles that ask for it only
+_KEY_DIRECT_LDS = hashlib.sha256(
+    (Path(__file__).parent / "direct_lds.py").read_bytes()
 ).hexdigest()[:16]
 _state = threading.local()
 _install_lock = threading.Lock()
@@ -74,11 +91,21 @@ def _hook(*args):
         key, digest = got
         names = "+".join(n if v is True else f"{n}={v}" for n, v in sorted(active.items()))
         part = f"-fly-{names}-{_KEY}"
+        if DIRECT_LDS in active:
+            part += f"-{_KEY_DIRECT_LDS}"
         return key + part, digest + part
     stages = args[1]
-    if SHARE_TRANSPOSED in active and "ttgir" in stages:
+    module_rewrites = [rewrite for name, rewrite in TTGIR_REWRITES if name in active]
+    if module_rewrites and "ttgir" in stages:
         make_ttgir = stages["ttgir"]
-        stages["ttgir"] = lambda src, metadata: rewrite_module(make_ttgir(src, metadata))
+
+        def ttgir(src, metadata):
+            mod = make_ttgir(src, metadata)
+            for rewrite in module_rewrites:
+                mod = rewrite(mod)
+            return mod
+
+        stages["ttgir"] = ttgir
     chosen = [(rewrite, active[name]) for name, rewrite in LLIR_REWRITES if name in active]
     if chosen and "llir" in stages:
         make_llir = stages["llir"]

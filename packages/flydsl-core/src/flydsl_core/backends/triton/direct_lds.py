@@ -1,0 +1,375 @@
+"""Direct-to-LDS loads of matrix operands outside Triton's pipeliner (gfx950 TTGIR).
+
+A tile loaded from global memory and staged through LDS for a matrix product reaches Triton
+3.9's gfx950 TTGIR, at ``num_stages=1``, as an ``amdg.buffer_load`` into registers and a
+``ttg.local_alloc`` of the loaded tensor: the lowering waits for each load, writes it to LDS
+(``ds_write_b128``), and holds the tile in VGPRs in between. gfx950's buffer loads can write
+LDS themselves (``buffer_load_dwordx4 ... lds``: 16 bytes a lane, the wave's 64 lanes to one
+contiguous kilobyte), which Triton uses only inside its software pipeliner (``num_stages`` of
+2 or more: ``amdg.buffer_load_to_local``), and the pipeliner's multi-buffered loop gave up the
+attention forward's lazy rescale and cost more than it saved (gpt-oss's main loop 189 -> 240
+instructions).
+
+``direct_lds(text)`` rewrites each such load / alloc pair into the pipeliner's own ops at the
+same places: a mutable ``local_alloc`` and ``amdg.buffer_load_to_local`` where the load was,
+with ``ttg.async_commit_group``; ``ttg.async_wait`` where the alloc was; the ``local_load``s
+of the buffer take the wait's token. The copy then runs while the loop computes what it
+computed between the load and the alloc, as the register load did.
+
+The LDS layout is a padded one (``#ttg.padded_shared``), the kind Triton's pipeliner gives
+its gfx950 async copies: the wave's lanes must write contiguously, so rows are staggered by
+padding at each kilobyte instead of by an XOR swizzle (with a swizzled layout Triton's
+lowering permutes the global addresses across lanes with a ``ds_bpermute_b32`` per load,
+which costs more than the write it saves). ``padded_layout`` orders the tile's rows so that
+the rows a matrix operand's reads touch together start on different banks, following the rule
+of Triton's ``composePaddedLayoutForAsyncCopyCDNA4`` (its pipeliner's choice for the same
+read instructions). The load's offsets (and mask) go through a ``ttg.convert_layout`` to the
+layout whose lanes write that order (``write_layout``), and Triton's own
+``remove-layout-conversions`` (with canonicalization, CSE and loop-invariant motion) then
+computes the offsets in that layout instead: ``rewrite_module`` keeps the result only where
+none of the inserted conversions survives, so no LDS round trip is added.
+
+LLVM's attribute inference gives up on a kernel that calls the LDS-load intrinsic: the kernel
+then lacks ``"amdgpu-agpr-alloc"="0"`` (no AGPRs needed), and the register allocator splits
+its budget between VGPRs and AGPRs (gfx950 llama forward: 228 VGPRs became 128 VGPRs and 85
+AGPRs, with copies between them in the loop). ``llir_attributes`` puts the attribute back on
+such a kernel where no inline assembly asks for an AGPR, as inference gives it to the same
+kernel without the copies (the intrinsic touches no AGPR).
+
+The rewrite is narrow: 16-bit (or 8-bit) 2-D tiles, a plain buffer load (no ``other``), one
+use (the alloc, in the same block), every use of the buffer a ``local_load`` into an MFMA dot
+operand, and a module for gfx950. Anything else stays as it was. Barriers and wait counts are
+Triton's (its ``make_llir`` runs the async-wait count update and the LDS barrier analysis
+after this stage).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+#: the compile option (popped before Triton sees the options) that turns the rewrite on
+DIRECT_LDS = "direct_lds"
+#: the targets whose buffer loads write 16 bytes a lane to LDS (gfx942's write 4)
+TARGETS = ("gfx950",)
+WARP = 64
+#: the bytes a lane's direct-to-LDS load writes
+LANE_BYTES = 16
+
+log = logging.getLogger(__name__)
+
+_LOAD = re.compile(
+    r"^(?P<ind> *)%(?P<x>[\w.]+) = amdg\.buffer_load %(?P<p>[\w.]+)\[%(?P<off>[\w.]+)\]"
+    r"(?:, %(?P<mask>[\w.]+))?(?P<attrs> \{[^{}]*\})? : !tt\.ptr<(?P<t>\w+)> -> "
+    r"tensor<(?P<r>\d+)x(?P<k>\d+)x(?P=t), (?P<lay>#[\w.]+)> (?P<loc>loc\([^\n]*\))$",
+    re.M,
+)
+_BLOCKED = re.compile(
+    r"^#ttg\.blocked<\{sizePerThread = \[(\d+), (\d+)\], threadsPerWarp = \[\d+, \d+\], "
+    r"warpsPerCTA = \[\d+, \d+\], order = \[(\d), (\d)\]\}>$"
+)
+_SWZ_ORDER = re.compile(r"^#ttg\.swizzled_shared<\{[^}]*order = \[(\d), (\d)\]\}>$")
+_MFMA_SHAPE = re.compile(r"^#ttg\.amd_mfma<\{.*instrShape = \[(\d+), (\d+), (\d+)\].*\}>$")
+_ALIAS = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)\s*$", re.M)
+_BYTES = {"bf16": 2, "f16": 2, "i16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i8": 1}
+
+
+def _log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
+def padded_layout(shape, contig: int, op_idx: int, kwidth: int, nonk: int, elem_bytes: int):
+    """``(interval, padding, bases)`` of the padded LDS layout for a ``shape`` tile whose
+    dimension ``contig`` is contiguous, read as dot operand ``op_idx`` of an MFMA with
+    ``nonk`` rows (16 or 32) and ``kwidth`` elements a lane; None where the rule has none.
+    ``bases``: the tensor index of each power-of-two offset, in offset order."""
+    if len(shape) != 2 or elem_bytes not in (1, 2) or nonk not in (16, 32):
+        return None
+    if kwidth not in (4, 8, 16) or op_idx not in (0, 1):
+        return None
+    kdim = 1 if op_idx == 0 else 0
+    k_contig = contig == kdim
+    contig_n, other_n = shape[contig], shape[1 - contig]
+    kwidth_bytes = kwidth * elem_bytes
+    vec = LANE_BYTES // elem_bytes
+    b128 = k_contig and kwidth_bytes == 16  # ds_read_b128
+    tr = not k_contig and kwidth_bytes >= 8  # ds_read_b64_tr
+    banks = 64 if (b128 or tr) else 32
+    bank_row = banks * 4 // elem_bytes
+    if b128:
+        pad = kwidth * 2 if nonk == 16 else kwidth
+    elif tr:
+        pad = 16 if nonk == 16 else 32
+    else:
+        pad = 8 // elem_bytes
+    if contig_n < vec:
+        return None
+    wrap = min(contig_n, bank_row) // pad
+    if wrap == 0:
+        return None
+    # rows staggered by the padding: enough rows to stagger, or a few conflicts tolerated
+    # where the reads would conflict as much under a swizzle (2-way, not for ds_read_b128)
+    required = WARP // (contig_n // vec) * wrap
+    conflicts = 1 if other_n >= required else _log2(required // other_n) + 1
+    if (b128 and conflicts > 1) or conflicts > 2:
+        return None
+    if conflicts > 1:
+        wrap //= 1 << (conflicts - 1)
+        if wrap == 0:
+            return None
+    best = False
+    if other_n >= WARP // (contig_n // vec) * 16 and wrap < 16:
+        best, wrap = True, 16
+    interval = WARP * vec
+    # offsets as (contig index, row): the row's elements, the rows one kilobyte shares
+    # (strided by ``wrap``), then the rows below ``wrap``, then the rest
+    bases = [(1 << i, 0) for i in range(_log2(contig_n))]
+    row = _log2(wrap)
+    while len(bases) < _log2(interval):
+        bases.append((0, 1 << row))
+        row += 1
+    bases += [(0, 1 << i) for i in range(_log2(wrap))]
+    bases += [(0, 1 << i) for i in range(row, _log2(other_n))]
+    if len(bases) != _log2(contig_n) + _log2(other_n):
+        return None
+    if tr and nonk == 16 and kwidth_bytes == 16:
+        # one ds_read_b64_tr reads 8 bytes: the rows at 8 and 16 bytes swap lane groups
+        i8 = next(i for i, b in enumerate(bases) if b[1] == 8 // elem_bytes)
+        i16 = next(i for i, b in enumerate(bases) if b[1] == 16 // elem_bytes)
+        bases[i8], bases[i16] = bases[i16], bases[i8]
+    if b128 and nonk == 32 and best and shape[kdim] < 256 // elem_bytes:
+        # every 16th row to the other half of the banks (narrow kWidth) or to the same bank
+        # (a full 16-byte kWidth), so that the lane groups read different banks
+        at = _log2(256 if kwidth == vec else 128)
+        row16 = _log2(contig_n)
+        if max(at, row16) >= len(bases):
+            return None
+        bases[at], bases[row16] = bases[row16], bases[at]
+    # to tensor dimension order
+    out = [[c, r] if contig == 0 else [r, c] for c, r in bases]
+    return interval, pad, out
+
+
+def write_layout(bases, elem_bytes: int, num_warps: int):
+    """The register layout whose lanes write the padded layout's offsets in order:
+    ``(register, lane, warp)`` bases (a lane's 16 bytes, the wave's 64 lanes, its warps,
+    then the repeats), or None where the tile has fewer rows than the warps write."""
+    nvec = _log2(LANE_BYTES // elem_bytes)
+    nlane = _log2(WARP)
+    nwarp = _log2(num_warps)
+    if len(bases) < nvec + nlane + nwarp:
+        return None
+    reg = bases[:nvec] + bases[nvec + nlane + nwarp :]
+    return reg, bases[nvec : nvec + nlane], bases[nvec + nlane : nvec + nlane + nwarp]
+
+
+def _fmt(bases) -> str:
+    return "[" + ", ".join(f"[{a}, {b}]" for a, b in bases) + "]"
+
+
+def _uses(text: str, name: str) -> list[re.Match]:
+    return [
+        m
+        for m in re.finditer(rf"%{re.escape(name)}(?![\w.])", text)
+        if not re.match(r" = ", text[m.end() : m.end() + 3])
+    ]
+
+
+def _line_at(text: str, pos: int) -> tuple[int, int]:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return start, len(text) if end < 0 else end
+
+
+def _same_block(text: str, start: int, end: int, indent: int) -> bool:
+    for line in text[start:end].split("\n"):
+        if line.strip() and len(line) - len(line.lstrip(" ")) < indent:
+            return False
+    return True
+
+
+def direct_lds(text: str) -> tuple[str, int]:
+    """``text`` (a printed gfx950 TTGIR module) with every matching load / alloc pair turned
+    into a direct-to-LDS copy (module docstring), and how many were."""
+    head = re.search(r'ttg\.target = "hip:(\w+)"', text)
+    warps = re.search(r'"ttg\.num-warps" = (\d+)', text)
+    if head is None or head.group(1) not in TARGETS or warps is None:
+        return text, 0
+    num_warps = int(warps.group(1))
+    aliases = {m.group(1): m.group(2) for m in _ALIAS.finditer(text)}
+    new_aliases: dict[str, str] = {}
+    count = 0
+    pos = 0
+    while True:
+        m = _LOAD.search(text, pos)
+        if m is None:
+            break
+        pos = m.end()
+        got = _rewrite_one(text, m, aliases, new_aliases, num_warps, count)
+        if got is not None:
+            text = got
+            count += 1
+            pos = m.start()
+    if count:
+        defs = "".join(f"{k} = {v}\n" for k, v in new_aliases.items())
+        first = re.search(r"^#", text, re.M)
+        at = first.start() if first else 0
+        text = text[:at] + defs + text[at:]
+    return text, count
+
+
+def _rewrite_one(text, m, aliases, new_aliases, num_warps, n) -> str | None:
+    ind, x, t, r, k, lay = (m.group(g) for g in ("ind", "x", "t", "r", "k", "lay"))
+    elem = _BYTES.get(t)
+    blocked = _BLOCKED.match(aliases.get(lay, lay))
+    if elem is None or blocked is None:
+        return None
+    uses = _uses(text, x)
+    if len(uses) != 1:
+        return None
+    a_start, a_end = _line_at(text, uses[0].start())
+    al = re.match(
+        rf"^{ind}%(?P<a>[\w.]+) = ttg\.local_alloc %{re.escape(x)} : "
+        rf"\(tensor<{r}x{k}x{t}, {re.escape(lay)}>\) -> "
+        rf"!ttg\.memdesc<{r}x{k}x{t}, (?P<enc>#[\w.]+), #smem> (?P<loc>loc\([^\n]*\))$",
+        text[a_start:a_end],
+    )
+    if al is None or not _same_block(text, m.end(), a_start, len(ind)):
+        return None
+    a, enc = al.group("a"), al.group("enc")
+    swz = _SWZ_ORDER.match(aliases.get(enc, enc))
+    if swz is None:
+        return None
+    contig = int(swz.group(1))
+    # the global load must be contiguous along the same dimension, a lane's 16 bytes at once
+    spt = (int(blocked.group(1)), int(blocked.group(2)))
+    if int(blocked.group(3)) != contig or spt[contig] * elem < LANE_BYTES:
+        return None
+    # every use of the buffer a local_load into one MFMA dot operand
+    ld_re = re.compile(
+        rf"ttg\.local_load %{re.escape(a)} : !ttg\.memdesc<{r}x{k}x{t}, {re.escape(enc)}, "
+        rf"#smem> -> tensor<{r}x{k}x{t}, #ttg\.dot_op<\{{opIdx = (\d), parent = (#[\w.]+), "
+        rf"kWidth = (\d+)\}}>>"
+    )
+    loads = ld_re.findall(text)
+    a_uses = _uses(text, a)
+    if not loads or len(loads) != len(a_uses) or len(set(loads)) != 1:
+        return None
+    op_idx, parent, kwidth = int(loads[0][0]), loads[0][1], int(loads[0][2])
+    mfma = _MFMA_SHAPE.match(aliases.get(parent, parent))
+    if mfma is None:
+        return None
+    nonk = int(mfma.group(1 + op_idx))
+    shape = (int(r), int(k))
+    got = padded_layout(shape, contig, op_idx, kwidth, nonk, elem)
+    if got is None:
+        return None
+    interval, pad, bases = got
+    wl = write_layout(bases, elem, num_warps)
+    if wl is None:
+        return None
+    reg, lane, warp = wl
+    sh, lin = f"#fly_d2l_shared{n}", f"#fly_d2l_write{n}"
+    new_aliases[sh] = (
+        f"#ttg.padded_shared<[{interval}:+{pad}] {{offset = {_fmt(bases)}, block = []}}>"
+    )
+    new_aliases[lin] = (
+        f"#ttg.linear<{{register = {_fmt(reg)}, lane = {_fmt(lane)}, "
+        f"warp = {_fmt(warp)}, block = []}}>"
+    )
+    mem = f"!ttg.memdesc<{r}x{k}x{t}, {sh}, #smem, mutable>"
+    loc = m.group("loc")
+    off, mask = m.group("off"), m.group("mask")
+    lines = [
+        f"{ind}%{a} = ttg.local_alloc : () -> {mem} {al.group('loc')}",
+        f"{ind}%{off}_d2l{n} = ttg.convert_layout %{off} : tensor<{r}x{k}xi32, {lay}> -> "
+        f"tensor<{r}x{k}xi32, {lin}> {loc}",
+    ]
+    masked = ""
+    if mask:
+        lines.append(
+            f"{ind}%{mask}_d2l{n} = ttg.convert_layout %{mask} : tensor<{r}x{k}xi1, {lay}> -> "
+            f"tensor<{r}x{k}xi1, {lin}> {loc}"
+        )
+        masked = f" mask = %{mask}_d2l{n}"
+    lines += [
+        f"{ind}%{x}_d2l = amdg.buffer_load_to_local %{m.group('p')}[%{off}_d2l{n}]{masked} "
+        f"into %{a}{m.group('attrs') or ''} : !tt.ptr<{t}>[tensor<{r}x{k}xi32, {lin}>]  -> "
+        f"<{r}x{k}x{t}, {sh}, #smem, mutable> {loc}",
+        f"{ind}%{x}_d2l_c = ttg.async_commit_group tokens %{x}_d2l {loc}",
+    ]
+    wait = f"{ind}%{x}_d2l_w = ttg.async_wait %{x}_d2l_c {{num = 0 : i32}} {al.group('loc')}"
+    # edit back to front so that earlier offsets stay valid
+    text = text[:a_start] + wait + text[a_end:]
+    text = text[: m.start()] + "\n".join(lines) + text[m.end() :]
+    old_mem = f"!ttg.memdesc<{r}x{k}x{t}, {enc}, #smem>"
+    return re.sub(
+        rf"ttg\.local_load %{re.escape(a)} : {re.escape(old_mem)}",
+        f"ttg.local_load %{a} token %{x}_d2l_w : {mem}",
+        text,
+    )
+
+
+_KERNEL = re.compile(r"^define amdgpu_kernel [^\n]*\) [\w ]*#(\d+) [^\n]*\{$", re.M)
+_LDS_LOAD = re.compile(r"@llvm\.amdgcn\.(?:raw|struct)\.ptr\.buffer\.load\.(?:async\.)?lds\(")
+#: an inline assembly constraint string naming an AGPR operand (``a``, ``=a``, ``{a0}``)
+_AGPR_ASM = re.compile(r'asm [^"]*"(?:[^"\\]|\\.)*", "(?:[^"]*[,=&~])?\{?a[\d,}"]')
+AGPR_ALLOC = '"amdgpu-agpr-alloc"="0"'
+
+
+def llir_attributes(llir: str) -> str:
+    """``llir`` with ``"amdgpu-agpr-alloc"="0"`` on a kernel that loads straight into LDS and
+    lacks it, where no inline assembly takes an AGPR operand (module docstring)."""
+    k = _KERNEL.search(llir)
+    if k is None or not _LDS_LOAD.search(llir) or _AGPR_ASM.search(llir):
+        return llir
+    group = re.compile(rf"^attributes #{k.group(1)} = \{{ ", re.M)
+    g = group.search(llir)
+    if g is None:
+        return llir
+    end = llir.find("}", g.end())
+    if AGPR_ALLOC.split("=")[0] in llir[g.end() : end]:
+        return llir
+    return llir[: g.end()] + AGPR_ALLOC + " " + llir[g.end() :]
+
+
+def _conversions(text: str) -> int:
+    return len(re.findall(r"= ttg\.convert_layout ", text))
+
+
+def rewrite_module(mod):
+    """``mod`` (Triton's gfx950 TTGIR module) with ``direct_lds`` applied: printed, rewritten,
+    parsed back in its context, with Triton's layout-conversion removal, canonicalization, CSE
+    and loop-invariant motion run on it; ``mod`` itself where nothing matched, the result does
+    not verify, or an inserted offset conversion survives (``stage_hook`` runs it after the
+    TTGIR stage)."""
+    from triton._C.libtriton import ir, passes
+
+    text, n = direct_lds(str(mod))
+    if n == 0:
+        return mod
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "direct_lds.ttgir")
+            Path(path).write_text(text)
+            new = ir.parse_mlir_module(path, mod.context)
+        new.context = mod.context
+        pm = ir.pass_manager(mod.context)
+        passes.ttgpuir.add_remove_layout_conversions(pm)
+        passes.common.add_canonicalizer(pm)
+        passes.common.add_cse(pm)
+        passes.ttir.add_triton_licm(pm)
+        pm.run(new, "direct_lds")
+        if not new.verify():
+            raise ValueError("the rewritten module does not verify")
+        left = _conversions(str(new)) - _conversions(str(mod))
+        if left > 0:
+            raise ValueError(f"{left} offset layout conversion(s) left")
+    except Exception as e:  # Triton's own staging stands
+        log.warning("direct-to-LDS loads: TTGIR rewrite dropped (%s)", e)
+        return mod
+    log.debug("direct-to-LDS loads: %d tile(s) copied straight to LDS", n)
+    return new
