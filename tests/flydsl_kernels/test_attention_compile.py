@@ -243,6 +243,30 @@ def test_dkdv_stages_q_and_do_once():
     assert got[True][3] < got[False][3], got
 
 
+def test_direct_lds_loads_k_and_v_without_lds_writes():
+    # Config.d2l (the core's direct_lds): the main loop's K and V tiles go from the buffer
+    # loads straight into LDS (``buffer_load_dwordx4 ... lds``), with no LDS write and no VGPR
+    # staging; the kernel keeps its VGPRs (no AGPR split: direct_lds.llir_attributes), and
+    # no inserted layout conversion survives in the TTGIR
+    from flydsl_core.backends.triton.amdgcn import matrix_loops
+
+    kind, dcls = "fwd", "d256"
+    cfg = configs.TABLES["gfx950"][(kind, dcls)]
+    assert cfg.d2l
+    got = {}
+    for d2l in (True, False):
+        ck, fig, _ = _compile(kind, dcls, replace(cfg, d2l=d2l))
+        main = max(matrix_loops(ck.stages()["amdgcn"]), key=lambda lp: lp.matrix)
+        lds = [o for m, o in main.instructions if m.startswith("buffer_load") and o.endswith("lds")]
+        writes = sum(m.startswith("ds_write") for m in main.mnemonics())
+        ttgir = ck.stages()["ttgir"]
+        got[d2l] = (len(lds), writes, ttgir.count("amdg.buffer_load_to_local"), fig)
+        assert not fig["spills"] and not fig["scratch"] and ck.executable.report.agpr == 0
+    assert got[True][0] >= 4 and got[True][1] == 0 and got[True][2] > 0, got[True][:3]
+    assert got[False][:3] == (0, got[False][1], 0) and got[False][1] > 0, got[False][:3]
+    assert got[True][3]["loop"] < got[False][3]["loop"], (got[True][3], got[False][3])
+
+
 def test_dkdv_loads_take_the_query_step_as_their_scalar_offset():
     # Config.split_off (the core's split_buffer_offsets): the main loop's buffer loads take the
     # query step as their scalar offset; the LSE and delta rows' four loads share one vector

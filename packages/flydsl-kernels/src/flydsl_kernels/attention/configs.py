@@ -127,6 +127,11 @@ class Config:
     #: ``flydsl_core.backends.triton.llir.wait_tr_reads``), where LLVM waited before most of
     #: them one read at a time
     tr_wait: bool = False
+    #: gfx950: K's and V's tiles (and any other tile a matrix product reads from LDS) loaded
+    #: straight into LDS by the buffer loads (``buffer_load_dwordx4 ... lds``; the core's TTGIR
+    #: rewrite, ``flydsl_core.backends.triton.direct_lds``), where Triton 3.9 loads them into
+    #: VGPRs and writes them to LDS outside its pipeliner
+    d2l: bool = False
     #: decode whose query rows (the group's heads times the query positions, rounded up to a
     #: power of two) fill only part of the MFMA's rows: up to this many copies of them, the
     #: spare rows taking the tile's other key blocks (``forward.Fwd.FOLD``,
@@ -165,6 +170,8 @@ class Config:
             opts["split_buffer_offsets"] = True
         if self.tr_wait:
             opts["wait_tr_reads"] = True
+        if self.d2l:
+            opts["direct_lds"] = True
         return compiler_options(opts, target)
 
     def as_dict(self) -> dict:
@@ -223,6 +230,7 @@ def _c(
     tw=False,
     fo=0,
     pe=False,
+    dl=False,
 ):
     notes = {k: v for k, v in (("vgpr", vgpr), ("loop", loop), ("per_mfma", per)) if v is not None}
     return Config(
@@ -247,6 +255,7 @@ def _c(
         tr_wait=tw,
         fold=fo,
         persist=pe,
+        d2l=dl,
         notes=notes,
     )
 
@@ -376,6 +385,17 @@ _GFX950 = {
         sp=True,
         tw=True,
     ),
+    # K and V loaded straight into LDS (dl: Config.d2l, the core's direct_lds): the loads'
+    # waits and LDS writes gone, gfx950's M0 set per load instead, the tiles in padded LDS
+    # layouts. At the model problems (VGPRs, loop instructions): d256 212 / 151 -> 200 / 144
+    # (softcap 11.25 / 12.44 -> 10.81 / 11.81); dQ d192 238 / 275 -> 224 / 258 (8.59 / 10.12 ->
+    # 8.06 / 10.03; its dO tile outside the loop). Not taken: d192 248 / 247 -> 254 / 238 (MLA
+    # 6.17 / 7.9 -> 5.95 / 7.55) spilled 14 SGPRs over pages of 256 (check_tables), and its
+    # traced-mod fit changed; dQ d64 224 / 212 -> 226 / 207 (gpt-oss dQ 9.25 / 12.25 -> 8.88 /
+    # 12.17) moved its traced-window levels' searched changes (TRACED_WINDOW_TILES); fwd d64
+    # 173 -> 172 at 162 VGPRs (gpt-oss 189 -> 189), d128 219 -> 218 with its masked loop 298 ->
+    # 308 (llama 6.84 / 9.31 -> 6.81 / 9.62), dQ d128 133 -> 148, d256 181 -> 181; dK/dV's Q
+    # and dO (share_t) and decode's gathers are not rewritten
     ("fwd", "d192"): _c(
         256, 64, 8, 1, 32, True, 248, 247, 6.17, ls=True, kt=True, hr="shared", sp=True, tw=True
     ),
@@ -387,7 +407,21 @@ _GFX950 = {
     # 8.06 with 329 registers (73 of them AGPRs), one wave per SIMD (model.OCCUPANCY_FLOOR): a
     # candidate to time on an MI355X, not one to ship untimed
     ("fwd", "d256"): _c(
-        128, 32, 8, 1, 16, True, 212, 151, 9.44, sched=ILP, ls=True, kt=True, hr="shared", sp=True
+        128,
+        32,
+        8,
+        1,
+        16,
+        True,
+        200,
+        144,
+        9.0,
+        sched=ILP,
+        ls=True,
+        kt=True,
+        hr="shared",
+        sp=True,
+        dl=True,
     ),
     # decode: the rescale on every trip (lazy off) under iterative-ilp took fewer loop
     # instructions at the report's decode cases than the lazy one's compare and branch (d128
@@ -506,7 +540,9 @@ _GFX950 = {
     ("bwd_dq", "d128"): _c(
         256, 32, 8, 1, 32, True, 246, 133, 5.54, sched=COEXEC, hr="shared", sp=True, tw=True
     ),
-    ("bwd_dq", "d192"): _c(128, 64, 8, 1, 16, True, 238, 275, 8.59, st=True, hr="all", sp=True),
+    ("bwd_dq", "d192"): _c(
+        128, 64, 8, 1, 16, True, 224, 258, 8.06, st=True, hr="all", sp=True, dl=True
+    ),
     ("bwd_dq", "d256"): _c(
         128, 32, 8, 1, 16, True, 240, 181, 7.54, sched=ILP, st=True, hr="all", sp=True
     ),
@@ -585,6 +621,7 @@ _eager(_SM90)
 # gfx942's and gfx1250's tiles). gfx1250 then sets its own per entry, each checked on gfx1250
 # (the notes at its overrides).
 _reset(_SM90, "sched")  # an AMD option: ignored on NVIDIA targets, dropped for clarity
+_reset(_SM90, "d2l")  # gfx950's buffer loads alone write 16 bytes a lane to LDS
 
 #: gfx942 (MI300X: 32x32x8 MFMAs, 64 KiB LDS): gfx950's tiles where they compile without
 #: scratch or spills there, smaller ones where those spill (untuned beyond that). Forward
@@ -644,6 +681,7 @@ _reset(_GFX942, "q_lanes")
 # no ``tr_wait``: it is for gfx950's transposed LDS reads (the rewrite finds none on gfx942 and
 # leaves gfx1250's text alone: its own wait counters), dropped for clarity.
 _reset(_GFX942, "tr_wait")
+_reset(_GFX942, "d2l")  # its buffer loads write 4 bytes a lane to LDS: not rewritten
 _k_rows(_GFX942, [("fwd", "d192")])
 #: gfx1250 (wave32, WMMA): gfx950's tiles where they compile without spills there; untuned.
 #: Their share_t (Q / dO or K staged once) holds here too: llama dK/dV 23.69 / 28.88 -> 23.38
@@ -672,6 +710,7 @@ _reset(_GFX1250, "sched")
 _row_sums(_GFX1250)
 _reset(_GFX1250, "q_lanes")
 _reset(_GFX1250, "tr_wait")
+_reset(_GFX1250, "d2l")  # gfx1250 copies to LDS its own way (not rewritten)
 _k_rows(_GFX1250, [("fwd", "d192"), ("fwd", "d256")])
 # gfx950's K^T edge tiles (Config.kt_edge): gpt-oss's window tile took 3 -> 2 waves here,
 # masked loops 753 / 706 -> 787 / 708 instructions per trip (main 574 -> 562)

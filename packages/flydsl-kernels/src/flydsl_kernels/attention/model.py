@@ -529,8 +529,8 @@ COEXEC_TARGETS = ("gfx950", "gfx1250")
 def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]:
     """The single field changes ``window_search`` tries on a band level's ``tile`` (of the
     table's ``entry``) for ``target``: on AMD, LLVM's schedulers, the options that keep values
-    live across the loop (descriptors at the entry, split offsets, shared transposed operands,
-    Q in lane order, the backward's loads) and a waves-per-EU hint; on every target the row
+    live across the loop (descriptors at the entry, split offsets, direct-to-LDS loads, shared
+    transposed operands, Q in lane order, the backward's loads) and a waves-per-EU hint; on every target the row
     sums as lane partials or not, K^T or not, one stage fewer (or, on NVIDIA, one more), a
     smaller tile (half the keys per forward / dQ step, half the query rows per dK/dV step), and
     the level above's tile (rows, or dK/dV's keys, and warps doubled: a window narrower than it
@@ -543,7 +543,7 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
         cands += [{"sched": s} for s in scheds if s != "coexec" or target in COEXEC_TARGETS]
         # (the 16x16 MFMA is not tried: Triton 3.9 aborted the process compiling gfx950's
         # d128 forward band tile with it)
-        cands += [{"hoist_rsrc": ""}, {"split_off": False}, {"waves_per_eu": 2}]
+        cands += [{"hoist_rsrc": ""}, {"split_off": False}, {"d2l": False}, {"waves_per_eu": 2}]
         if kind == "fwd":
             cands += [{"q_lanes": 0}, {"tr_wait": False}]
         elif kind == "decode":  # K's lane order, V's head-dim blocks, the row copies off
