@@ -48,10 +48,9 @@ after this stage).
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
-from pathlib import Path
+
+from .ttgir_text import line_at, parse, rewrite_each, same_block, uses
 
 #: the compile option (popped before Triton sees the options) that turns the rewrite on
 DIRECT_LDS = "direct_lds"
@@ -172,27 +171,6 @@ def _fmt(bases) -> str:
     return "[" + ", ".join(f"[{a}, {b}]" for a, b in bases) + "]"
 
 
-def _uses(text: str, name: str) -> list[re.Match]:
-    return [
-        m
-        for m in re.finditer(rf"%{re.escape(name)}(?![\w.])", text)
-        if not re.match(r" = ", text[m.end() : m.end() + 3])
-    ]
-
-
-def _line_at(text: str, pos: int) -> tuple[int, int]:
-    start = text.rfind("\n", 0, pos) + 1
-    end = text.find("\n", pos)
-    return start, len(text) if end < 0 else end
-
-
-def _same_block(text: str, start: int, end: int, indent: int) -> bool:
-    for line in text[start:end].split("\n"):
-        if line.strip() and len(line) - len(line.lstrip(" ")) < indent:
-            return False
-    return True
-
-
 def direct_lds(text: str) -> tuple[str, int]:
     """``text`` (a printed gfx950 TTGIR module) with every matching load / alloc pair turned
     into a direct-to-LDS copy (module docstring), and how many were."""
@@ -203,18 +181,9 @@ def direct_lds(text: str) -> tuple[str, int]:
     num_warps = int(warps.group(1))
     aliases = {m.group(1): m.group(2) for m in _ALIAS.finditer(text)}
     new_aliases: dict[str, str] = {}
-    count = 0
-    pos = 0
-    while True:
-        m = _LOAD.search(text, pos)
-        if m is None:
-            break
-        pos = m.end()
-        got = _rewrite_one(text, m, aliases, new_aliases, num_warps, count)
-        if got is not None:
-            text = got
-            count += 1
-            pos = m.start()
+    text, count = rewrite_each(
+        text, _LOAD, lambda t, m, n: _rewrite_one(t, m, aliases, new_aliases, num_warps, n)
+    )
     if count:
         defs = "".join(f"{k} = {v}\n" for k, v in new_aliases.items())
         first = re.search(r"^#", text, re.M)
@@ -229,17 +198,17 @@ def _rewrite_one(text, m, aliases, new_aliases, num_warps, n) -> str | None:
     blocked = _BLOCKED.match(aliases.get(lay, lay))
     if elem is None or blocked is None:
         return None
-    uses = _uses(text, x)
-    if len(uses) != 1:
+    found = uses(text, x)
+    if len(found) != 1:
         return None
-    a_start, a_end = _line_at(text, uses[0].start())
+    a_start, a_end = line_at(text, found[0].start())
     al = re.match(
         rf"^{ind}%(?P<a>[\w.]+) = ttg\.local_alloc %{re.escape(x)} : "
         rf"\(tensor<{r}x{k}x{t}, {re.escape(lay)}>\) -> "
         rf"!ttg\.memdesc<{r}x{k}x{t}, (?P<enc>#[\w.]+), #smem> (?P<loc>loc\([^\n]*\))$",
         text[a_start:a_end],
     )
-    if al is None or not _same_block(text, m.end(), a_start, len(ind)):
+    if al is None or not same_block(text, m.end(), a_start, len(ind)):
         return None
     a, enc = al.group("a"), al.group("enc")
     swz = _SWZ_ORDER.match(aliases.get(enc, enc))
@@ -257,7 +226,7 @@ def _rewrite_one(text, m, aliases, new_aliases, num_warps, n) -> str | None:
         rf"kWidth = (\d+)\}}>>"
     )
     loads = ld_re.findall(text)
-    a_uses = _uses(text, a)
+    a_uses = uses(text, a)
     if not loads or len(loads) != len(a_uses) or len(set(loads)) != 1:
         return None
     op_idx, parent, kwidth = int(loads[0][0]), loads[0][1], int(loads[0][2])
@@ -354,11 +323,7 @@ def rewrite_module(mod):
     if n == 0:
         return mod
     try:
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "direct_lds.ttgir")
-            Path(path).write_text(text)
-            new = ir.parse_mlir_module(path, mod.context)
-        new.context = mod.context
+        new = parse(text, mod.context)
         pm = ir.pass_manager(mod.context)
         passes.ttgpuir.add_remove_layout_conversions(pm)
         passes.common.add_canonicalizer(pm)

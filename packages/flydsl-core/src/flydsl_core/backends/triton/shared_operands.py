@@ -28,10 +28,9 @@ result does not parse and verify, or compiles again without it if a later stage 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
-from pathlib import Path
+
+from .ttgir_text import line_at, parse, rewrite_each, same_block, uses
 
 #: the compile option (popped before Triton sees the options) that turns the rewrite on
 SHARE_TRANSPOSED = "share_transposed_operands"
@@ -43,12 +42,6 @@ _SWZ = re.compile(
     r"^#ttg\.swizzled_shared<\{vec = (\d+), perPhase = (\d+), maxPhase = (\d+), "
     r"order = \[(\d+), (\d+)\]\}>$"
 )
-#: a one-warp layout's CGA layout as Triton 3.9 prints it (``ctaLayout = {}``: the empty warp
-#: basis left out), which its own parser rejects with a fatal error that ends the process
-#: ("Expected basis of 'warp' not found"; gfx1250's one-warp dK/dV band tile hit it); written
-#: back with the empty basis it stands for, which parses to the same layout
-_EMPTY_CGA = "ctaLayout = {}"
-_EMPTY_CGA_PARSED = "ctaLayout = {warp = []}"
 _CVT = re.compile(
     r"^(?P<ind> *)%(?P<c>[\w.]+) = ttg\.convert_layout %(?P<x>[\w.]+) : "
     r"tensor<(?P<r>\d+)x(?P<k>\d+)x(?P<t>\w+), (?P<src>#[\w.]+)> -> "
@@ -57,57 +50,21 @@ _CVT = re.compile(
 )
 
 
-def _uses(text: str, name: str) -> list[re.Match]:
-    """Every occurrence of ``%name`` as an operand (not its definition)."""
-    return [
-        m
-        for m in re.finditer(rf"%{re.escape(name)}(?![\w.])", text)
-        if not re.match(r" = ", text[m.end() : m.end() + 3])
-    ]
-
-
-def _line_at(text: str, pos: int) -> tuple[int, int]:
-    start = text.rfind("\n", 0, pos) + 1
-    end = text.find("\n", pos)
-    return start, len(text) if end < 0 else end
-
-
-def _same_block(text: str, start: int, end: int, indent: int) -> bool:
-    """Whether no line in ``text[start:end]`` is indented less than ``indent`` (the MLIR
-    printer indents each region: a shallower line closes the block)."""
-    for line in text[start:end].split("\n"):
-        if line.strip() and len(line) - len(line.lstrip(" ")) < indent:
-            return False
-    return True
-
-
 def share_transposed(text: str) -> tuple[str, int]:
     """``text`` (a printed TTGIR module) with every matching direct / transposed operand pair
     staged once (module docstring), and how many pairs were rewritten."""
     aliases = {m.group(1): m.group(2) for m in _ALIAS.finditer(text)}
-    count = 0
-    pos = 0
-    while True:
-        m = _CVT.search(text, pos)
-        if m is None:
-            break
-        pos = m.end()
-        new = _rewrite_one(text, m, aliases)
-        if new is not None:
-            text = new
-            count += 1
-            pos = m.start()
-    return text, count
+    return rewrite_each(text, _CVT, lambda t, m, n: _rewrite_one(t, m, aliases))
 
 
 def _rewrite_one(text: str, m: re.Match, aliases: dict[str, str]) -> str | None:
     ind, c, x, r, k, t = (m.group(g) for g in ("ind", "c", "x", "r", "k", "t"))
     src = m.group("src")
     # the conversion's one use: a [1, 0] transpose into a dot operand, in the same block
-    uses = _uses(text, c)
-    if len(uses) != 1:
+    found = uses(text, c)
+    if len(found) != 1:
         return None
-    ts, te = _line_at(text, uses[0].start())
+    ts, te = line_at(text, found[0].start())
     tr = re.match(
         rf"^(?P<ind> *)%(?P<tv>[\w.]+) = tt\.trans %{re.escape(c)} "
         rf"\{{order = array<i32: 1, 0>\}} : tensor<{r}x{k}x{t}, #[\w.]+> -> "
@@ -115,7 +72,7 @@ def _rewrite_one(text: str, m: re.Match, aliases: dict[str, str]) -> str | None:
         rf"kWidth = (?P<kw>\d+)\}}>>) (?P<loc>loc\([^\n]*\))$",
         text[ts:te],
     )
-    if tr is None or tr.group("ind") != ind or not _same_block(text, m.end(), ts, len(ind)):
+    if tr is None or tr.group("ind") != ind or not same_block(text, m.end(), ts, len(ind)):
         return None
     # the direct operand's buffer: a local_alloc of the same tile, later in the same block
     al = re.compile(
@@ -124,7 +81,7 @@ def _rewrite_one(text: str, m: re.Match, aliases: dict[str, str]) -> str | None:
         rf"!ttg\.memdesc<{r}x{k}x{t}, (?P<enc>#[\w.]+), #smem> (?P<loc>loc\([^\n]*\))$",
         re.M,
     ).search(text, m.end())
-    if al is None or not _same_block(text, m.end(), al.start(), len(ind)):
+    if al is None or not same_block(text, m.end(), al.start(), len(ind)):
         return None
     a, enc = al.group("a"), al.group("enc")
     sw = _SWZ.match(aliases.get(enc, enc))
@@ -134,7 +91,7 @@ def _rewrite_one(text: str, m: re.Match, aliases: dict[str, str]) -> str | None:
     ld_re = re.compile(
         rf"ttg\.local_load %{re.escape(a)} : !ttg\.memdesc<{r}x{k}x{t}, {re.escape(enc)}, #smem>"
     )
-    a_uses = _uses(text, a)
+    a_uses = uses(text, a)
     if not a_uses or len(ld_re.findall(text)) != len(a_uses):
         return None
     vec = max(vec, int(tr.group("kw")))
@@ -166,18 +123,11 @@ def rewrite_module(mod):
     """``mod`` (Triton's TTGIR module) with ``share_transposed`` applied: printed, rewritten,
     parsed back in its context and verified; ``mod`` itself where nothing matched or the
     rewritten module does not parse or verify (``stage_hook`` runs it as the TTGIR stage)."""
-    from triton._C.libtriton import ir
-
     text, n = share_transposed(str(mod))
     if n == 0:
         return mod
-    text = text.replace(_EMPTY_CGA, _EMPTY_CGA_PARSED)
     try:
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "rewritten.ttgir")
-            Path(path).write_text(text)
-            new = ir.parse_mlir_module(path, mod.context)
-        new.context = mod.context
+        new = parse(text, mod.context)
         if not new.verify():
             raise ValueError("the rewritten module does not verify")
     except Exception as e:  # a pattern the rewrite mis-read: Triton's own module stands

@@ -64,7 +64,10 @@ LLIR_REWRITES = (
 
 #: a part of Triton's cache key for a rewriting compile: changes with the rewrites' code
 _KEY = hashlib.sha256(
-    b"".join((Path(__file__).parent / f).read_bytes() for f in ("llir.py", "shared_operands.py"))
+    b"".join(
+        (Path(__file__).parent / f).read_bytes()
+        for f in ("llir.py", "shared_operands.py", "ttgir_text.py")
+    )
 ).hexdigest()[:16]
 #: the same for ``direct_lds``'s code, in the key of the compiles that ask for it only
 _KEY_DIRECT_LDS = hashlib.sha256(
