@@ -296,3 +296,25 @@ exit:
     assert rfl.startswith("call i32 @llvm.amdgcn.readfirstlane.i32(i32 %fly.so.")
     assert defs[rfl.split("i32 ")[-1].rstrip(")")] == "shl i32 %i, 2"
     assert out.count("declare i32 @llvm.amdgcn.readfirstlane.i32(i32)") == 1
+
+
+def test_a_rewrite_that_does_not_parse_leaves_tritons_module(caplog):
+    # rewrite_module parses the rewritten text back; where that (or the verifier, or a
+    # surviving offset conversion) fails, Triton's own module is compiled, with a warning
+    pytest.importorskip("triton")
+    from triton._C.libtriton import ir
+
+    class Module:  # the cut-down BODY is no whole module: its values are never defined
+        context = ir.context()
+
+        def __str__(self):
+            return BODY
+
+    mod = Module()
+    with caplog.at_level("WARNING"):
+        assert dl.rewrite_module(mod) is mod
+    assert "direct-to-LDS loads: TTGIR rewrite dropped" in caplog.text
+    plain = BODY.replace('"hip:gfx950"', '"hip:gfx942"')  # nothing to rewrite: no parse
+    mod.__class__.__str__ = lambda self: plain
+    caplog.clear()
+    assert dl.rewrite_module(mod) is mod and not caplog.text
