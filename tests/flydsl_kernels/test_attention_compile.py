@@ -267,6 +267,17 @@ def test_direct_lds_loads_k_and_v_without_lds_writes():
     assert got[True][3]["loop"] < got[False][3]["loop"], (got[True][3], got[False][3])
 
 
+def test_a_paged_forward_loads_k_and_v_through_registers():
+    # over a paged cache the d2l tile's copies held more registers (one wave, or a spill, under
+    # some windows and score terms: plan.page_tile): the plan turns d2l off there only
+    from flydsl_kernels.attention import plan
+
+    dense = model.model_problem("fwd", "d256")
+    paged = replace(dense, page_size=64, seqused=True)
+    assert plan.plan_forward(dense, "gfx950").config.d2l
+    assert not plan.plan_forward(paged, "gfx950").config.d2l
+
+
 def test_dkdv_loads_take_the_query_step_as_their_scalar_offset():
     # Config.split_off (the core's split_buffer_offsets): the main loop's buffer loads take the
     # query step as their scalar offset; the LSE and delta rows' four loads share one vector

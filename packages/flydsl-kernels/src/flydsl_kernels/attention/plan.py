@@ -390,6 +390,13 @@ def retile_forward(fp: FwdPlan, target, cfg: configs.Config, table=None) -> FwdP
 def page_tile(cfg: configs.Config, page: int, klanes: int) -> configs.Config:
     """``cfg`` over a cache of pages of ``page`` keys (0: dense) with K in lane order
     ``klanes`` (``Config.klanes``; fp32's tile has none: ``fp32_tiles``)."""
+    if page and cfg.d2l:
+        # K's and V's rows come through the block table: their direct-to-LDS copies' offsets,
+        # computed in the copies' write layout, held more registers (gfx950 fwd d256: one wave
+        # under a (62, 0) window with ALiBi over pages of 64 and 256; a VGPR spill and 8 B of
+        # scratch with a traced table bias under (4095, -1)), so a paged tile loads through
+        # registers
+        cfg = replace(cfg, d2l=False)
     if page and page < cfg.BN and not (klanes and page % cfg.nonkdim == 0):
         # a tile spanning several pages gathers them row by row, which held scalar registers
         # (gfx950 decode d128: 19 SGPR spills at 4 pages of 16 per tile, 23 at 2 of 32): the
