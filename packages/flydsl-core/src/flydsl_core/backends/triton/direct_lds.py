@@ -36,7 +36,7 @@ then lacks ``"amdgpu-agpr-alloc"="0"`` (no AGPRs needed), and the register alloc
 its budget between VGPRs and AGPRs (gfx950 llama forward: 228 VGPRs became 128 VGPRs and 85
 AGPRs, with copies between them in the loop). ``llir_attributes`` puts the attribute back on
 such a kernel where no inline assembly asks for an AGPR, as inference gives it to the same
-kernel without the copies (the intrinsic touches no AGPR).
+kernel loading through registers (the intrinsic touches no AGPR).
 
 The rewrite is narrow: 16-bit (or 8-bit) 2-D tiles, a plain buffer load (no ``other``), one
 use (the alloc, in the same block), every use of the buffer a ``local_load`` into an MFMA dot
@@ -138,8 +138,10 @@ def padded_layout(shape, contig: int, op_idx: int, kwidth: int, nonk: int, elem_
         return None
     if tr and nonk == 16 and kwidth_bytes == 16:
         # one ds_read_b64_tr reads 8 bytes: the rows at 8 and 16 bytes swap lane groups
-        i8 = next(i for i, b in enumerate(bases) if b[1] == 8 // elem_bytes)
-        i16 = next(i for i, b in enumerate(bases) if b[1] == 16 // elem_bytes)
+        i8 = next((i for i, b in enumerate(bases) if b[1] == 8 // elem_bytes), None)
+        i16 = next((i for i, b in enumerate(bases) if b[1] == 16 // elem_bytes), None)
+        if i8 is None or i16 is None:
+            return None
         bases[i8], bases[i16] = bases[i16], bases[i8]
     if b128 and nonk == 32 and best and shape[kdim] < 256 // elem_bytes:
         # every 16th row to the other half of the banks (narrow kWidth) or to the same bank
