@@ -467,8 +467,9 @@ def split_buffer_offsets(llir: str) -> str:
             vo = name
         if m.re is _LOAD_LDS:
             # LLVM reads a scalar offset it finds divergent through a readfirstlane loop, and
-            # found the LDS loads' so in the forward's last KV loop (8 loops a trip); the value
-            # is uniform (above), so reading lane 0's is exact and tells LLVM so
+            # found the LDS loads' one divergent in gfx950's forward's last KV loop (8 such
+            # loops a trip); it is uniform by the analysis above, so lane 0's value is exact,
+            # and readfirstlane tells LLVM so
             name = new("so")
             ins.append(f"  {name} = call i32 {_RFL_CALL}i32 {so})")
             so = name
