@@ -385,17 +385,18 @@ _GFX950 = {
         sp=True,
         tw=True,
     ),
-    # K and V loaded straight into LDS (dl: Config.d2l, the core's direct_lds): the loads'
-    # waits and LDS writes gone, gfx950's M0 set per load instead, the tiles in padded LDS
-    # layouts. At the model problems (VGPRs, loop instructions): d256 212 / 151 -> 200 / 144
-    # (softcap 11.25 / 12.44 -> 10.81 / 11.81); dQ d192 238 / 275 -> 224 / 258 (8.59 / 10.12 ->
-    # 8.06 / 10.03; its dO tile outside the loop). Not taken: d192 248 / 247 -> 254 / 238 (MLA
-    # 6.17 / 7.9 -> 5.95 / 7.55) spilled 14 SGPRs over pages of 256 (check_tables), and its
-    # traced-mod fit changed; dQ d64 224 / 212 -> 226 / 207 (gpt-oss dQ 9.25 / 12.25 -> 8.88 /
-    # 12.17) moved its traced-window levels' searched changes (TRACED_WINDOW_TILES); fwd d64
-    # 173 -> 172 at 162 VGPRs (gpt-oss 189 -> 189), d128 219 -> 218 with its masked loop 298 ->
-    # 308 (llama 6.84 / 9.31 -> 6.81 / 9.62), dQ d128 133 -> 148, d256 181 -> 181; dK/dV's Q
-    # and dO (share_t) and decode's gathers are not rewritten
+    # K and V loaded straight into LDS (dl: Config.d2l, the core's direct_lds): the loads' waits and
+    # LDS writes gone, gfx950's M0 set per load instead, the tiles in padded LDS layouts. At the
+    # model problems (VGPRs, loop instructions): d256 212 / 151 -> 200 / 144 (softcap 11.25 / 12.44
+    # -> 10.81 / 11.81); dQ d192 238 / 275 -> 224 / 258 (8.59 / 10.12 -> 8.06 / 10.03; its dO tile
+    # outside the loop). Over a paged cache plan.page_tile turns it off. Not taken: d192 248 / 247
+    # -> 254 / 238 (MLA 6.17 / 7.9 -> 5.95 / 7.55) spilled over pages (14 SGPRs at 256; with softcap
+    # 27 to 59 VGPRs), before that rule, and changed its traced-mod fit (test_attention_fit's heavy
+    # forward): a candidate once rechecked; dQ d64 224 / 212 -> 226 / 207 (gpt-oss dQ 9.25 / 12.25
+    # -> 8.88 / 12.17) moved its traced-window levels' searched changes (TRACED_WINDOW_TILES); fwd
+    # d64 173 -> 172 at 162 VGPRs (gpt-oss 189 -> 189), d128 219 -> 218 with its masked loop 298 ->
+    # 308 (llama 6.84 / 9.31 -> 6.81 / 9.62), dQ d128 133 -> 148, d256 181 -> 181; dK/dV's Q and dO
+    # (share_t) and decode's gathers are not rewritten
     ("fwd", "d192"): _c(
         256, 64, 8, 1, 32, True, 248, 247, 6.17, ls=True, kt=True, hr="shared", sp=True, tw=True
     ),

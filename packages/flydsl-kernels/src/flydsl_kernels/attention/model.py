@@ -530,12 +530,12 @@ def window_changes(kind: str, tile: Config, entry: Config, target) -> list[dict]
     """The single field changes ``window_search`` tries on a band level's ``tile`` (of the
     table's ``entry``) for ``target``: on AMD, LLVM's schedulers, the options that keep values
     live across the loop (descriptors at the entry, split offsets, direct-to-LDS loads, shared
-    transposed operands, Q in lane order, the backward's loads) and a waves-per-EU hint; on every target the row
-    sums as lane partials or not, K^T or not, one stage fewer (or, on NVIDIA, one more), a
-    smaller tile (half the keys per forward / dQ step, half the query rows per dK/dV step), and
-    the level above's tile (rows, or dK/dV's keys, and warps doubled: a window narrower than it
-    then masks every trip, but each warp keeps the registers it has at that level); only those
-    that change the tile."""
+    transposed operands, Q in lane order, the backward's loads) and a waves-per-EU hint; on
+    every target the row sums as lane partials or not, K^T or not, one stage fewer (or, on
+    NVIDIA, one more), a smaller tile (half the keys per forward / dQ step, half the query rows
+    per dK/dV step), and the level above's tile (rows, or dK/dV's keys, and warps doubled: a
+    window narrower than it then masks every trip, but each warp keeps the registers it has at
+    that level); only those that change the tile."""
     amd = str(target).startswith("gfx")
     cands = []
     if amd:
