@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import re
 
-from .ttgir_text import line_at, parse, rewrite_each, same_block, uses
+from .ttgir_text import aliases, only_use_line, parse, rewrite_each, same_block, uses
 
 #: the compile option (popped before Triton sees the options) that turns the rewrite on
 DIRECT_LDS = "direct_lds"
@@ -74,7 +74,6 @@ _BLOCKED = re.compile(
 )
 _SWZ_ORDER = re.compile(r"^#ttg\.swizzled_shared<\{[^}]*order = \[(\d), (\d)\]\}>$")
 _MFMA_SHAPE = re.compile(r"^#ttg\.amd_mfma<\{.*instrShape = \[(\d+), (\d+), (\d+)\].*\}>$")
-_ALIAS = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)\s*$", re.M)
 _BYTES = {"bf16": 2, "f16": 2, "i16": 2, "f8E4M3FN": 1, "f8E5M2": 1, "i8": 1}
 
 
@@ -181,10 +180,10 @@ def direct_lds(text: str) -> tuple[str, int]:
     if head is None or head.group(1) not in TARGETS or warps is None:
         return text, 0
     num_warps = int(warps.group(1))
-    aliases = {m.group(1): m.group(2) for m in _ALIAS.finditer(text)}
+    layouts = aliases(text)
     new_aliases: dict[str, str] = {}
     text, count = rewrite_each(
-        text, _LOAD, lambda t, m, n: _rewrite_one(t, m, aliases, new_aliases, num_warps, n)
+        text, _LOAD, lambda t, m, n: _rewrite_one(t, m, layouts, new_aliases, num_warps, n)
     )
     if count:
         defs = "".join(f"{k} = {v}\n" for k, v in new_aliases.items())
@@ -194,16 +193,16 @@ def direct_lds(text: str) -> tuple[str, int]:
     return text, count
 
 
-def _rewrite_one(text, m, aliases, new_aliases, num_warps, n) -> str | None:
+def _rewrite_one(text, m, layouts, new_aliases, num_warps, n) -> str | None:
     ind, x, t, r, k, lay = (m.group(g) for g in ("ind", "x", "t", "r", "k", "lay"))
     elem = _BYTES.get(t)
-    blocked = _BLOCKED.match(aliases.get(lay, lay))
+    blocked = _BLOCKED.match(layouts.get(lay, lay))
     if elem is None or blocked is None:
         return None
-    found = uses(text, x)
-    if len(found) != 1:
+    use = only_use_line(text, x)
+    if use is None:
         return None
-    a_start, a_end = line_at(text, found[0].start())
+    a_start, a_end = use
     al = re.match(
         rf"^{ind}%(?P<a>[\w.]+) = ttg\.local_alloc %{re.escape(x)} : "
         rf"\(tensor<{r}x{k}x{t}, {re.escape(lay)}>\) -> "
@@ -213,7 +212,7 @@ def _rewrite_one(text, m, aliases, new_aliases, num_warps, n) -> str | None:
     if al is None or not same_block(text, m.end(), a_start, len(ind)):
         return None
     a, enc = al.group("a"), al.group("enc")
-    swz = _SWZ_ORDER.match(aliases.get(enc, enc))
+    swz = _SWZ_ORDER.match(layouts.get(enc, enc))
     if swz is None:
         return None
     contig = int(swz.group(1))
@@ -232,7 +231,7 @@ def _rewrite_one(text, m, aliases, new_aliases, num_warps, n) -> str | None:
     if not loads or len(loads) != len(a_uses) or len(set(loads)) != 1:
         return None
     op_idx, parent, kwidth = int(loads[0][0]), loads[0][1], int(loads[0][2])
-    mfma = _MFMA_SHAPE.match(aliases.get(parent, parent))
+    mfma = _MFMA_SHAPE.match(layouts.get(parent, parent))
     if mfma is None:
         return None
     nonk = int(mfma.group(1 + op_idx))

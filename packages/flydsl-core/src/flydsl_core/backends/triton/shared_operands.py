@@ -30,14 +30,13 @@ from __future__ import annotations
 import logging
 import re
 
-from .ttgir_text import line_at, parse, rewrite_each, same_block, uses
+from .ttgir_text import aliases, only_use_line, parse, rewrite_each, same_block, uses
 
 #: the compile option (popped before Triton sees the options) that turns the rewrite on
 SHARE_TRANSPOSED = "share_transposed_operands"
 
 log = logging.getLogger(__name__)
 
-_ALIAS = re.compile(r"^(#[\w.]+) = (#ttg\.swizzled_shared<\{[^}]*\}>)\s*$", re.M)
 _SWZ = re.compile(
     r"^#ttg\.swizzled_shared<\{vec = (\d+), perPhase = (\d+), maxPhase = (\d+), "
     r"order = \[(\d+), (\d+)\]\}>$"
@@ -53,18 +52,18 @@ _CVT = re.compile(
 def share_transposed(text: str) -> tuple[str, int]:
     """``text`` (a printed TTGIR module) with every matching direct / transposed operand pair
     staged once (module docstring), and how many pairs were rewritten."""
-    aliases = {m.group(1): m.group(2) for m in _ALIAS.finditer(text)}
-    return rewrite_each(text, _CVT, lambda t, m, n: _rewrite_one(t, m, aliases))
+    layouts = aliases(text)
+    return rewrite_each(text, _CVT, lambda t, m, n: _rewrite_one(t, m, layouts))
 
 
-def _rewrite_one(text: str, m: re.Match, aliases: dict[str, str]) -> str | None:
+def _rewrite_one(text: str, m: re.Match, layouts: dict[str, str]) -> str | None:
     ind, c, x, r, k, t = (m.group(g) for g in ("ind", "c", "x", "r", "k", "t"))
     src = m.group("src")
     # the conversion's one use: a [1, 0] transpose into a dot operand, in the same block
-    found = uses(text, c)
-    if len(found) != 1:
+    use = only_use_line(text, c)
+    if use is None:
         return None
-    ts, te = line_at(text, found[0].start())
+    ts, te = use
     tr = re.match(
         rf"^(?P<ind> *)%(?P<tv>[\w.]+) = tt\.trans %{re.escape(c)} "
         rf"\{{order = array<i32: 1, 0>\}} : tensor<{r}x{k}x{t}, #[\w.]+> -> "
@@ -84,7 +83,7 @@ def _rewrite_one(text: str, m: re.Match, aliases: dict[str, str]) -> str | None:
     if al is None or not same_block(text, m.end(), al.start(), len(ind)):
         return None
     a, enc = al.group("a"), al.group("enc")
-    sw = _SWZ.match(aliases.get(enc, enc))
+    sw = _SWZ.match(layouts.get(enc, enc))
     if sw is None:
         return None
     vec, per, mx, o0, o1 = (int(v) for v in sw.groups())

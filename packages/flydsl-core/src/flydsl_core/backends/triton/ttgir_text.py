@@ -15,6 +15,12 @@ from pathlib import Path
 #: back with the empty basis it stands for, which parses to the same layout
 _EMPTY_CGA = "ctaLayout = {}"
 _EMPTY_CGA_PARSED = "ctaLayout = {warp = []}"
+_ALIAS = re.compile(r"^(#[\w.]+) = (#ttg\.[^\n]*?)\s*$", re.M)
+
+
+def aliases(text: str) -> dict[str, str]:
+    """The module's layout aliases (``#shared1 = #ttg.swizzled_shared<...>``): name -> layout."""
+    return {m.group(1): m.group(2) for m in _ALIAS.finditer(text)}
 
 
 def uses(text: str, name: str) -> list[re.Match]:
@@ -24,6 +30,12 @@ def uses(text: str, name: str) -> list[re.Match]:
         for m in re.finditer(rf"%{re.escape(name)}(?![\w.])", text)
         if not re.match(r" = ", text[m.end() : m.end() + 3])
     ]
+
+
+def only_use_line(text: str, name: str) -> tuple[int, int] | None:
+    """The start and end of the line holding ``%name``'s one use; None unless it has one."""
+    found = uses(text, name)
+    return line_at(text, found[0].start()) if len(found) == 1 else None
 
 
 def line_at(text: str, pos: int) -> tuple[int, int]:
