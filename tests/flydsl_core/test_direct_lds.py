@@ -1,7 +1,7 @@
 """The gfx950 TTGIR rewrite that loads a matrix operand's tile straight into LDS
 (``flydsl_core.backends.triton.direct_lds``): the layouts it builds, what it rewrites and what it
-leaves alone, and its LLVM IR companions (the kernel's AGPR attribute, the LDS loads' split
-offsets). Its effect on compiled loops: ``tests/flydsl_kernels/test_attention_compile.py``
+leaves alone, where it issues and waits for the copy, and its LLVM IR companions (the wait
+kept behind a matrix product, the kernel's AGPR attribute, the LDS loads' split offsets). Its effect on compiled loops: ``tests/flydsl_kernels/test_attention_compile.py``
 (``test_direct_lds_loads_k_and_v_without_lds_writes``)."""
 
 from __future__ import annotations
@@ -229,6 +229,92 @@ def test_leaves_other_shapes_alone(change):
     assert n == 0 and out == text
 
 
+#: a loop body in the attention forward's order (cut down): K^T read from LDS into Q K^T, then
+#: V's offsets, an op on the scores, V's load, and its alloc and read for P V
+LOOP = """\
+#blocked2 = #ttg.blocked<{sizePerThread = [8, 1], threadsPerWarp = [8, 8], warpsPerCTA = [1, 2], order = [0, 1]}>
+#mma = #ttg.amd_mfma<{version = 4, warpsPerCTA = [2, 1], instrShape = [32, 32, 16], isTransposed = true}>
+#shared1 = #ttg.swizzled_shared<{vec = 8, perPhase = 2, maxPhase = 8, order = [0, 1]}>
+module attributes {"ttg.num-warps" = 2 : i32, ttg.target = "hip:gfx950", "ttg.threads-per-warp" = 64 : i32} {
+    %q = ttg.local_load %qa : !ttg.memdesc<64x64xbf16, #shared1, #smem> -> tensor<64x64xbf16, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 8}>> loc(#l0)
+    %r = scf.for %i = %c0 to %n step %c64 iter_args(%acc = %z) -> (tensor<64x64xf32, #mma>) : i32 {
+      %kt = ttg.local_load %ka : !ttg.memdesc<64x64xbf16, #shared1, #smem> -> tensor<64x64xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma, kWidth = 8}>> loc(#l1)
+      %s = tt.dot %q, %kt, %z : tensor<64x64xbf16, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 8}>> * tensor<64x64xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma, kWidth = 8}>> -> tensor<64x64xf32, #mma> loc(#l2)
+      %base = tt.splat %i : i32 -> tensor<64x64xi32, #blocked2> loc(#l3)
+      %off = arith.addi %base, %lanes : tensor<64x64xi32, #blocked2> loc(#l3)
+      %e = math.exp2 %s : tensor<64x64xf32, #mma> loc(#l4)
+      %v = amdg.buffer_load %v_ptr[%off] {contiguity = 8 : i32} : !tt.ptr<bf16> -> tensor<64x64xbf16, #blocked2> loc(#l5)
+      %m = arith.mulf %e, %e : tensor<64x64xf32, #mma> loc(#l6)
+      %a = ttg.local_alloc %v : (tensor<64x64xbf16, #blocked2>) -> !ttg.memdesc<64x64xbf16, #shared1, #smem> loc(#l7)
+      %b = ttg.local_load %a : !ttg.memdesc<64x64xbf16, #shared1, #smem> -> tensor<64x64xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma, kWidth = 8}>> loc(#l7)
+      scf.yield %acc : tensor<64x64xf32, #mma> loc(#l8)
+    } loc(#l9)
+}
+"""
+
+
+#: the loop body's own values (the copy's ops are named by their op)
+NAMED = ("kt", "s", "base", "off", "e", "m", "b")
+
+
+def _ops(text):
+    """The loop body's ops, by result name (the copy's own by their op)."""
+    body = [
+        ln for ln in text.split("scf.for")[1].split("scf.yield")[0].splitlines()[1:] if ln.strip()
+    ]
+    out = []
+    for ln in body:
+        d = re.match(r"^ *%([\w.]+) = ([\w.]+)", ln)
+        out.append(d.group(1) if d.group(1) in NAMED else d.group(2))
+    return out
+
+
+def test_the_copy_goes_up_over_the_product_before_it_and_is_waited_for_after_it():
+    # V's copy runs under Q K^T's MFMAs: issued before the product, with the pure ops that
+    # compute its offsets, and waited for right after it; the rest keeps its order
+    out, n = dl.direct_lds(LOOP)
+    assert n == 1
+    assert _ops(out) == [
+        "kt",
+        "base",
+        "off",
+        "ttg.local_alloc",
+        "ttg.convert_layout",
+        "amdg.buffer_load_to_local",
+        "ttg.async_commit_group",
+        "s",
+        "ttg.async_wait",
+        "e",
+        "m",
+        "b",
+    ]
+    assert "%v_d2l = amdg.buffer_load_to_local %v_ptr[%off_d2l0] into %a" in out
+    assert "%b = ttg.local_load %a token %v_d2l_w" in out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # the product reads a tile loaded into registers (its loads would wait for the copy)
+        lambda t: t.replace("%kt = ttg.local_load %ka", "%kt = ttg.convert_layout %ka"),
+        # the offsets need an op that is not moved (a load), or the product's own result
+        lambda t: t.replace("%base = tt.splat %i", "%base = tt.load %i"),
+        lambda t: t.replace("%off = arith.addi %base, %lanes", "%off = arith.addi %base, %s"),
+        # no product before the load in its block
+        lambda t: t.replace("%s = tt.dot %q, %kt, %z", "%s = arith.mulf %q, %kt"),
+    ],
+)
+def test_the_copy_stays_at_the_load_otherwise(change):
+    text = change(LOOP)
+    assert text != LOOP
+    out, n = dl.direct_lds(text)
+    assert n == 1
+    ops = _ops(out)
+    # issued where the load was, waited for where the alloc was
+    assert ops.index("amdg.buffer_load_to_local") > ops.index("e")
+    assert ops.index("ttg.async_wait") == ops.index("b") - 1 > ops.index("m")
+
+
 # -- the LLVM IR companions -------------------------------------------------------------------------
 
 LDS_LOAD = (
@@ -258,6 +344,29 @@ def test_llir_attributes_give_back_the_agpr_attribute():
         "  ret void", '  %v = call i32 asm "v_accvgpr_read $0", "=v,a"()\n  ret void'
     )
     assert dl.llir_attributes(agpr) == agpr
+
+
+WAIT = "  tail call void @llvm.amdgcn.wait.asyncmark(i16 0), !dbg !9"
+MFMA = (
+    "  %p = tail call <16 x float> @llvm.amdgcn.mfma.f32.32x32x16.bf16(<8 x bfloat> %x, "
+    "<8 x bfloat> %y, <16 x float> %z, i32 0, i32 0, i32 0)"
+)
+
+
+def test_pin_waits_keeps_a_wait_behind_the_product_before_it():
+    text = (
+        f"define void @k() {{\n{MFMA}\n  %e = extractelement <16 x float> %p, i64 0\n{WAIT}\n}}\n"
+    )
+    out = dl.pin_waits(text)
+    lines = out.splitlines()
+    i = lines.index(WAIT)
+    assert lines[i - 1] == "  call void @llvm.amdgcn.sched.barrier(i32 0)"
+    assert out.count("declare void @llvm.amdgcn.sched.barrier(i32 immarg)") == 1
+    assert dl.pin_waits(out) == out  # the wait's nearest call is now the barrier
+    # a wait after another call (the copy's own, or an exp2) stays free
+    other = text.replace(MFMA, "  %p = tail call float @llvm.amdgcn.exp2.f32(float %x)")
+    assert dl.pin_waits(other) == other
+    assert dl.llir_rewrite(text) == dl.llir_attributes(out)
 
 
 def test_split_buffer_offsets_splits_lds_loads_through_readfirstlane():

@@ -247,7 +247,9 @@ def test_direct_lds_loads_k_and_v_without_lds_writes():
     # Config.d2l (the core's direct_lds): the main loop's K and V tiles go from the buffer
     # loads straight into LDS (``buffer_load_dwordx4 ... lds``), with no LDS write and no VGPR
     # staging; the kernel keeps its VGPRs (no AGPR split: direct_lds.llir_attributes), and
-    # no inserted layout conversion survives in the TTGIR
+    # no inserted layout conversion survives in the TTGIR. V's copy runs under the Q K^T MFMAs:
+    # its wait comes after them (direct_lds._over_product, pin_waits), where LLVM had hoisted it
+    # to right after the copy (one MFMA between them)
     from flydsl_core.backends.triton.amdgcn import matrix_loops
 
     kind, dcls = "fwd", "d256"
@@ -262,6 +264,13 @@ def test_direct_lds_loads_k_and_v_without_lds_writes():
         writes = sum(m.startswith("ds_write") for m in main.mnemonics())
         ttgir = ck.stages()["ttgir"]
         got[d2l] = (len(lds), writes, ttgir.count("amdg.buffer_load_to_local"), fig)
+        if d2l:
+            ins = main.instructions
+            last = max(i for i, (m, o) in enumerate(ins) if m.startswith("buffer_load"))
+            wait = next(i for i, (m, o) in enumerate(ins) if i > last and "vmcnt" in o)
+            under = sum(m.startswith("v_mfma") for m, _ in ins[last:wait])
+            mfmas = sum(m.startswith("v_mfma") for m in main.mnemonics())
+            assert under >= mfmas // 4, (under, mfmas)
         assert not fig["spills"] and not fig["scratch"] and ck.executable.report.agpr == 0
     assert got[True][0] >= 4 and got[True][1] == 0 and got[True][2] > 0, got[True][:3]
     assert got[False][:3] == (0, got[False][1], 0) and got[False][1] > 0, got[False][:3]
@@ -1070,13 +1079,14 @@ def test_mod_search_cli_finds_the_change_a_traced_mod_needs(capsys, monkeypatch)
 def test_mod_search_windows_cli_finds_the_band_levels_changes(capsys, monkeypatch):
     # flydsl-kernels model attention --mods --windows: gfx950's d64 dQ with the table bias
     # under a left bound of 15 keys, causal (its 1-warp band level: 84 SGPR spills) and not
-    # (the 4-warp tile: 301): each level takes its shipped TRACED_WINDOW_TILES change
-    # (candidates cut to those two here; the other probes' problems cut out)
+    # (the 4-warp tile: 163): each level takes its shipped TRACED_WINDOW_TILES change, not
+    # 16x16 MFMAs (176 and 270 SGPR spills at the levels' problems in the full search;
+    # candidates cut to those two here, the other probes' problems cut out)
     shipped = configs.TRACED_WINDOW_TILES["gfx950"]
     four, one = shipped[("bwd_dq", "d64", False, 4)], shipped[("bwd_dq", "d64", False, 1)]
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15,))
     monkeypatch.setattr(model, "MOD_PROBES", {"table": model.MOD_PROBES["table"]})
-    monkeypatch.setattr(model, "window_changes", lambda *a: [one, four])
+    monkeypatch.setattr(model, "window_changes", lambda *a: [{"nonkdim": 16}, four])
     monkeypatch.setattr(model, "fp32_changes", lambda *a: [])
     model.main(["--mods", "--windows", "--target", "gfx950", "--kind", "bwd_dq", "--dclass", "d64"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == str({4: four, 1: one})

@@ -10,13 +10,23 @@ contiguous kilobyte), which Triton uses only inside its software pipeliner (``nu
 attention forward's lazy rescale and cost more than it saved (gpt-oss's main loop 189 -> 240
 instructions).
 
-``direct_lds(text)`` rewrites each such load / alloc pair into the pipeliner's own ops at the
-same places: a mutable ``local_alloc`` and ``amdg.buffer_load_to_local`` where the load was,
-with ``ttg.async_commit_group``; ``ttg.async_wait`` where the alloc was; the ``local_load``s
-of the buffer take the wait's token. The copy then runs while the loop computes what it
-computed between the load and the alloc, as the register load did. (Issued earlier, as soon as
-its offsets are known, which costs no registers for a copy to LDS, V's copy took more loop
-instructions: gfx950 fwd d256 173 -> 180 per trip, and gpt-oss's tile went from 3 waves to 2.)
+``direct_lds(text)`` rewrites each such load / alloc pair into the pipeliner's own ops: a
+mutable ``local_alloc`` and ``amdg.buffer_load_to_local`` where the load was, with
+``ttg.async_commit_group``; ``ttg.async_wait`` where the alloc was; the ``local_load``s of the
+buffer take the wait's token. Where a matrix product of LDS tiles comes right before the load
+in its block (the attention forward's Q K^T before V's load), the copy goes up over it, with
+the pure ops that compute its offsets and mask, and the wait right after it (``_over_product``):
+the copy then runs under the product's MFMAs. (Issued earlier still, as soon as its offsets are
+known, V's copy needs its own LDS buffer and took more loop instructions: gfx950 fwd d256 173
+-> 180 per trip, and gpt-oss's tile went from 3 waves to 2.)
+
+LLVM's machine scheduler moves a wait and the barrier and LDS reads behind it as early as it
+can: V's copy wait ended up right after the copy, above the Q K^T MFMAs, so V's global latency
+stood uncovered on every trip (the register path had waited for V after K's reads and part of
+those MFMAs). ``pin_waits`` puts an ``llvm.amdgcn.sched.barrier(0)`` before each wait that
+directly follows a matrix product, so it stays behind the product's MFMAs; the reads after it
+still overlap the softmax. Same instruction count for gfx950's fwd d256 (173 a trip), the
+wait 46 instructions later.
 
 The LDS layout is a padded one (``#ttg.padded_shared``), the kind Triton's pipeliner gives
 its gfx950 async copies: the wave's lanes must write contiguously, so rows are staggered by
@@ -274,15 +284,82 @@ def _rewrite_one(text, m, layouts, new_aliases, num_warps, n) -> str | None:
         f"{ind}%{x}_d2l_c = ttg.async_commit_group tokens %{x}_d2l {loc}",
     ]
     wait = f"{ind}%{x}_d2l_w = ttg.async_wait %{x}_d2l_c {{num = 0 : i32}} {al.group('loc')}"
-    # edit back to front so that earlier offsets stay valid
-    text = text[:a_start] + wait + text[a_end:]
-    text = text[: m.start()] + "\n".join(lines) + text[m.end() :]
+    over = _over_product(text, m, a_end, ind, lines, wait)
+    if over is not None:
+        text = over
+    else:  # edit back to front so that earlier offsets stay valid
+        text = text[:a_start] + wait + text[a_end:]
+        text = text[: m.start()] + "\n".join(lines) + text[m.end() :]
     old_mem = f"!ttg.memdesc<{r}x{k}x{t}, {enc}, #smem>"
     return re.sub(
         rf"ttg\.local_load %{re.escape(a)} : {re.escape(old_mem)}",
         f"ttg.local_load %{a} token %{x}_d2l_w : {mem}",
         text,
     )
+
+
+_DEF = re.compile(r"^( *)%([\w.]+) = ([\w.]+)")
+#: the single-line ops without side effects a copy's offsets and mask may be computed by, which
+#: ``_over_product`` moves up with the copy
+_PURE = re.compile(r"^(arith\.\w+|tt\.splat|tt\.broadcast|tt\.expand_dims|tt\.make_range)$")
+_DOT = re.compile(r"^( *)%([\w.]+) = tt\.dot %([\w.]+), %([\w.]+),", re.M)
+
+
+def _product_before(text: str, pos: int, ind: str) -> re.Match | None:
+    """The ``tt.dot`` nearest before ``pos`` in the block of indentation ``ind``; None where
+    the block opens first."""
+    while pos > 0:
+        start = text.rfind("\n", 0, pos - 1) + 1
+        line = text[start:pos].rstrip("\n")
+        depth = len(line) - len(line.lstrip(" "))
+        if line.strip() and depth < len(ind):
+            return None
+        d = _DOT.match(line)
+        if d is not None and d.group(1) == ind:
+            return _DOT.match(text, start)
+        pos = start
+    return None
+
+
+def _reads_lds(text: str, name: str, loop_at: int) -> bool:
+    """Whether ``%name`` is a ``local_load``'s result or defined before the loop at
+    ``loop_at``."""
+    d = re.search(rf"^ *%{re.escape(name)} = ([\w.]+) ", text, re.M)
+    return d is not None and (d.group(1) == "ttg.local_load" or d.start() < loop_at)
+
+
+def _over_product(text, m, a_end, ind, lines, wait) -> str | None:
+    """``text`` with the copy ``lines`` (for the load ``m``) before the matrix product that
+    precedes the load in its block, after the pure ops (``_PURE``) that compute the load's
+    offsets and mask there, which go up with it, and its ``wait`` right after the product (the
+    alloc, which ends at ``a_end``, gone); None where no product of LDS tiles (its operands
+    ``local_load``s, or defined before the loop) precedes it, or the offsets need another op."""
+    dot = _product_before(text, m.start(), ind)
+    if dot is None:
+        return None
+    loop_at = text.rfind("scf.for", 0, dot.start())
+    if not all(_reads_lds(text, dot.group(g), loop_at) for g in (3, 4)):
+        # a product of a register tile would wait for its own loads behind the copy: gfx950's
+        # vmcnt counts the loads in order
+        return None
+    region = text[dot.start() : a_end].split("\n")
+    load_i = text[dot.start() : m.start()].count("\n")
+    need = {g for g in (m.group("off"), m.group("mask"), m.group("p")) if g}
+    move = []
+    for i in range(load_i - 1, 0, -1):
+        d = _DEF.match(region[i])
+        if d is None or d.group(2) not in need:
+            continue
+        if d.group(1) != ind or not _PURE.match(d.group(3)):
+            return None
+        move.insert(0, i)
+        operands = region[i].split(" = ", 1)[1].split(" : ")[0]
+        need |= set(re.findall(r"%([\w.]+)", operands))
+    if dot.group(2) in need:
+        return None
+    rest = [ln for i, ln in enumerate(region[1:-1], 1) if i not in move and i != load_i]
+    new = [region[i] for i in move] + lines + [region[0], wait] + rest
+    return text[: dot.start()] + "\n".join(new) + text[a_end:]
 
 
 _KERNEL = re.compile(r"^define amdgpu_kernel [^\n]*\) [\w ]*#(\d+) [^\n]*\{$", re.M)
@@ -306,6 +383,35 @@ def llir_attributes(llir: str) -> str:
     if AGPR_ALLOC.split("=")[0] in llir[g.end() : end]:
         return llir
     return llir[: g.end()] + AGPR_ALLOC + " " + llir[g.end() :]
+
+
+_WAIT = "@llvm.amdgcn.wait.asyncmark("
+_SCHED_BARRIER = "declare void @llvm.amdgcn.sched.barrier(i32 immarg)"
+
+
+def pin_waits(llir: str) -> str:
+    """``llir`` with ``llvm.amdgcn.sched.barrier(0)`` (nothing scheduled across it) before each
+    async copy wait whose nearest call before it is a matrix product's (the waits
+    ``_over_product`` put right after one), so that LLVM keeps the wait behind the product's
+    MFMAs (module docstring)."""
+    out = []
+    last_call = ""
+    for line in llir.split("\n"):
+        if _WAIT in line and "@llvm.amdgcn.mfma." in last_call:
+            out.append("  call void @llvm.amdgcn.sched.barrier(i32 0)")
+        if " call " in line:
+            last_call = line
+        out.append(line)
+    if len(out) == llir.count("\n") + 1:
+        return llir
+    text = "\n".join(out)
+    return text if _SCHED_BARRIER in text else text + "\n" + _SCHED_BARRIER + "\n"
+
+
+def llir_rewrite(llir: str) -> str:
+    """The LLVM IR companions of a direct-to-LDS compile: ``pin_waits``, then
+    ``llir_attributes``."""
+    return llir_attributes(pin_waits(llir))
 
 
 def _conversions(text: str) -> int:

@@ -22,7 +22,9 @@ Triton):
   products that read transposed LDS reads, gfx9);
 * ``direct_lds``: the TTGIR through ``direct_lds.rewrite_module`` (a matrix operand's tile
   loaded straight into LDS by gfx950's buffer loads, outside Triton's pipeliner), after
-  ``share_transposed_operands`` where both are asked for.
+  ``share_transposed_operands`` where both are asked for, and the LLVM IR through
+  ``direct_lds.llir_rewrite`` (the copies' waits kept behind the products that cover them, the
+  kernel's AGPR attribute).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ HOIST_VALUES = (True, "all")
 #: the LLVM IR rewrites in the order they run on Triton's ``llir`` stage: each takes the text
 #: and its option's value
 LLIR_REWRITES = (
-    (DIRECT_LDS, lambda text, value: direct_lds.llir_attributes(text)),
+    (DIRECT_LDS, lambda text, value: direct_lds.llir_rewrite(text)),
     (BUFFER_SOFFSET, lambda text, value: buffer_soffset(text)),
     (HOIST_RSRC, lambda text, value: hoist_buffer_rsrc(text, value == "all")),
     (SPLIT_OFFSETS, lambda text, value: split_buffer_offsets(text)),
