@@ -356,9 +356,9 @@ _GFX950 = {
         1,
         32,
         True,
-        146,
-        171,
-        10.69,
+        156,
+        173,
+        10.81,
         sched=COEXEC,
         ls=True,
         kt=True,
@@ -367,7 +367,6 @@ _GFX950 = {
         sp=True,
         ql=8,
         tw=True,
-        dl=True,
     ),
     ("fwd", "d128"): _c(
         256,
@@ -390,15 +389,16 @@ _GFX950 = {
     # LDS writes gone, gfx950's M0 set per load instead, the tiles in padded LDS layouts, and V's
     # copy issued before Q K^T and waited for after its MFMAs (direct_lds._over_product, pin_waits:
     # LLVM had hoisted the wait to right after the copy, V's global latency uncovered). At the
-    # model problems (VGPRs, loop instructions): fwd d64 156 / 173 -> 146 / 171 (10.81 / 14.88 ->
-    # 10.69 / 14.69; gpt-oss 11.81 -> 11.75, 166 -> 152 VGPRs); d256 212 / 151 -> 200 / 145
-    # (softcap 11.25 / 12.44 -> 10.81 / 11.81); dQ d64 224 / 212 -> 226 / 207 (8.83 -> 8.62; its
-    # traced-window levels searched again: TRACED_WINDOW_TILES); dQ d192 238 / 275 -> 224 / 258
-    # (8.59 / 10.12 -> 8.06 / 10.03; its dO tile outside the loop). Over a paged cache
-    # plan.page_tile turns it off. Not taken: d192 248 / 247 -> 254 / 277 (MLA 6.17 -> 6.92; 238
-    # with the wait left where LLVM put it), d128 219 -> 217 with its masked loop 298 -> 308 (llama
-    # 6.84 / 9.31 -> 6.78 / 9.62), dQ d128 133 -> 148, dQ d256 181 -> 181; dK/dV's Q and dO
-    # (share_t) and decode's gathers are not rewritten
+    # model problems (VGPRs, loop instructions): d256 212 / 151 -> 200 / 145 (softcap 11.25 /
+    # 12.44 -> 10.81 / 11.81); dQ d64 224 / 212 -> 226 / 207 (8.83 -> 8.62; its traced-window
+    # levels searched again: TRACED_WINDOW_TILES); dQ d192 238 / 275 -> 224 / 258 (8.59 / 10.12
+    # -> 8.06 / 10.03; its dO tile outside the loop). Over a paged cache plan.page_tile turns it
+    # off. Not taken: fwd d64 156 / 173 -> 146 / 171 (10.81 / 14.88 -> 10.69 / 14.69; gpt-oss
+    # 11.81 -> 11.75) spilled 1 to 24 SGPRs under windows with ALiBi or softcap (check_tables);
+    # d192 248 / 247 -> 254 / 277 (MLA 6.17 -> 6.92; 238 with the wait left where LLVM put it),
+    # d128 219 -> 217 with its masked loop 298 -> 308 (llama 6.84 / 9.31 -> 6.78 / 9.62), dQ d128
+    # 133 -> 148, dQ d256 181 -> 181; dK/dV's Q and dO (share_t) and decode's gathers are not
+    # rewritten
     ("fwd", "d192"): _c(
         256, 64, 8, 1, 32, True, 248, 247, 6.17, ls=True, kt=True, hr="shared", sp=True, tw=True
     ),
