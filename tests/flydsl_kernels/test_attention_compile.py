@@ -249,7 +249,7 @@ def test_direct_lds_loads_k_and_v_without_lds_writes():
     # staging; the kernel keeps its VGPRs (no AGPR split: direct_lds.llir_attributes), and
     # no inserted layout conversion survives in the TTGIR. V's copy runs under the Q K^T MFMAs:
     # its wait comes after them (direct_lds._over_product, pin_waits), where LLVM had hoisted it
-    # to right after the copy (one MFMA between them)
+    # to right after the copy (no MFMA between them)
     from flydsl_core.backends.triton.amdgcn import matrix_loops
 
     kind, dcls = "fwd", "d256"

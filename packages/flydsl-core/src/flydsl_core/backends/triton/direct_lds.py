@@ -26,7 +26,7 @@ stood uncovered on every trip (the register path had waited for V after K's read
 those MFMAs). ``pin_waits`` puts an ``llvm.amdgcn.sched.barrier(0)`` before each wait that
 directly follows a matrix product, so it stays behind the product's MFMAs; the reads after it
 still overlap the softmax. gfx950's fwd d256 keeps its 173 instructions a trip, with 15 of
-the 16 Q K^T MFMAs between V's copy and its wait, where there was one.
+the 16 Q K^T MFMAs between V's copy and its wait, which had come right after the copy.
 
 The LDS layout is a padded one (``#ttg.padded_shared``), the kind Triton's pipeliner gives
 its gfx950 async copies: the wave's lanes must write contiguously, so rows are staggered by
