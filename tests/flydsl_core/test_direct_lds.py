@@ -332,18 +332,49 @@ attributes #1 = {{ nounwind }}
 """
 
 
-def test_llir_attributes_give_back_the_agpr_attribute():
+def _group(text: str) -> str:
+    return re.search(r"^attributes #0 = \{ (.*) \}$", text, re.M).group(1)
+
+
+def test_llir_attributes_give_back_what_inference_left_off():
+    # the AGPR budget and the unused implicit inputs LLVM's inference marks on the same kernel
+    # loading through registers (with them gfx950's kernel preloads 14 arguments, not 8)
     out = dl.llir_attributes(LLIR)
-    assert 'attributes #0 = { "amdgpu-agpr-alloc"="0" nounwind' in out
+    group = _group(out)
+    assert group.startswith('"amdgpu-agpr-alloc"="0" ') and group.endswith(
+        'nounwind "amdgpu-flat-work-group-size"="1,512"'
+    )
+    for attr in (*dl._NO_INPUTS, *dl._IMPLICIT_ARGS):
+        assert f'"{attr}"' in group, attr
     assert "attributes #1 = { nounwind }" in out
     assert dl.llir_attributes(out) == out  # already there
-    # no LDS load, or inline assembly asking for an AGPR: left as it was
+    # no LDS load: left as it was
     plain = LLIR.replace("async.lds", "v4i32")
     assert dl.llir_attributes(plain) == plain
+
+
+def test_llir_attributes_leave_off_what_the_kernel_uses():
+    uses = LLIR.replace(
+        "  ret void",
+        "  %y = call i32 @llvm.amdgcn.workitem.id.y()\n"
+        "  %p = addrspacecast ptr addrspace(3) %l to ptr\n"
+        "  %i = call ptr addrspace(4) @llvm.amdgcn.implicitarg.ptr()\n  ret void",
+    )
+    group = _group(dl.llir_attributes(uses))
+    for gone in ("workitem-id-y", "queue-ptr", "flat-scratch-init", "implicitarg-ptr", "heap-ptr"):
+        assert f'"amdgpu-no-{gone}"' not in group, gone
+    assert '"amdgpu-no-workitem-id-z"' in group and '"amdgpu-no-dispatch-ptr"' in group
+    # a call of another function may use any input: the AGPR budget alone
+    called = LLIR.replace("  ret void", "  call void @helper()\n  ret void")
+    assert _group(dl.llir_attributes(called)) == (
+        '"amdgpu-agpr-alloc"="0" nounwind "amdgpu-flat-work-group-size"="1,512"'
+    )
+    # inline assembly asking for an AGPR: the inputs alone
     agpr = LLIR.replace(
         "  ret void", '  %v = call i32 asm "v_accvgpr_read $0", "=v,a"()\n  ret void'
     )
-    assert dl.llir_attributes(agpr) == agpr
+    group = _group(dl.llir_attributes(agpr))
+    assert "amdgpu-agpr-alloc" not in group and '"amdgpu-no-dispatch-ptr"' in group
 
 
 WAIT = "  tail call void @llvm.amdgcn.wait.asyncmark(i16 0), !dbg !9"

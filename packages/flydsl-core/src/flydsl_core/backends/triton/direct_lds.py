@@ -41,12 +41,16 @@ layout whose lanes write that order (``write_layout``), and Triton's own
 computes the offsets in that layout instead: ``rewrite_module`` keeps the result only where
 none of the inserted conversions survives, so no LDS round trip is added.
 
-LLVM's attribute inference gives up on a kernel that calls the LDS-load intrinsic: the kernel
+LLVM's attribute inference gives up on a kernel that calls the LDS-load intrinsic. The kernel
 then lacks ``"amdgpu-agpr-alloc"="0"`` (no AGPRs needed), and the register allocator splits
 its budget between VGPRs and AGPRs (gfx950 llama forward: 228 VGPRs became 128 VGPRs and 85
-AGPRs, with copies between them in the loop). ``llir_attributes`` puts the attribute back on
-such a kernel where no inline assembly asks for an AGPR, as inference gives it to the same
-kernel loading through registers (the intrinsic touches no AGPR).
+AGPRs, with copies between them in the loop). It lacks the ``"amdgpu-no-..."`` marks of unused
+implicit inputs too: the dispatch and queue pointers and the dispatch id took 6 of gfx950's 16
+user SGPRs (8 kernel arguments preloaded instead of 14), and workgroup id z and work-item ids y
+and z were enabled. ``llir_attributes`` puts back what inference gives the same kernel loading
+through registers: the AGPR attribute where no inline assembly asks for an AGPR (the intrinsic
+touches none), and each input mark whose users the module lacks (``_unused_inputs``; none
+where it calls a function other than an intrinsic).
 
 The rewrite is narrow: 16-bit (or 8-bit) 2-D tiles, a plain buffer load (no ``other``), one
 use (the alloc, in the same block), every use of the buffer a ``local_load`` into an MFMA dot
@@ -369,20 +373,76 @@ _AGPR_ASM = re.compile(r'asm [^"]*"(?:[^"\\]|\\.)*", "(?:[^"]*[,=&~])?\{?a[\d,}"
 AGPR_ALLOC = '"amdgpu-agpr-alloc"="0"'
 
 
+#: the implicit inputs LLVM's attribute inference marks unused (``"amdgpu-no-..."``), each with
+#: what in the module would use it: intrinsics (by name prefix) or IR constructs. Inference
+#: marks them on the same kernel loading through registers; a kernel without them has its
+#: user SGPRs taken by the dispatch and queue pointers and the dispatch id (6 of gfx950's 16,
+#: so 6 fewer kernel arguments preloaded), workgroup id z and work-item ids y and z enabled
+_NO_INPUTS = {
+    "amdgpu-no-dispatch-ptr": ("llvm.amdgcn.dispatch.ptr",),
+    "amdgpu-no-queue-ptr": (
+        "llvm.amdgcn.queue.ptr",
+        "llvm.trap",
+        "llvm.debugtrap",
+        "llvm.amdgcn.is.shared",
+        "llvm.amdgcn.is.private",
+        " addrspacecast ",
+    ),
+    "amdgpu-no-dispatch-id": ("llvm.amdgcn.dispatch.id",),
+    "amdgpu-no-lds-kernel-id": ("llvm.amdgcn.lds.kernel.id",),
+    "amdgpu-no-workgroup-id-y": ("llvm.amdgcn.workgroup.id.y",),
+    "amdgpu-no-workgroup-id-z": ("llvm.amdgcn.workgroup.id.z",),
+    "amdgpu-no-workitem-id-y": ("llvm.amdgcn.workitem.id.y",),
+    "amdgpu-no-workitem-id-z": ("llvm.amdgcn.workitem.id.z",),
+    "amdgpu-no-cluster-id-x": ("llvm.amdgcn.cluster.id",),
+    "amdgpu-no-cluster-id-y": ("llvm.amdgcn.cluster.id",),
+    "amdgpu-no-cluster-id-z": ("llvm.amdgcn.cluster.id",),
+    "amdgpu-no-flat-scratch-init": (" alloca ", " addrspacecast "),
+    "amdgpu-no-wwm": ("llvm.amdgcn.set.inactive", "llvm.amdgcn.strict.", "llvm.amdgcn.wwm"),
+}
+#: the implicit-argument inputs: unused where the implicit argument pointer is
+_IMPLICIT_ARGS = (
+    "amdgpu-no-implicitarg-ptr",
+    "amdgpu-no-completion-action",
+    "amdgpu-no-default-queue",
+    "amdgpu-no-heap-ptr",
+    "amdgpu-no-hostcall-ptr",
+    "amdgpu-no-multigrid-sync-arg",
+)
+#: a call of a function that is not an intrinsic (it may use any input)
+_CALL = re.compile(r"\bcall [^@\n]*@(?!llvm\.)[\w.$]+\(")
+
+
+def _unused_inputs(llir: str) -> list[str]:
+    """The ``"amdgpu-no-..."`` attributes ``llir``'s kernel may carry: none where it calls a
+    function that is not an intrinsic, else each whose users (``_NO_INPUTS``) it lacks."""
+    body = "\n".join(ln for ln in llir.split("\n") if not ln.startswith("declare "))
+    if _CALL.search(body):
+        return []
+    out = [a for a, users in _NO_INPUTS.items() if not any(u in body for u in users)]
+    if "llvm.amdgcn.implicitarg.ptr" not in body:
+        out += _IMPLICIT_ARGS
+    return out
+
+
 def llir_attributes(llir: str) -> str:
-    """``llir`` with ``"amdgpu-agpr-alloc"="0"`` on a kernel that loads straight into LDS and
-    lacks it, where no inline assembly takes an AGPR operand (module docstring)."""
+    """``llir`` with the attributes LLVM's inference leaves off a kernel that loads straight
+    into LDS: ``"amdgpu-agpr-alloc"="0"``, where no inline assembly takes an AGPR operand, and
+    the unused implicit inputs (``_unused_inputs``) (module docstring)."""
     k = _KERNEL.search(llir)
-    if k is None or not _LDS_LOAD.search(llir) or _AGPR_ASM.search(llir):
+    if k is None or not _LDS_LOAD.search(llir):
         return llir
     group = re.compile(rf"^attributes #{k.group(1)} = \{{ ", re.M)
     g = group.search(llir)
     if g is None:
         return llir
     end = llir.find("}", g.end())
-    if AGPR_ALLOC.split("=")[0] in llir[g.end() : end]:
+    have = llir[g.end() : end]
+    add = [] if _AGPR_ASM.search(llir) or AGPR_ALLOC.split("=")[0] in have else [AGPR_ALLOC]
+    add += [f'"{a}"' for a in _unused_inputs(llir) if f'"{a}"' not in have]
+    if not add:
         return llir
-    return llir[: g.end()] + AGPR_ALLOC + " " + llir[g.end() :]
+    return llir[: g.end()] + " ".join(add) + " " + llir[g.end() :]
 
 
 _WAIT = "@llvm.amdgcn.wait.asyncmark("
