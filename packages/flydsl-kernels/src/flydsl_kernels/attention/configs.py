@@ -356,9 +356,9 @@ _GFX950 = {
         1,
         32,
         True,
-        146,
-        170,
-        10.62,
+        156,
+        173,
+        10.81,
         sched=COEXEC,
         ls=True,
         kt=True,
@@ -367,7 +367,6 @@ _GFX950 = {
         sp=True,
         ql=8,
         tw=True,
-        dl=True,
     ),
     ("fwd", "d128"): _c(
         256,
@@ -390,12 +389,12 @@ _GFX950 = {
     # LDS writes gone, gfx950's M0 set per load instead, the tiles in padded LDS layouts, and V's
     # copy issued before Q K^T and waited for after its MFMAs (direct_lds._over_product, pin_waits:
     # LLVM had hoisted the wait to right after the copy, V's global latency uncovered). At the
-    # model problems (VGPRs, loop instructions): d256 212 / 151 -> 200 / 145 (softcap 11.25 /
-    # 12.44 -> 10.81 / 11.81); dQ d64 224 / 212 -> 226 / 207 (8.83 -> 8.62; its traced-window
+    # model problems (VGPRs, loop instructions): d256 212 / 151 -> 200 / 146 (softcap 11.25 /
+    # 12.44 -> 10.88 / 11.81); dQ d64 224 / 212 -> 226 / 206 (8.83 -> 8.58; its traced-window
     # levels searched again: TRACED_WINDOW_TILES); dQ d192 238 / 275 -> 224 / 258 (8.59 / 10.12
     # -> 8.06 / 10.03; its dO tile outside the loop). Over a paged cache plan.page_tile turns it
-    # off. Not taken: fwd d64 156 / 173 -> 146 / 171 (10.81 / 14.88 -> 10.69 / 14.69; gpt-oss
-    # 11.81 -> 11.75) spilled 1 to 24 SGPRs under windows with ALiBi or softcap (check_tables);
+    # off. Not taken: fwd d64 156 / 173 -> 146 / 170 (10.81 / 14.88 -> 10.62 / 14.69; gpt-oss
+    # 11.81 -> 11.75) spilled 1 to 15 SGPRs under windows, most with ALiBi (check_tables);
     # d192 248 / 247 -> 254 / 277 (MLA 6.17 -> 6.92; 238 with the wait left where LLVM put it),
     # d128 219 -> 217 with its masked loop 298 -> 308 (llama 6.84 / 9.31 -> 6.78 / 9.62), dQ d128
     # 133 -> 148, dQ d256 181 -> 181; dK/dV's Q and dO (share_t) and decode's gathers are not
@@ -418,8 +417,8 @@ _GFX950 = {
         16,
         True,
         200,
-        145,
-        9.06,
+        146,
+        9.12,
         sched=ILP,
         ls=True,
         kt=True,
@@ -539,7 +538,7 @@ _GFX950 = {
     # 13.46 -> 9.5 / 12.46), d192 293 -> 284, d256 192 -> 186; not d128 (3 VGPR spills). dQ
     # d128 with its K and V descriptors built at the entry (Config.hoist_rsrc): 142 -> 138
     ("bwd_dq", "d64"): _c(
-        128, 64, 4, 1, 32, True, 226, 207, 8.62, sched=ILP, st=True, hr="all", sp=True, dl=True
+        128, 64, 4, 1, 32, True, 226, 206, 8.58, sched=ILP, st=True, hr="all", sp=True, dl=True
     ),
     ("bwd_dq", "d128"): _c(
         256, 32, 8, 1, 32, True, 246, 133, 5.54, sched=COEXEC, hr="shared", sp=True, tw=True
@@ -1714,11 +1713,11 @@ TRACED_TILES: dict[str, dict[tuple[str, str, bool], dict]] = {
 #: not listed compile clean with no change
 TRACED_WINDOW_TILES: dict[str, dict[tuple[str, str, bool, int], dict]] = {
     "gfx950": {
-        # 16-bit dQ: the table bias's levels spilled SGPRs (most of all d64's, 163) or lost a
+        # 16-bit dQ: the table bias's levels spilled SGPRs (most of all d64's, 171) or lost a
         # wave; the document mask's d64 and d128 too. d64's with its K and V copied straight
         # to LDS (Config.d2l); before it, 301 and 247 spills at 4 and 2 warps, which took
         # 64 x 32 tiles of 16x16 MFMAs and one warp of 32 rows
-        ("bwd_dq", "d64", False, 4): {"BN": 32},  # 163 SGPR spills
+        ("bwd_dq", "d64", False, 4): {"BN": 32},  # 171 SGPR spills
         ("bwd_dq", "d64", False, 2): {"BN": 32},  # one wave
         ("bwd_dq", "d64", False, 1): {"BN": 32},  # 84
         ("bwd_dq", "d128", False, 8): {"BM": 128, "nonkdim": 16},  # 26 spills, 12 B
