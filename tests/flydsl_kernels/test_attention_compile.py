@@ -1080,8 +1080,8 @@ def test_mod_search_windows_cli_finds_the_band_levels_changes(capsys, monkeypatc
     # flydsl-kernels model attention --mods --windows: gfx950's d64 dQ with the table bias
     # under a left bound of 15 keys, causal (its 1-warp band level: 84 SGPR spills) and not
     # (the 4-warp tile: 171): each level takes its shipped TRACED_WINDOW_TILES change, not
-    # 16x16 MFMAs (176 and 270 SGPR spills at the levels' problems in the full search;
-    # candidates cut to those two here, the other probes' problems cut out)
+    # 16x16 MFMAs, which spill SGPRs at both levels (candidates cut to those two here; the
+    # other probes' problems cut out)
     shipped = configs.TRACED_WINDOW_TILES["gfx950"]
     four, one = shipped[("bwd_dq", "d64", False, 4)], shipped[("bwd_dq", "d64", False, 1)]
     monkeypatch.setattr(model, "WINDOW_LEFTS", (15,))
