@@ -64,6 +64,7 @@ from __future__ import annotations
 import logging
 import re
 
+from .llir import declared
 from .ttgir_text import aliases, only_use_line, parse, rewrite_each, same_block, uses
 
 #: the compile option (popped before Triton sees the options) that turns the rewrite on
@@ -464,8 +465,7 @@ def pin_waits(llir: str) -> str:
         out.append(line)
     if len(out) == llir.count("\n") + 1:
         return llir
-    text = "\n".join(out)
-    return text if _SCHED_BARRIER in text else text + "\n" + _SCHED_BARRIER + "\n"
+    return declared("\n".join(out), _SCHED_BARRIER)
 
 
 def llir_rewrite(llir: str) -> str:

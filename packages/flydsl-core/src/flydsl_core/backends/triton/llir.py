@@ -482,9 +482,7 @@ def split_buffer_offsets(llir: str) -> str:
         out.append(s)
         out += after.get(i, [])
     text = "\n".join(out)
-    if _RFL_CALL in text and _RFL_DECL not in text:
-        text += f"\n{_RFL_DECL}\n"
-    return text
+    return declared(text, _RFL_DECL) if _RFL_CALL in text else text
 
 
 def _uniform(defs, args, body: str) -> set[str]:
@@ -569,7 +567,10 @@ def wait_tr_reads(llir: str) -> str:
             parts[sh.group(1)] = (sh.group(2), sh.group(3))
     if len(out) == len(lines):
         return llir
-    text = "\n".join(out)
-    if _WAITCNT_DECL not in text:
-        text = text.rstrip("\n") + f"\n\n{_WAITCNT_DECL}\n"
-    return text
+    return declared("\n".join(out), _WAITCNT_DECL)
+
+
+def declared(text: str, decl: str) -> str:
+    """``text`` (an LLVM IR module) with the declaration ``decl`` appended unless it is there:
+    the rewrites that add calls of an intrinsic the module did not call yet."""
+    return text if decl in text else text.rstrip("\n") + f"\n\n{decl}\n"
