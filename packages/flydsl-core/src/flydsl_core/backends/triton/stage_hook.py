@@ -23,8 +23,8 @@ Triton):
 * ``direct_lds``: the TTGIR through ``direct_lds.rewrite_module`` (a matrix operand's tile
   loaded straight into LDS by gfx950's buffer loads, outside Triton's pipeliner), after
   ``share_transposed_operands`` where both are asked for, and the LLVM IR through
-  ``direct_lds.llir_rewrite`` (the copies' waits kept behind the products that cover them, the
-  kernel's AGPR attribute).
+  ``direct_lds.llir_rewrite`` (the copies' waits kept behind the products that cover them; the
+  AGPR and unused-input attributes LLVM's inference leaves off such a kernel).
 """
 
 from __future__ import annotations
